@@ -1,0 +1,324 @@
+"""The objects the planner hands from stage to stage: Placement, Routing and FlowPlan.
+
+Shapes used throughout (all numpy arrays):
+
+- ``R`` ranks (GPUs), node-major: rank ``r`` is on node ``r // L`` (``L`` GPUs per node).
+- ``S`` slots per rank; the global (physical) slot id of local slot ``s`` on rank ``r`` is
+  ``r * S + s``.
+- ``E`` logical experts, ``T`` tokens per rank, ``k`` experts per token.
+- A batch is ``topk_ids [R, T, k]``: the expert ids of the tokens each rank holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zepp.errors import ZeppInputError
+
+
+class PlanInvariantError(AssertionError):
+    """A plan broke one of its invariants (a bug in the planner, never bad user input)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which logical expert each slot holds.
+
+    ``slot_expert [R, S]`` int32: logical expert in each slot, ``-1`` for an empty slot.
+    """
+
+    slot_expert: np.ndarray
+    num_experts: int
+    gpus_per_node: int
+    replicas: np.ndarray = field(init=False, repr=False)
+    replica_count: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        se = np.asarray(self.slot_expert)
+        if se.ndim != 2:
+            raise ZeppInputError(f"slot_expert must be [ranks, slots], got shape {se.shape}")
+        if se.shape[0] % self.gpus_per_node:
+            raise ZeppInputError(
+                f"slot_expert has {se.shape[0]} ranks, not a multiple of gpus_per_node={self.gpus_per_node}"
+            )
+        se = se.astype(np.int32)
+        if se.size and (se.min() < -1 or se.max() >= self.num_experts):
+            raise ZeppInputError(f"slot_expert holds ids outside [-1, {self.num_experts})")
+        flat = se.ravel()
+        count = np.bincount(flat[flat >= 0], minlength=self.num_experts).astype(np.int32)
+        missing = np.flatnonzero(count == 0)
+        if missing.size:
+            raise ZeppInputError(
+                f"placement has no replica of expert(s) {missing[:8].tolist()}; every expert needs a slot"
+            )
+        # replicas [E, c_max]: global slot ids of each expert's replicas, ascending, -1 padded.
+        slots = np.flatnonzero(flat >= 0)
+        order = np.argsort(flat[slots], kind="stable")
+        slots = slots[order]
+        experts = flat[slots]
+        starts = np.concatenate(([0], np.cumsum(count)[:-1]))
+        rank_in_expert = np.arange(slots.size) - starts[experts]
+        replicas = np.full((self.num_experts, int(count.max())), -1, dtype=np.int32)
+        replicas[experts, rank_in_expert] = slots
+        object.__setattr__(self, "slot_expert", se)
+        object.__setattr__(self, "replicas", replicas)
+        object.__setattr__(self, "replica_count", count)
+
+    @property
+    def ranks(self) -> int:
+        return self.slot_expert.shape[0]
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self.slot_expert.shape[1]
+
+    @property
+    def nodes(self) -> int:
+        return self.ranks // self.gpus_per_node
+
+    def validate(self) -> None:
+        """Placements are checked on construction; kept for a uniform interface."""
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Which replica serves each entry.
+
+    ``slot [R, T, k]`` int32: global slot id (``rank * S + local``) serving each entry of
+    ``topk_ids [R, T, k]``. The computing rank of an entry is ``slot // S``.
+    """
+
+    topk_ids: np.ndarray
+    slot: np.ndarray
+    placement: Placement
+    relaxation: float | None = None  # C; when set, validate() checks the replica-load bounds
+
+    @property
+    def compute_rank(self) -> np.ndarray:
+        """``[R, T, k]`` rank that computes each entry."""
+        return self.slot // self.placement.slots_per_rank
+
+    def slot_loads(self) -> np.ndarray:
+        """``[R * S]`` entries served by each global slot."""
+        return np.bincount(self.slot.ravel(), minlength=self.placement.slot_expert.size)
+
+    def rows_per_rank(self) -> np.ndarray:
+        """``[R]`` GEMM rows (entries) each rank computes."""
+        return np.bincount(self.compute_rank.ravel(), minlength=self.placement.ranks)
+
+    def validate(self) -> None:
+        """Prove: every entry is served by a replica of its own expert, exactly once (one slot
+        per entry by construction of the array); with a relaxation ``C``, every replica's load lies
+        in ``[floor((1-C) q_e), ceil((1+C) q_e)]`` where ``q_e = D_e / c_e``."""
+        p = self.placement
+        if self.slot.shape != self.topk_ids.shape:
+            raise PlanInvariantError(f"slot shape {self.slot.shape} != topk_ids shape {self.topk_ids.shape}")
+        if self.slot.shape[0] != p.ranks:
+            raise PlanInvariantError(f"routing has {self.slot.shape[0]} ranks, placement {p.ranks}")
+        flat_slot = self.slot.ravel()
+        if flat_slot.size and (flat_slot.min() < 0 or flat_slot.max() >= p.slot_expert.size):
+            raise PlanInvariantError("an entry is routed to a slot id out of range")
+        served = p.slot_expert.ravel()[flat_slot]
+        wrong = np.flatnonzero(served != self.topk_ids.ravel())
+        if wrong.size:
+            i = wrong[0]
+            raise PlanInvariantError(
+                f"{wrong.size} entries served by a slot of another expert; first: entry {i} wants expert "
+                f"{self.topk_ids.ravel()[i]}, slot {flat_slot[i]} holds {served[i]}"
+            )
+        if self.relaxation is None:
+            return
+        lo, hi = replica_bounds(self.topk_ids, p, self.relaxation)
+        load = self.slot_loads()
+        used = p.slot_expert.ravel() >= 0
+        bad = np.flatnonzero(used & ((load < lo) | (load > hi)))
+        if bad.size:
+            s = bad[0]
+            raise PlanInvariantError(
+                f"{bad.size} replicas outside their load bounds; first: slot {s} (expert "
+                f"{p.slot_expert.ravel()[s]}) has {load[s]} entries, bounds [{lo[s]}, {hi[s]}]"
+            )
+
+
+def relaxation_fraction(relaxation: float) -> tuple[int, int]:
+    """``C`` as an exact fraction ``(num, den)`` with ``den = 10**6``, so bounds are integer math."""
+    if not 0 <= relaxation < 1e6:
+        raise ZeppInputError(f"relaxation C must be >= 0, got {relaxation!r}")
+    return int(round(relaxation * 10**6)), 10**6
+
+
+def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per global slot, the load bounds ``floor((1-C) D/c)`` and ``ceil((1+C) D/c)`` of its expert.
+
+    Returns two ``[R * S]`` int64 arrays (0 for empty slots). Integer arithmetic only.
+    """
+    num, den = relaxation_fraction(relaxation)
+    demand = np.bincount(topk_ids.ravel(), minlength=placement.num_experts).astype(np.int64)
+    count = placement.replica_count.astype(np.int64)
+    hi_e = -((-(den + num) * demand) // (den * count))  # ceil
+    lo_e = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    se = placement.slot_expert.ravel()
+    lo = np.where(se >= 0, lo_e[np.maximum(se, 0)], 0)
+    hi = np.where(se >= 0, hi_e[np.maximum(se, 0)], 0)
+    return lo, hi
+
+
+DISPATCH, COMBINE = 0, 1
+
+
+@dataclass(frozen=True)
+class Hops:
+    """One phase's row moves, one element per hop (all arrays ``[M]``).
+
+    A hop moves one hidden-size row of token ``(owner, token)`` from rank ``src`` to rank ``dst``.
+    Hops of stage ``s`` start only once every hop of stages ``< s`` has arrived, so ``src`` must
+    hold the row when its stage starts. Hops sharing ``(stage, src, dst, msg)`` travel as one
+    message; the order of hops inside a message is the order of this table.
+
+    Dispatch rows are token inputs: a rank *holds* a token once any hop delivered it (or it owns
+    it); duplicate deliveries are legal (``a2av`` sends one row per entry) and each costs bytes.
+
+    Combine rows are partial outputs. At the start, rank ``c`` holds, per token it computed any
+    entry of, the gate-weighted sum of those entries (``entry == -1`` units), or, for hops with
+    ``entry >= 0``, exactly that entry's weighted output. A hop with ``entry == -1`` *moves* the
+    whole partial ``src`` holds for the token at that stage (it is summed into ``dst``'s partial);
+    one with ``entry == j`` moves only entry ``j``'s output. At the end every partial must sit at
+    its owner, summing each of the token's ``k`` entries exactly once.
+    """
+
+    stage: np.ndarray  # int8
+    src: np.ndarray  # int32
+    dst: np.ndarray  # int32
+    owner: np.ndarray  # int32
+    token: np.ndarray  # int32
+    msg: np.ndarray  # int32, message key within (stage, src, dst)
+    entry: np.ndarray  # int8, -1 = whole partial (combine) / unused (dispatch), j = that entry only
+
+    @staticmethod
+    def concat(parts: list["Hops"]) -> "Hops":
+        parts = [p for p in parts if p.size]
+        if not parts:
+            return Hops.empty()
+        return Hops(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in Hops._fields()})
+
+    @staticmethod
+    def _fields() -> tuple[str, ...]:
+        return ("stage", "src", "dst", "owner", "token", "msg", "entry")
+
+    @staticmethod
+    def empty() -> "Hops":
+        return Hops(
+            stage=np.zeros(0, np.int8), src=np.zeros(0, np.int32), dst=np.zeros(0, np.int32),
+            owner=np.zeros(0, np.int32), token=np.zeros(0, np.int32), msg=np.zeros(0, np.int32),
+            entry=np.zeros(0, np.int8),
+        )
+
+    @staticmethod
+    def make(stage, src, dst, owner, token, msg=0, entry=-1) -> "Hops":
+        """Build from arrays or scalars (broadcast to the length of ``src``)."""
+        src = np.asarray(src, np.int32)
+        n = src.shape[0]
+
+        def col(v, dtype):
+            return np.broadcast_to(np.asarray(v, dtype), (n,)).copy()
+
+        return Hops(stage=col(stage, np.int8), src=src, dst=col(dst, np.int32), owner=col(owner, np.int32),
+                    token=col(token, np.int32), msg=col(msg, np.int32), entry=col(entry, np.int8))
+
+    @property
+    def size(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def num_stages(self) -> int:
+        return int(self.stage.max()) + 1 if self.size else 0
+
+    def select(self, mask: np.ndarray) -> "Hops":
+        return Hops(**{f: getattr(self, f)[mask] for f in Hops._fields()})
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    """Byte and message accounting of one phase (or both phases summed).
+
+    ``nic_send [R]`` / ``nic_recv [R]``: bytes each rank's NIC sends / receives to / from other
+    nodes. ``nvlink [R, R]``: bytes from rank i to rank j inside a node (zero across nodes).
+    ``messages [R, R]``: messages from i to j (either link). ``rows_computed [R]``: GEMM rows.
+    """
+
+    nic_send: np.ndarray
+    nic_recv: np.ndarray
+    nvlink: np.ndarray
+    messages: np.ndarray
+    rows_computed: np.ndarray
+
+    @property
+    def inter_node_bytes(self) -> int:
+        return int(self.nic_send.sum())
+
+    @property
+    def busiest_nic_bytes(self) -> int:
+        """Largest bytes over any NIC direction (send or receive)."""
+        return int(max(self.nic_send.max(initial=0), self.nic_recv.max(initial=0)))
+
+    @property
+    def nvlink_bytes(self) -> int:
+        return int(self.nvlink.sum())
+
+    def __add__(self, other: "LinkStats") -> "LinkStats":
+        return LinkStats(self.nic_send + other.nic_send, self.nic_recv + other.nic_recv,
+                         self.nvlink + other.nvlink, self.messages + other.messages, self.rows_computed)
+
+
+@dataclass(frozen=True)
+class FlowPlan:
+    """The transfers of one MoE layer: dispatch and combine hops for one routing.
+
+    ``row_bytes`` is the size of one row on the wire (``hidden * dtype_bytes``) in both phases.
+    ``transport`` names the transport that built it (``a2av``, ``relay`` or ``zepp``).
+    """
+
+    routing: Routing
+    dispatch: Hops
+    combine: Hops
+    gpus_per_node: int
+    row_bytes: int
+    transport: str
+
+    @property
+    def ranks(self) -> int:
+        return self.routing.placement.ranks
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return self.routing.topk_ids.shape[1]
+
+    def stats(self, phase: int | None = None) -> LinkStats:
+        """Byte and message accounting for ``DISPATCH``, ``COMBINE`` or both (``None``)."""
+        if phase is None:
+            return self.stats(DISPATCH) + self.stats(COMBINE)
+        hops = self.dispatch if phase == DISPATCH else self.combine
+        return link_stats(hops, self.ranks, self.gpus_per_node, self.row_bytes, self.routing.rows_per_rank())
+
+    def validate(self) -> None:
+        """Prove the plan delivers every entry to its computing rank and returns every entry's
+        output to its token's owner exactly once (see ``zepp.flows.validate_flow_plan``)."""
+        from zepp.flows import validate_flow_plan
+
+        validate_flow_plan(self)
+
+
+def link_stats(hops: Hops, ranks: int, gpus_per_node: int, row_bytes: int, rows_computed: np.ndarray) -> LinkStats:
+    """Aggregate a hop table into per-link bytes and messages (see ``LinkStats``)."""
+    cross = (hops.src // gpus_per_node) != (hops.dst // gpus_per_node)
+    nic_send = np.bincount(hops.src[cross], minlength=ranks).astype(np.int64) * row_bytes
+    nic_recv = np.bincount(hops.dst[cross], minlength=ranks).astype(np.int64) * row_bytes
+    pair = hops.src.astype(np.int64) * ranks + hops.dst
+    nvlink = (np.bincount(pair[~cross], minlength=ranks * ranks).astype(np.int64) * row_bytes).reshape(ranks, ranks)
+    key = (hops.stage.astype(np.int64) * ranks * ranks + pair) * (int(hops.msg.max(initial=0)) + 1) + hops.msg
+    unique_msgs = np.unique(key)
+    msg_pair = (unique_msgs // (int(hops.msg.max(initial=0)) + 1)) % (ranks * ranks)
+    messages = np.bincount(msg_pair, minlength=ranks * ranks).reshape(ranks, ranks)
+    return LinkStats(nic_send, nic_recv, nvlink, messages, np.asarray(rows_computed))
