@@ -1,0 +1,190 @@
+"""``zepp plan``: plan batches with each system's placement, routing and transport, and print
+what each plan puts on the links (no simulation, no tensors)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from zepp.cluster import cluster_preset
+from zepp.errors import ZeppInputError
+from zepp.flows import build_flows
+from zepp.model import PRESET_NAMES as MODEL_NAMES
+from zepp.model import MoESpec, model_preset
+from zepp.placement import make_placement
+from zepp.routing import route
+from zepp.trace import Trace, node_demand, read_trace, sample_batches
+
+
+@dataclass(frozen=True)
+class PlanSystem:
+    """A system as the planner sees it: one choice per planning stage."""
+
+    name: str
+    placement: str
+    routing: str
+    transport: str
+
+
+PLAN_SYSTEMS = {
+    s.name: s
+    for s in (
+        PlanSystem("a2av", "home", "home", "a2av"),
+        PlanSystem("relay", "home", "home", "relay"),
+        PlanSystem("eplb", "eplb", "replica-rr", "a2av"),
+        PlanSystem("sglang", "eplb", "locality", "a2av"),
+        PlanSystem("epic", "epic", "locality", "relay"),
+        PlanSystem("zepp-a2av", "zepp", "zepp", "a2av"),
+        PlanSystem("zepp-relay", "zepp", "zepp", "relay"),
+        PlanSystem("zepp", "zepp", "zepp", "zepp"),
+    )
+}
+
+
+def default_relaxation(nodes: int) -> float:
+    """PAPER.md: C = 0.25, 0.5 at 16 nodes and more."""
+    return 0.5 if nodes >= 16 else 0.25
+
+
+def parse_systems(text: str, known: dict) -> list[str]:
+    """A comma-separated list of known names; ``all`` stands for every one."""
+    names = list(known) if text.strip() == "all" else [s.strip() for s in text.split(",") if s.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ZeppInputError(f"--systems: unknown system(s) {bad}; choose from {', '.join(known)} or 'all'")
+    return list(dict.fromkeys(names))
+
+
+def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: int) -> tuple[Trace, Trace]:
+    """The history window (placement) and evaluation window (batches): files when given,
+    else the built-in synthetic traces of the model."""
+    if trace is None and history is None:
+        from zepp.synth import synthetic_traces
+
+        base = spec.name
+        try:
+            pool, evaluation = synthetic_traces(base, seed=seed)
+        except ZeppInputError as exc:
+            raise ZeppInputError(f"{exc}; pass --history and --trace files for model {spec.name!r}") from None
+        if pool.num_experts != spec.num_experts or pool.top_k != spec.top_k:
+            raise ZeppInputError(
+                f"the built-in trace of {spec.name!r} has {pool.num_experts} experts and top-{pool.top_k}, but "
+                f"the model asks for {spec.num_experts} and top-{spec.top_k}; pass --history and --trace files"
+            )
+        return pool, evaluation
+    evaluation = read_trace(trace or history, num_experts=spec.num_experts, top_k=spec.top_k)
+    pool = read_trace(history, num_experts=spec.num_experts, top_k=spec.top_k) if history else evaluation
+    return pool, evaluation
+
+
+def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
+               systems: list[str], iters: int, seed: int, relaxation: float, extra: int,
+               validate: bool = True, dump: Path | None = None) -> list[dict]:
+    """Plan ``iters`` sampled batches with each system; one summary dict per system (means over
+    iterations of bytes, rows and planning seconds)."""
+    ranks = nodes * gpus_per_node
+    tokens = spec.tokens_for_budget(budget_mb)
+    hist = node_demand(pool, nodes, gpus_per_node)
+    batches = sample_batches(evaluation, ranks, tokens, iters, seed)
+    rows = []
+    for name in systems:
+        system = PLAN_SYSTEMS[name]
+        t0 = time.perf_counter()
+        placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
+        place_s = time.perf_counter() - t0
+        per_iter = []
+        for it, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            routing = route(system.routing, batch, placement, relaxation)
+            t1 = time.perf_counter()
+            plan = build_flows(routing, system.transport, spec.row_bytes)
+            t2 = time.perf_counter()
+            if validate:
+                plan.validate()
+            stats = plan.stats()
+            per_iter.append(dict(
+                inter_node_bytes=stats.inter_node_bytes,
+                busiest_nic_bytes=stats.busiest_nic_bytes,
+                nvlink_bytes=stats.nvlink_bytes,
+                busiest_gpu_rows=int(stats.rows_computed.max()),
+                messages=int(stats.messages.sum()),
+                routing_s=t1 - t0,
+                flows_s=t2 - t1,
+            ))
+            if dump is not None:
+                dump.mkdir(parents=True, exist_ok=True)
+                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=routing.slot,
+                                    slot_expert=placement.slot_expert)
+        row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
+        row.update(system=name, placement=system.placement, routing=system.routing,
+                   transport=system.transport, placement_s=place_s, entries=int(batches[0].size))
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'system':<11} {'inter-node MB':>13} {'busiest NIC MB':>14} {'vs a2av':>8} {'NVLink MB':>10} "
+            f"{'busiest GPU rows':>16} {'msgs':>7} {'plan ms':>8}")
+    base = next((r["busiest_nic_bytes"] for r in rows if r["system"] == "a2av"), None)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio = f"{r['busiest_nic_bytes'] / base:.3f}" if base else "-"
+        lines.append(
+            f"{r['system']:<11} {r['inter_node_bytes'] / 1e6:>13.2f} {r['busiest_nic_bytes'] / 1e6:>14.3f} "
+            f"{ratio:>8} {r['nvlink_bytes'] / 1e6:>10.2f} {r['busiest_gpu_rows']:>16.0f} {r['messages']:>7.0f} "
+            f"{(r['routing_s'] + r['flows_s']) * 1e3:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+@click.command("plan")
+@click.option("--model", default="k2", show_default=True, type=click.Choice(MODEL_NAMES), help="Model preset.")
+@click.option("--experts", type=int, default=None, help="Override the preset's expert count.")
+@click.option("--topk", type=int, default=None, help="Override the preset's top-k.")
+@click.option("--hidden", type=int, default=None, help="Override the preset's hidden size.")
+@click.option("--ffn", type=int, default=None, help="Override the preset's expert FFN size.")
+@click.option("--cluster", "cluster_name", default="a100", show_default=True, type=click.Choice(["a100", "h100"]))
+@click.option("--nodes", default=4, show_default=True, type=int)
+@click.option("--gpus-per-node", default=4, show_default=True, type=int)
+@click.option("--budget-mb", default=16.0, show_default=True, type=float, help="Message budget per GPU (MB).")
+@click.option("--history", type=click.Path(dir_okay=False), default=None,
+              help="Trace the placement is planned from (default: built-in synthetic history).")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Trace batches are sampled from (default: built-in synthetic evaluation window).")
+@click.option("--systems", default="zepp,a2av", show_default=True,
+              help=f"Comma list of {', '.join(PLAN_SYSTEMS)}, or 'all'.")
+@click.option("--iters", default=3, show_default=True, type=int, help="Batches to plan per system.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--relaxation", type=float, default=None, help="C (default 0.25; 0.5 at 16+ nodes).")
+@click.option("--extra", default=2, show_default=True, type=int, help="Redundant slots per GPU.")
+@click.option("--no-validate", is_flag=True, help="Skip validate() on every plan.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the table as JSON.")
+@click.option("--dump", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/<system>_iter<i>.npz with topk_ids, slot and slot_expert per batch.")
+def plan(model, experts, topk, hidden, ffn, cluster_name, nodes, gpus_per_node, budget_mb, history, trace, systems,
+         iters, seed, relaxation, extra, no_validate, json_path, dump):
+    """Plan batches with each system and print per-link bytes and planning time."""
+    spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
+    cluster = cluster_preset(cluster_name, nodes, gpus_per_node)
+    if iters < 1:
+        raise ZeppInputError(f"--iters must be at least 1, got {iters}")
+    names = parse_systems(systems, PLAN_SYSTEMS)
+    relaxation = default_relaxation(nodes) if relaxation is None else relaxation
+    pool, evaluation = load_windows(spec, history, trace, seed)
+    rows = plan_table(spec, cluster.nodes, cluster.gpus_per_node, budget_mb, pool, evaluation, names, iters, seed,
+                      relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None)
+    tokens = spec.tokens_for_budget(budget_mb)
+    click.echo(f"{spec.name} on {cluster.name} {nodes}x{gpus_per_node}, {budget_mb:g} MB = {tokens} tokens/GPU, "
+               f"C={relaxation:g}, {iters} batch(es), history {pool.source}, batches from {evaluation.source}"
+               + ("" if no_validate else "; every plan validated"))
+    click.echo(format_table(rows))
+    if json_path:
+        payload = dict(model=spec.name, cluster=cluster.name, nodes=nodes, gpus_per_node=gpus_per_node,
+                       budget_mb=budget_mb, tokens_per_gpu=tokens, relaxation=relaxation, iters=iters, seed=seed,
+                       history=pool.source, trace=evaluation.source, systems=rows)
+        Path(json_path).write_text(json.dumps(payload, indent=2))

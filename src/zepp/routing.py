@@ -1,0 +1,292 @@
+"""Routing: which replica serves each entry of a batch.
+
+The model's expert choices never change; routing only picks, per entry, one slot holding a
+replica of the entry's expert. Choices:
+
+- ``home``: replica 0 of the expert (its first slot); with a home placement, the only one.
+- ``replica-rr``: an expert's entries, in batch order, go to its replicas in turn, so every
+  replica gets ``floor`` or ``ceil`` of ``D_e / c_e`` (EPLB / vLLM style).
+- ``locality``: SGLang's static dispatch: the source GPU's own replica if it has one, else
+  replica ``source_rank mod c_e`` (a fixed replica per source GPU).
+- ``zepp``: rotation water-fill under relaxed replica-load bounds, then the vacate pass that
+  cuts the number of distinct remote nodes per token (PAPER.md section 2.2).
+
+All choices are vectorised numpy over entries; loops run over ranks, replicas or rounds only.
+Integer arithmetic throughout, so every rank computes the same routing bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zepp.errors import ZeppInputError
+from zepp.plan import Placement, Routing, relaxation_fraction
+from zepp.trace import rank_demand
+
+ROUTING_NAMES = ("home", "replica-rr", "locality", "zepp")
+
+
+def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: float = 0.25,
+          vacate_rounds: int = 3) -> Routing:
+    """Route a batch ``topk_ids [R, T, k]`` onto ``placement`` with routing choice ``name``.
+
+    ``relaxation`` (C) only matters for ``zepp``; its Routing carries C so ``validate()`` checks
+    the replica-load bounds ``[floor((1-C) q), ceil((1+C) q)]``.
+    """
+    topk_ids = check_batch(topk_ids, placement)
+    if name == "home":
+        slot = placement.replicas[topk_ids, 0]
+        return Routing(topk_ids, slot.astype(np.int32), placement)
+    if name == "replica-rr":
+        return Routing(topk_ids, _replica_round_robin(topk_ids, placement), placement)
+    if name == "locality":
+        return Routing(topk_ids, _locality(topk_ids, placement), placement)
+    if name == "zepp":
+        slot = _water_fill(topk_ids, placement, relaxation)
+        slot = _vacate(topk_ids, slot, placement, relaxation, vacate_rounds)
+        return Routing(topk_ids, slot, placement, relaxation=relaxation)
+    raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTING_NAMES)}")
+
+
+def check_batch(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
+    """Check a batch ``[R, T, k]`` against a placement; return it as int32."""
+    arr = np.asarray(topk_ids)
+    if arr.ndim != 3:
+        raise ZeppInputError(f"batch topk_ids must be [ranks, tokens, k], got shape {arr.shape}")
+    if arr.shape[0] != placement.ranks:
+        raise ZeppInputError(f"batch has {arr.shape[0]} ranks but the placement has {placement.ranks}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ZeppInputError(f"batch topk_ids must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= placement.num_experts):
+        bad = np.argwhere((arr < 0) | (arr >= placement.num_experts))[0]
+        raise ZeppInputError(
+            f"batch entry (rank {bad[0]}, token {bad[1]}, choice {bad[2]}) has expert id "
+            f"{arr[tuple(bad)]}, outside [0, {placement.num_experts}); check --experts"
+        )
+    return arr.astype(np.int32, copy=False)
+
+
+def position_in_group(key: np.ndarray, num_keys: int) -> np.ndarray:
+    """For each element, how many earlier elements (in array order) share its key. ``[n]``.
+
+    ``key`` holds group ids in ``[0, num_keys)``; for up to 2**16 groups the stable sort is a
+    radix sort, so this is linear in ``n``."""
+    key = np.asarray(key)
+    dtype = np.uint16 if num_keys <= 1 << 16 else np.int64
+    order = np.argsort(key.astype(dtype), kind="stable")
+    counts = np.bincount(key, minlength=num_keys)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pos = np.empty(key.shape[0], dtype=np.int64)
+    pos[order] = np.arange(key.shape[0]) - starts[key[order]]
+    return pos
+
+
+def _replica_round_robin(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
+    flat = topk_ids.ravel()
+    pos = position_in_group(flat, placement.num_experts)
+    idx = pos % placement.replica_count[flat]
+    return placement.replicas[flat, idx].reshape(topk_ids.shape).astype(np.int32)
+
+
+def _own_slot(placement: Placement) -> np.ndarray:
+    """``[R, E]`` a global slot of expert e on rank r, or -1 when r holds no replica of e."""
+    ranks, slots = placement.slot_expert.shape
+    own = np.full((ranks, placement.num_experts), -1, dtype=np.int32)
+    r, s = np.nonzero(placement.slot_expert >= 0)
+    own[r, placement.slot_expert[r, s]] = r * slots + s
+    return own
+
+
+def _locality(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
+    ranks = topk_ids.shape[0]
+    own = _own_slot(placement)
+    src = np.broadcast_to(np.arange(ranks, dtype=np.int64)[:, None, None], topk_ids.shape)
+    fixed = placement.replicas[topk_ids, src % placement.replica_count[topk_ids]]
+    mine = own[src, topk_ids]
+    return np.where(mine >= 0, mine, fixed).astype(np.int32)
+
+
+def _visit_priority(placement: Placement) -> np.ndarray:
+    """``[R, R]`` rotation order of destination rank q for source rank r (0 = visited first):
+    own GPU, then the other GPUs of the node, then remote nodes in rotation (n+1, n+2, ...),
+    inside a node by local index rotated from the source's."""
+    ranks, L = placement.ranks, placement.gpus_per_node
+    nodes = ranks // L
+    r = np.arange(ranks)[:, None]
+    q = np.arange(ranks)[None, :]
+    node_step = (q // L - r // L) % nodes
+    local_step = (q % L - r % L) % L
+    return node_step * L + local_step
+
+
+def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> np.ndarray:
+    """Rotation water-fill: per expert, each source rank in turn assigns its demand to the
+    expert's replicas in rotation order, up to each replica's upper bound, while keeping enough
+    unassigned demand to lift every other replica to its lower bound. Returns ``slot [R, T, k]``."""
+    ranks, S = placement.ranks, placement.slots_per_rank
+    E = placement.num_experts
+    demand = rank_demand(topk_ids, E).astype(np.int64)  # [R, E]
+    count = placement.replica_count.astype(np.int64)
+    slot = placement.replicas[topk_ids, 0].astype(np.int32)  # experts with one replica: done
+
+    multi = np.flatnonzero(count > 1)
+    if multi.size == 0:
+        return slot
+    num, den = relaxation_fraction(relaxation)
+    d = demand[:, multi]  # [R, M]
+    total = d.sum(0)
+    c = count[multi]
+    upper = -((-(den + num) * total) // (den * c))
+    lower = np.maximum(0, (den - num) * total // (den * c))
+    reps = placement.replicas[multi]  # [M, C] global slots, -1 padded
+    cmax = reps.shape[1]
+    valid = reps >= 0
+    rep_rank = np.where(valid, reps // S, 0)
+    priority = _visit_priority(placement)
+
+    load = np.zeros(reps.shape, np.int64)
+    unassigned = total.copy()
+    deficit = np.where(valid, lower[:, None], 0).sum(1)  # sum over replicas of max(0, lower - load)
+    assigned = np.zeros((ranks,) + reps.shape, np.int64)  # [R, M, C]
+    cols = np.arange(multi.size)
+    big = np.iinfo(np.int64).max // 4
+    for r in range(ranks):
+        remaining = d[r].copy()
+        if not remaining.any():
+            continue
+        visit = np.argsort(np.where(valid, priority[r][rep_rank], big), axis=1, kind="stable")  # [M, C]
+        for _ in range(2):  # a second sweep places what the reservation held back on the first
+            for v in range(cmax):
+                if not remaining.any():
+                    break
+                idx = visit[:, v]
+                held = load[cols, idx]
+                own_deficit = np.maximum(lower - held, 0)
+                take = np.minimum(remaining, upper - held)
+                take = np.minimum(take, unassigned - (deficit - own_deficit))
+                take = np.where(valid[cols, idx], np.maximum(take, 0), 0)
+                load[cols, idx] += take
+                assigned[r, cols, idx] += take
+                deficit -= np.minimum(take, own_deficit)
+                remaining -= take
+                unassigned -= take
+        if remaining.any():  # cannot happen while the bounds are consistent; kept as a proof point
+            e = multi[np.flatnonzero(remaining)[0]]
+            raise AssertionError(f"water-fill left demand of expert {e} on rank {r} unplaced")
+
+    # Entries of (rank r, expert e), in batch order, fill r's assignments in replica order.
+    flat = topk_ids.reshape(ranks, -1)
+    is_multi = np.zeros(E, bool)
+    is_multi[multi] = True
+    rr, pos_in_rank = np.nonzero(is_multi[flat])
+    e = flat[rr, pos_in_rank]
+    mi = np.searchsorted(multi, e)
+    group = rr.astype(np.int64) * multi.size + mi
+    groups = ranks * multi.size
+    pos = position_in_group(group, groups)
+    # Each group's replica boundaries, laid end to end, ascend across groups; an entry's count of
+    # boundaries at or below its global position, minus those of earlier groups, is its replica.
+    size = np.bincount(group, minlength=groups)
+    start = np.concatenate(([0], np.cumsum(size)[:-1]))
+    bounds = (start[:, None] + np.cumsum(assigned.reshape(groups, cmax), axis=1)).ravel()
+    rep_idx = np.searchsorted(bounds, start[group] + pos, side="right") - group * cmax
+    out = slot.reshape(ranks, -1)
+    out[rr, pos_in_rank] = reps[mi, rep_idx]
+    return out.reshape(topk_ids.shape)
+
+
+def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
+            rounds: int) -> np.ndarray:
+    """Per token, move every entry bound for the remote node the token touches least onto
+    replicas on nodes the token already touches (home node first), when the replica bounds
+    allow. A move of a token is all-or-nothing: it only pays if the node drops out entirely.
+
+    Rounds are vectorised: every token proposes its move; moves are admitted in token order while
+    the target replica stays under its upper bound and the source above its lower bound; a token
+    whose moves are not all admitted keeps its routing (its reserved room stays unused that round).
+    """
+    ranks, T, k = topk_ids.shape
+    S, L = placement.slots_per_rank, placement.gpus_per_node
+    N = ranks // L
+    E = placement.num_experts
+    if N < 2 or rounds < 1 or not (placement.replica_count > 1).any():
+        return slot
+    num, den = relaxation_fraction(relaxation)
+    demand = np.bincount(topk_ids.ravel(), minlength=E).astype(np.int64)
+    c = placement.replica_count.astype(np.int64)
+    upper_e = -((-(den + num) * demand) // (den * c))
+    lower_e = np.maximum(0, (den - num) * demand // (den * c))
+
+    # replica_on_node[e, n]: a slot of e on node n, or -1 (the lowest one if several).
+    reps = placement.replicas
+    rep_node = np.where(reps >= 0, reps // S // L, N)
+    replica_on_node = np.full((E, N + 1), -1, np.int32)
+    ee = np.repeat(np.arange(E), reps.shape[1])
+    order = np.argsort(-reps.ravel(), kind="stable")  # highest slot first, so the lowest wins
+    replica_on_node[ee[order], rep_node.ravel()[order]] = reps.ravel()[order]
+    replica_on_node = replica_on_node[:, :N]
+
+    expert = topk_ids.reshape(-1, k)  # [G, k], G = R * T tokens
+    G = expert.shape[0]
+    home = (np.arange(G) // T) // L  # [G] owner node of each token
+    slot = slot.reshape(-1, k).copy()
+    load = np.bincount(slot.ravel(), minlength=placement.slot_expert.size).astype(np.int64)
+    candidates = np.flatnonzero((placement.replica_count > 1)[expert].any(1))
+    big = np.iinfo(np.int64).max // 4
+    for _ in range(rounds):
+        if candidates.size == 0:
+            break
+        g = candidates.size
+        sl = slot[candidates]
+        node = sl // (S * L)  # [g, k]
+        g_home = home[candidates]
+        # Per entry, how many of its token's entries share its node (sort each row, run lengths).
+        order = np.argsort(node, axis=1)
+        sorted_node = np.take_along_axis(node, order, axis=1)
+        first = np.ones((g, k), bool)
+        first[:, 1:] = sorted_node[:, 1:] != sorted_node[:, :-1]
+        cols = np.arange(k)
+        run_start = np.maximum.accumulate(np.where(first, cols, 0), axis=1)
+        last = np.ones((g, k), bool)
+        last[:, :-1] = first[:, 1:]
+        run_end = np.minimum.accumulate(np.where(last, cols, k)[:, ::-1], axis=1)[:, ::-1]
+        count = np.empty((g, k), np.int64)
+        np.put_along_axis(count, order, run_end - run_start + 1, axis=1)
+        # The least-touched remote node (ties: lowest node id) and the entries on it.
+        remote = node != g_home[:, None]
+        key = np.where(remote, count * N + node, big)
+        pick = key.argmin(1)
+        has_remote = key[np.arange(g), pick] < big
+        least = node[np.arange(g), pick]
+        gi, ki = np.nonzero((node == least[:, None]) & has_remote[:, None])
+        if gi.size == 0:
+            break
+        # Where each could go instead: a replica on the home node or on another node the token
+        # touches, nearest to home in rotation order.
+        e_mv = expert[candidates[gi], ki]
+        target_node = np.concatenate([g_home[gi, None], node[gi]], axis=1)  # [m, k+1]
+        there = replica_on_node[e_mv[:, None], target_node]
+        rotation = (target_node - g_home[gi, None]) % N
+        score = np.where((there >= 0) & (target_node != least[gi, None]), rotation, big)
+        best = score.argmin(1)
+        feasible = score[np.arange(gi.size), best] < big
+        src = sl[gi, ki].astype(np.int64)
+        dst = there[np.arange(gi.size), best].astype(np.int64)
+        dst = np.where(feasible, dst, src)
+        room_in = upper_e[e_mv] - load[dst]
+        room_out = load[src] - lower_e[e_mv]
+        n_slots = load.size
+        fits = feasible & (position_in_group(dst, n_slots) < room_in) & (position_in_group(src, n_slots) < room_out)
+        # A token moves only if all its entries on that node can move.
+        accept = np.bincount(gi[~fits], minlength=g)[gi] == 0
+        if not accept.any():
+            break
+        gsel, ksel = candidates[gi[accept]], ki[accept]
+        slot[gsel, ksel] = dst[accept]
+        np.add.at(load, dst[accept], 1)
+        np.subtract.at(load, src[accept], 1)
+        # Next round: tokens that moved (another node may now drop) and tokens that only lost
+        # because rejected moves of other tokens held the room.
+        still = np.bincount(gi[~feasible], minlength=g) == 0
+        candidates = candidates[np.flatnonzero(still & (np.bincount(gi, minlength=g) > 0))]
+    return slot.reshape(ranks, T, k).astype(np.int32)
