@@ -66,11 +66,11 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
     if trace is None and history is None:
         from zepp.synth import synthetic_traces
 
-        base = spec.name
         try:
-            pool, evaluation = synthetic_traces(base, seed=seed)
-        except ZeppInputError as exc:
-            raise ZeppInputError(f"{exc}; pass --history and --trace files for model {spec.name!r}") from None
+            pool, evaluation = synthetic_traces(spec.name, seed=seed)
+        except ZeppInputError:
+            raise ZeppInputError(f"there is no built-in trace for model {spec.name!r} (only for k2 and qwen); "
+                                 f"pass --history and --trace files") from None
         if pool.num_experts != spec.num_experts or pool.top_k != spec.top_k:
             raise ZeppInputError(
                 f"the built-in trace of {spec.name!r} has {pool.num_experts} experts and top-{pool.top_k}, but "
@@ -84,9 +84,10 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
 
 def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
                systems: list[str], iters: int, seed: int, relaxation: float, extra: int,
-               validate: bool = True, dump: Path | None = None) -> list[dict]:
+               validate: bool | str = True, dump: Path | None = None) -> list[dict]:
     """Plan ``iters`` sampled batches with each system; one summary dict per system (means over
-    iterations of bytes, rows and planning seconds)."""
+    iterations of bytes, rows and planning seconds). ``validate``: every plan (``True``), the
+    first batch's only (``"first"``) or none (``False``)."""
     ranks = nodes * gpus_per_node
     tokens = spec.tokens_for_budget(budget_mb)
     hist = node_demand(pool, nodes, gpus_per_node)
@@ -104,7 +105,7 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
             t1 = time.perf_counter()
             plan = build_flows(routing, system.transport, spec.row_bytes)
             t2 = time.perf_counter()
-            if validate:
+            if validate is True or (validate == "first" and it == 0):
                 plan.validate()
             stats = plan.stats()
             per_iter.append(dict(
@@ -174,11 +175,11 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, nodes, gpus_per_node, 
     if iters < 1:
         raise ZeppInputError(f"--iters must be at least 1, got {iters}")
     names = parse_systems(systems, PLAN_SYSTEMS)
+    tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
     pool, evaluation = load_windows(spec, history, trace, seed)
     rows = plan_table(spec, cluster.nodes, cluster.gpus_per_node, budget_mb, pool, evaluation, names, iters, seed,
                       relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None)
-    tokens = spec.tokens_for_budget(budget_mb)
     click.echo(f"{spec.name} on {cluster.name} {nodes}x{gpus_per_node}, {budget_mb:g} MB = {tokens} tokens/GPU, "
                f"C={relaxation:g}, {iters} batch(es), history {pool.source}, batches from {evaluation.source}"
                + ("" if no_validate else "; every plan validated"))

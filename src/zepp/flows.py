@@ -232,20 +232,27 @@ def _held_key(rank, owner, token, x: _Entries) -> np.ndarray:
     return (np.asarray(rank, np.int64) * x.ranks + owner) * x.T + token
 
 
+def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Membership of ``keys`` in ``sorted_keys`` (ascending, duplicates allowed)."""
+    if sorted_keys.size == 0:
+        return np.zeros(keys.shape, bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    return sorted_keys[pos] == keys
+
+
 def _validate_dispatch(hops: Hops, x: _Entries) -> None:
-    held = np.unique(_held_key(np.arange(x.ranks).repeat(x.T), np.arange(x.ranks).repeat(x.T),
-                               np.tile(np.arange(x.T), x.ranks), x))
+    own = np.arange(x.ranks).repeat(x.T)
+    held = np.sort(_held_key(own, own, np.tile(np.arange(x.T), x.ranks), x))
     for stage in range(hops.num_stages):
         h = hops.select(hops.stage == stage)
-        have = np.isin(_held_key(h.src, h.owner, h.token, x), held)
+        have = _contains(held, _held_key(h.src, h.owner, h.token, x))
         if not have.all():
             i = np.flatnonzero(~have)[0]
             raise PlanInvariantError(
                 f"dispatch stage {stage}: rank {h.src[i]} sends token {h.token[i]} of rank {h.owner[i]} "
                 f"to rank {h.dst[i]} before holding it")
-        held = np.union1d(held, _held_key(h.dst, h.owner, h.token, x))
-    need = _held_key(x.comp, x.owner, x.token, x)
-    missing = ~np.isin(need, held)
+        held = np.sort(np.concatenate([held, _held_key(h.dst, h.owner, h.token, x)]))
+    missing = ~_contains(held, _held_key(x.comp, x.owner, x.token, x))
     if missing.any():
         i = np.flatnonzero(missing)[0]
         raise PlanInvariantError(
@@ -278,7 +285,8 @@ def _validate_combine(hops: Hops, x: _Entries) -> None:
         whole = ~single
         if whole.any():
             hop_key = h_token[whole] * x.ranks + h.src[whole]
-            if np.unique(hop_key).size != hop_key.size:
+            sorted_hops = np.sort(hop_key)
+            if (sorted_hops[1:] == sorted_hops[:-1]).any():
                 raise PlanInvariantError(f"combine stage {stage}: a partial is sent twice by one rank")
             at_key = token_id * x.ranks + loc
             order = np.argsort(hop_key)

@@ -1,0 +1,26 @@
+"""The emulated multi-node cluster: network namespaces with shaped "NIC" links on one machine.
+
+``EmulatedCluster`` builds it (see ``zepp.emulate.netns`` for the layout and the interface the
+runtime launcher uses), ``zepp.emulate.linkcal`` measures its links, ``zepp cluster up|down|status``
+drives it from the command line.
+"""
+
+from zepp.emulate.netns import (
+    DEFAULT_PREFIX,
+    DEFAULT_RATE_MBIT,
+    EmulatedCluster,
+    EmulationError,
+    EmulationUnavailable,
+    LinkCounters,
+    RankFailure,
+    RankGroup,
+    RunResult,
+    availability,
+    down,
+    status,
+)
+
+__all__ = [
+    "DEFAULT_PREFIX", "DEFAULT_RATE_MBIT", "EmulatedCluster", "EmulationError", "EmulationUnavailable",
+    "LinkCounters", "RankFailure", "RankGroup", "RunResult", "availability", "down", "status",
+]

@@ -1,0 +1,211 @@
+"""The emulated cluster (zepp.emulate): namespaces, routing of bytes, faults, teardown.
+
+Needs root and network namespaces; skipped with the reason elsewhere (except the test of that
+reason itself). Each test uses its own prefix so parallel sessions on one machine don't collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from zepp.emulate import netns as nx
+from zepp.emulate.netns import EmulatedCluster, EmulationUnavailable
+
+OK, REASON = nx.availability()
+needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
+pytestmark = pytest.mark.netns
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _prefix(tag: str) -> str:
+    return f"{tag}{os.getpid() % 10000}"
+
+
+def test_unavailable_is_one_clear_message(monkeypatch):
+    monkeypatch.setattr(nx, "_AVAILABLE", None)
+    monkeypatch.setattr(nx.os, "geteuid", lambda: 1000)
+    ok, reason = nx.availability()
+    assert not ok and "root" in reason
+    with pytest.raises(EmulationUnavailable, match="root"):
+        EmulatedCluster(2, 2, prefix="zx").up()
+    monkeypatch.setattr(nx, "_AVAILABLE", None)  # don't leave the fake answer cached
+
+
+def test_bad_shape_is_input_error():
+    from zepp.errors import ZeppInputError
+
+    with pytest.raises(ZeppInputError, match="prefix"):
+        EmulatedCluster(2, 2, prefix="Bad-Prefix")
+    with pytest.raises(ZeppInputError, match="nodes"):
+        EmulatedCluster(0, 2)
+
+
+@needs_netns
+def test_alltoall_bytes_take_the_right_links():
+    """2 nodes x 2 ranks: values are right, remote bytes leave through each rank's own NIC,
+    same-node bytes use the NVLink veth only, and nothing is left afterwards."""
+    prefix = _prefix("ta")
+    same, remote = 2 << 20, 128 << 10  # bytes per peer: same node 16x more than remote
+    with EmulatedCluster(2, 2, prefix=prefix) as cl:
+        assert nx.list_namespaces(prefix) == sorted([cl.netns(r) for r in range(4)] + [f"{prefix}-sw"])
+        before = cl.counters()
+        out = cl.call("zepp.emulate.jobs:a2a_check", {"same_node_bytes": same, "remote_bytes": remote},
+                      timeout=60)
+        moved = cl.counters() - before
+    assert nx.list_namespaces(prefix) == []
+    assert all(o["ok"] for o in out)
+    assert out[0]["sent_bytes"] == [0, same, remote, remote]
+    # each NIC sends and receives its rank's 2 remote blocks plus headers and gloo/store chatter
+    # (typically +1-3%; the slack also covers a spurious TCP retransmission on a loaded machine),
+    # and far below the extra 2 MB that would show if same-node bytes used the NIC
+    for r in range(4):
+        for got in (moved.nic_tx[r], moved.nic_rx[r]):
+            assert 2 * remote <= got <= 2 * remote * 1.25 + 131072, (r, moved)
+    # NVLink: each same-node pair carries its block in each direction, only there
+    for a, b in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        assert same <= moved.nvlink_tx[a, b] <= same * 1.1 + 131072, moved
+    assert moved.nvlink_tx[0, 2] == moved.nvlink_tx[0, 3] == moved.nvlink_tx[1, 2] == 0
+
+
+@needs_netns
+@pytest.mark.parametrize("fault", ["nic-down", "kill-rank"])
+def test_fault_ends_every_rank_with_a_clear_error(fault):
+    """A node's NICs go down / a rank is killed mid-loop: every other rank ends by itself with a
+    one-line error within the gloo timeout (5 s) plus slack, nothing needs killing, and the
+    cluster is gone afterwards."""
+    prefix = _prefix("tf")
+    with EmulatedCluster(2, 2, prefix=prefix) as cl:
+        group = cl.spawn([sys.executable, "-m", "zepp.emulate.rankmain", "zepp.emulate.jobs:a2a_loop",
+                          json.dumps({"seconds": 60, "timeout_s": 5}), "/nonexistent"])
+        t0 = time.monotonic()
+        while "started" not in open(os.path.join(group.logdir, "rank0.out")).read():
+            assert time.monotonic() - t0 < 40, "job did not start"
+            assert all(c is None for c in group.poll()), group.wait(1).describe()
+            time.sleep(0.05)
+        t_fault = time.monotonic()
+        if fault == "nic-down":
+            cl.node_nics_down(1)
+            survivors = [0, 1, 2, 3]
+        else:
+            group.kill(3)
+            survivors = [0, 1, 2]
+        res = group.wait(timeout=60, grace=20)
+        took = time.monotonic() - t_fault
+    assert nx.list_namespaces(prefix) == []
+    assert took < 5 + 15, f"ranks took {took:.1f}s to end after the fault"
+    assert not res.timed_out and not any(r.killed for r in res.ranks), res.describe()
+    for r in survivors:
+        assert res.ranks[r].returncode == 3, res.describe()
+        assert f"zepp-emulate: rank {r}: collective failed" in res.ranks[r].stderr
+        if fault == "nic-down":
+            assert "Timed out" in res.ranks[r].stderr
+    if fault == "kill-rank":
+        assert res.ranks[3].returncode == -signal.SIGKILL
+
+
+@needs_netns
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_tears_down(sig):
+    prefix = _prefix("ts")
+    code = ("import time; from zepp.emulate import EmulatedCluster; "
+            f"cl = EmulatedCluster(1, 2, prefix={prefix!r}).up(); print('up', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        assert len(nx.list_namespaces(prefix)) == 3
+        p.send_signal(sig)
+        p.wait(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert nx.list_namespaces(prefix) == []
+
+
+@needs_netns
+def test_cli_up_status_down_and_leftovers():
+    from click.testing import CliRunner
+
+    from zepp.emulate.cli import cluster
+
+    prefix = _prefix("tc")
+    runner = CliRunner()
+    try:
+        res = runner.invoke(cluster, ["up", "--nodes", "2", "--gpus-per-node", "1", "--rate-mbit", "300",
+                                      "--prefix", prefix])
+        assert res.exit_code == 0, res.output
+        # a crashed run leaves its namespaces: status shows them, down removes them
+        st = runner.invoke(cluster, ["status", "--prefix", prefix, "--json"])
+        info = json.loads(st.output)
+        assert [e["addr"] for e in info["ranks"]] == ["10.213.0.1/16", "10.213.1.1/16"]
+        assert all("300Mbit" in e["qdisc"] for e in info["ranks"]) and info["switch"]
+        res = runner.invoke(cluster, ["down", "--prefix", prefix])
+        assert res.exit_code == 0 and "removed 3 namespaces" in res.output, res.output
+        assert "no emulated cluster" in runner.invoke(cluster, ["status", "--prefix", prefix]).output
+    finally:
+        nx.down(prefix)
+
+
+@needs_netns
+def test_exception_inside_context_tears_down():
+    prefix = _prefix("te")
+    with pytest.raises(ZeroDivisionError):
+        with EmulatedCluster(1, 2, prefix=prefix):
+            1 / 0
+    assert nx.list_namespaces(prefix) == []
+
+
+@needs_netns
+def test_link_calibration_sees_the_shaping():
+    """The NIC streams at the tbf rate (payload after headers: 90-101% of it); the NVLink veth is
+    at least 3x faster; figures map onto Cluster."""
+    from zepp.cluster import Cluster
+    from zepp.emulate.linkcal import calibrate_links
+
+    rate = 400.0
+    with EmulatedCluster(2, 2, rate_mbit=rate, prefix=_prefix("tl")) as cl:
+        cal = calibrate_links(cl, sizes=(1 << 20,), reps=6, trials=2, concurrent=False, timeout=90)
+    assert 0.90 * rate * 1e6 / 8 <= cal.nic_bw <= 1.01 * rate * 1e6 / 8, cal
+    assert cal.nvlink_bw > 3 * cal.nic_bw, cal
+    assert 0 < cal.nic_latency_s < 0.05 and 0 < cal.nvlink_latency_s < 0.05
+    c = Cluster(name="emulated", nodes=2, gpus_per_node=2, **cal.cluster_fields())
+    assert c.nic_bw == cal.nic_bw
+
+
+@needs_netns
+def test_down_clears_a_crashed_launcher():
+    """The launcher is SIGKILLed while its ranks run: namespaces and rank processes stay behind
+    (no handler can run); ``down`` kills those processes and removes the namespaces."""
+    prefix = _prefix("tk")
+    code = ("import sys, time; from zepp.emulate import EmulatedCluster; "
+            f"cl = EmulatedCluster(1, 2, prefix={prefix!r}).up(); "
+            "g = cl.spawn(['sleep', '120']); print(' '.join(str(p.pid) for p in g.procs), flush=True); "
+            "time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in p.stdout.readline().split()]
+        p.kill()
+        p.wait(timeout=10)
+        assert len(pids) == 2 and len(nx.list_namespaces(prefix)) == 3
+        assert nx.down(prefix) and nx.list_namespaces(prefix) == []
+        deadline = time.monotonic() + 5  # SIGKILL is asynchronous; a loaded machine may take a moment
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        nx.down(prefix)
