@@ -19,6 +19,8 @@ Everything is vectorised numpy over rows; loops run over nothing larger than a s
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from zepp.errors import ZeppInputError
@@ -60,15 +62,7 @@ class _Entries:
         ranks, T, k = routing.topk_ids.shape
         self.ranks, self.T, self.k, self.L = ranks, T, k, p.gpus_per_node
         self.N = ranks // self.L
-        n = ranks * T * k
-        idx = np.arange(n, dtype=np.int64)
-        self.owner = (idx // (T * k)).astype(np.int32)
-        self.token = ((idx // k) % T).astype(np.int32)
-        self.entry = (idx % k).astype(np.int8)
         self.comp = routing.compute_rank.ravel().astype(np.int32)
-        self.owner_node = self.owner // self.L
-        self.comp_node = self.comp // self.L
-
         G = ranks * T
         comp = np.sort(self.comp.reshape(G, k), axis=1)  # a token's ranks, ascending (so nodes too)
         node = comp // self.L
@@ -84,6 +78,19 @@ class _Entries:
         self.tn_owner, self.tn_token = (tn_g // T).astype(np.int32), (tn_g % T).astype(np.int32)
         self.tn_node = node.ravel()[fn].astype(np.int32)
         self.tc_pair_node = (np.cumsum(fn) - 1)[fc]
+
+    # Per-entry views, built only where needed (a2av and validation).
+    @functools.cached_property
+    def owner(self) -> np.ndarray:
+        return np.repeat(np.arange(self.ranks, dtype=np.int32), self.T * self.k)
+
+    @functools.cached_property
+    def token(self) -> np.ndarray:
+        return np.tile(np.repeat(np.arange(self.T, dtype=np.int32), self.k), self.ranks)
+
+    @functools.cached_property
+    def entry(self) -> np.ndarray:
+        return np.tile(np.arange(self.k, dtype=np.int8), self.ranks * self.T)
 
     def same_node_pairs(self) -> np.ndarray:
         """Mask of token-GPU pairs on the owner's node but not the owner itself."""

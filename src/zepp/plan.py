@@ -222,7 +222,8 @@ class Hops:
         n = src.shape[0]
 
         def col(v, dtype):
-            return np.broadcast_to(np.asarray(v, dtype), (n,)).copy()
+            v = np.asarray(v, dtype)
+            return v if v.shape == (n,) else np.broadcast_to(v, (n,)).copy()
 
         return Hops(stage=col(stage, np.int8), src=src, dst=col(dst, np.int32), owner=col(owner, np.int32),
                     token=col(token, np.int32), msg=col(msg, np.int32), entry=col(entry, np.int8))

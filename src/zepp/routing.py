@@ -174,22 +174,18 @@ def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -
             e = multi[np.flatnonzero(remaining)[0]]
             raise AssertionError(f"water-fill left demand of expert {e} on rank {r} unplaced")
 
-    # Entries of (rank r, expert e), in batch order, fill r's assignments in replica order.
+    # Entries of (rank r, expert e), in batch order, fill r's assignments in replica order: sorted
+    # by group (a stable radix sort), the replica indices are each group's counts laid end to end.
     flat = topk_ids.reshape(ranks, -1)
-    is_multi = np.zeros(E, bool)
-    is_multi[multi] = True
-    rr, pos_in_rank = np.nonzero(is_multi[flat])
-    e = flat[rr, pos_in_rank]
-    mi = np.searchsorted(multi, e)
-    group = rr.astype(np.int64) * multi.size + mi
+    multi_index = np.full(E, -1, np.int64)
+    multi_index[multi] = np.arange(multi.size)
+    rr, pos_in_rank = np.nonzero(multi_index[flat] >= 0)
+    mi = multi_index[flat[rr, pos_in_rank]]
     groups = ranks * multi.size
-    pos = position_in_group(group, groups)
-    # Each group's replica boundaries, laid end to end, ascend across groups; an entry's count of
-    # boundaries at or below its global position, minus those of earlier groups, is its replica.
-    size = np.bincount(group, minlength=groups)
-    start = np.concatenate(([0], np.cumsum(size)[:-1]))
-    bounds = (start[:, None] + np.cumsum(assigned.reshape(groups, cmax), axis=1)).ravel()
-    rep_idx = np.searchsorted(bounds, start[group] + pos, side="right") - group * cmax
+    group = rr * multi.size + mi
+    order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
+    rep_idx = np.empty(group.size, np.int64)
+    rep_idx[order] = np.repeat(np.tile(np.arange(cmax), groups), assigned.reshape(-1))
     out = slot.reshape(ranks, -1)
     out[rr, pos_in_rank] = reps[mi, rep_idx]
     return out.reshape(topk_ids.shape)
@@ -228,35 +224,25 @@ def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxa
 
     expert = topk_ids.reshape(-1, k)  # [G, k], G = R * T tokens
     G = expert.shape[0]
-    home = (np.arange(G) // T) // L  # [G] owner node of each token
+    home = ((np.arange(G) // T) // L).astype(np.int16)  # [G] owner node of each token
     slot = slot.reshape(-1, k).copy()
     load = np.bincount(slot.ravel(), minlength=placement.slot_expert.size).astype(np.int64)
     candidates = np.flatnonzero((placement.replica_count > 1)[expert].any(1))
-    big = np.iinfo(np.int64).max // 4
+    big32 = np.iinfo(np.int32).max
     for _ in range(rounds):
         if candidates.size == 0:
             break
         g = candidates.size
         sl = slot[candidates]
-        node = sl // (S * L)  # [g, k]
+        node = (sl // (S * L)).astype(np.int16)  # [g, k]
         g_home = home[candidates]
-        # Per entry, how many of its token's entries share its node (sort each row, run lengths).
-        order = np.argsort(node, axis=1)
-        sorted_node = np.take_along_axis(node, order, axis=1)
-        first = np.ones((g, k), bool)
-        first[:, 1:] = sorted_node[:, 1:] != sorted_node[:, :-1]
-        cols = np.arange(k)
-        run_start = np.maximum.accumulate(np.where(first, cols, 0), axis=1)
-        last = np.ones((g, k), bool)
-        last[:, :-1] = first[:, 1:]
-        run_end = np.minimum.accumulate(np.where(last, cols, k)[:, ::-1], axis=1)[:, ::-1]
-        count = np.empty((g, k), np.int64)
-        np.put_along_axis(count, order, run_end - run_start + 1, axis=1)
+        # Per entry, how many of its token's entries share its node (k is small: compare all pairs).
+        count = (node[:, :, None] == node[:, None, :]).sum(2, dtype=np.int16)
         # The least-touched remote node (ties: lowest node id) and the entries on it.
         remote = node != g_home[:, None]
-        key = np.where(remote, count * N + node, big)
+        key = np.where(remote, count.astype(np.int32) * N + node, big32)
         pick = key.argmin(1)
-        has_remote = key[np.arange(g), pick] < big
+        has_remote = key[np.arange(g), pick] < big32
         least = node[np.arange(g), pick]
         gi, ki = np.nonzero((node == least[:, None]) & has_remote[:, None])
         if gi.size == 0:
@@ -264,12 +250,15 @@ def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxa
         # Where each could go instead: a replica on the home node or on another node the token
         # touches, nearest to home in rotation order.
         e_mv = expert[candidates[gi], ki]
-        target_node = np.concatenate([g_home[gi, None], node[gi]], axis=1)  # [m, k+1]
+        target_node = np.empty((gi.size, k + 1), np.int16)  # [m, k+1]: home, then the token's nodes
+        target_node[:, 0] = g_home[gi]
+        target_node[:, 1:] = node[gi]
         there = replica_on_node[e_mv[:, None], target_node]
-        rotation = (target_node - g_home[gi, None]) % N
-        score = np.where((there >= 0) & (target_node != least[gi, None]), rotation, big)
+        rotation = target_node - target_node[:, :1]
+        rotation += N * (rotation < 0)
+        score = np.where((there >= 0) & (target_node != least[gi, None]), rotation, N)
         best = score.argmin(1)
-        feasible = score[np.arange(gi.size), best] < big
+        feasible = score[np.arange(gi.size), best] < N
         src = sl[gi, ki].astype(np.int64)
         dst = there[np.arange(gi.size), best].astype(np.int64)
         dst = np.where(feasible, dst, src)
