@@ -1,0 +1,28 @@
+"""The real executor: expert-parallel MoE layers on torch.distributed (gloo on CPU, NCCL on GPU).
+
+- ``Dispatcher`` (``dispatcher.py``): one per process group; ``dispatch(x, topk_ids, topk_weights)
+  -> (ExpertInputs, handle)`` and ``combine(expert_outputs, handle) -> y``, executing a planner
+  FlowPlan's hop tables for the ``a2av``, ``relay`` and ``zepp`` transports.
+- ``MoELayer`` (``moe.py``): this rank's expert weights, grouped GELU-MLP compute, overlap,
+  intra-node weight swaps.
+- ``program.py``: compiles one rank's part of a FlowPlan into index arrays (pure numpy).
+- ``reference.py``: the single-process reference MoE and an in-process executor.
+- ``launch.py`` (``zepp run``) and ``worker.py`` (``python -m zepp.runtime.worker CONFIG``).
+
+Importing this package does not import torch.distributed modules beyond torch itself; the
+submodules are imported on use.
+"""
+
+__all__ = ["Dispatcher", "MoELayer", "ExpertInputs"]
+
+
+def __getattr__(name):
+    if name in ("Dispatcher", "ExpertInputs"):
+        from zepp.runtime import dispatcher
+
+        return getattr(dispatcher, name)
+    if name == "MoELayer":
+        from zepp.runtime.moe import MoELayer
+
+        return MoELayer
+    raise AttributeError(name)

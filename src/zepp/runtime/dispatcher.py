@@ -1,0 +1,508 @@
+"""The Dispatcher: runs a FlowPlan's dispatch and combine hop tables on torch.distributed.
+
+One ``Dispatcher`` per process group (as DeepEP's ``Buffer``): it owns the staging buffers, plans
+every batch identically on every rank (all-gather of the ids and gate weights, then
+``zepp.routing.route`` and ``zepp.flows.build_flows``), compiles its own rank's part
+(``zepp.runtime.program``) and executes it stage by stage.
+
+Execution modes, same hop tables, same bytes. The combine sums in one fixed order in every mode
+(``zepp.runtime.program``), so each mode is bit-for-bit repeatable whatever the arrival timing;
+across modes the expert GEMMs run on different row groups, which BLAS may round differently in
+the last bit, so overlapped and blocking results agree to fp rounding (about 1e-7 in fp32):
+
+- ``overlap=False``: per stage one blocking ``all_to_all_single`` with uneven splits.
+- ``overlap=True``: the expert layer computes on groups as they arrive: its own tokens while
+  stage 0 is on the wire, each stage's rows while the next stage is on the wire; the combine's
+  stage 0 goes out in waves, one per destination node in ring order (own node last), each sent
+  as soon as its second GEMM is done while the next wave computes. ``overlap_comm="collective"``
+  (default) posts each stage / wave as one asynchronous ``all_to_all_single``;
+  ``overlap_comm="p2p"`` posts ``batch_isend_irecv`` chunks instead and also splits a stage
+  into own-node rows (computed first) and remote rows. Every rank posts the same sequence of
+  operations (wave ``i`` sends to node ``node+i+1`` and receives from ``node-i-1``), as NCCL
+  needs. Waits happen in a fixed order, never "whichever comes first".
+
+Wire dtypes: dispatch rows travel in the activation dtype. Combine partials accumulate in fp32
+and travel in ``combine_dtype`` (default: the activation dtype, so the wire bytes equal the
+planner's ``row_bytes = hidden * dtype_bytes``; pass ``torch.float32`` to send fp32 partials).
+
+Ranks must hold the same number of tokens ``T`` per batch (pad otherwise).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zepp.errors import ZeppInputError
+from zepp.model import MoESpec
+from zepp.plan import FlowPlan, Placement
+from zepp.runtime.program import RankProgram, Stage, compile_rank
+
+TRANSPORTS = ("a2av", "relay", "zepp")
+
+
+def build_plan(topk_ids: np.ndarray, placement: Placement, routing: str, relaxation: float, transport: str,
+               row_bytes: int) -> FlowPlan:
+    """Route ``topk_ids [R, T, k]`` and build its flows (identical on every rank)."""
+    from zepp.flows import build_flows
+    from zepp.routing import route
+
+    return build_flows(route(routing, topk_ids, placement, relaxation), transport, row_bytes)
+
+
+@dataclass
+class ExpertInputs:
+    """Grouped-GEMM input: ``rows [n, H]`` sorted by local slot; ``counts [S]`` rows per slot;
+    ``slot [n]`` (numpy) local slot of each row. Valid until the next ``dispatch``."""
+
+    rows: torch.Tensor
+    counts: np.ndarray
+    slot: np.ndarray
+
+
+@dataclass
+class DispatchHandle:
+    """What ``combine`` needs from ``dispatch``: the plan, this rank's program and the gate
+    weights ``weights [n]`` (fp32) of the entries in expert-input order."""
+
+    plan: FlowPlan
+    prog: RankProgram
+    weights: torch.Tensor
+    dtype: torch.dtype
+    inputs: ExpertInputs
+    _held: torch.Tensor | None = field(default=None, repr=False)
+
+
+class LinkCounter:
+    """Bytes this rank put on the wire, per destination rank, per phase."""
+
+    def __init__(self, ranks: int):
+        self.ranks = ranks
+        self.reset()
+
+    def reset(self) -> None:
+        self.by_dst = {p: np.zeros(self.ranks, np.int64) for p in ("dispatch", "combine", "metadata")}
+
+    def add(self, phase: str, dst: int, nbytes: int) -> None:
+        self.by_dst[phase][dst] += int(nbytes)
+
+    def split(self, phase: str, rank: int, gpus_per_node: int) -> dict:
+        """``{"nvlink": bytes to own-node ranks, "nic": bytes to other nodes}``."""
+        b = self.by_dst[phase]
+        same = (np.arange(self.ranks) // gpus_per_node) == rank // gpus_per_node
+        return {"nvlink": int(b[same].sum()), "nic": int(b[~same].sum())}
+
+
+class Dispatcher:
+    """Expert-parallel dispatch/combine for one process group (see module docstring).
+
+    ``spec``: the MoE layer shape; ``placement``: which expert each slot of each rank holds
+    (``placement.ranks`` must equal the group size); ``gpus_per_node``: consecutive ranks that
+    form a node (defaults to, and must match, the placement's); ``routing``:
+    ``home``/``replica-rr``/``locality``/``zepp``; ``relaxation``: C; ``transport``:
+    ``a2av``/``relay``/``zepp``; ``overlap``: point-to-point schedule with compute on arrival;
+    ``device``: where tensors live (``cuda:i`` with NCCL); ``combine_dtype``: wire dtype of partials.
+
+    Counters: ``counter.by_dst[phase] [R]`` bytes this rank sent per destination (``dispatch``,
+    ``combine`` payload, ``metadata`` for the id/weight all-gather), cumulative until
+    ``counter.reset()``. ``timing`` holds the last batch's ``metadata``/``plan``/``dispatch``/
+    ``combine`` seconds; ``last_plan`` its FlowPlan.
+    """
+
+    def __init__(self, spec: MoESpec, placement: Placement, *, gpus_per_node: int | None = None,
+                 routing: str = "zepp", relaxation: float = 0.25, transport: str = "zepp", overlap: bool = False,
+                 group=None, device=None, combine_dtype: torch.dtype | None = None,
+                 overlap_comm: str = "collective"):
+        if transport not in TRANSPORTS:
+            raise ZeppInputError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        if placement.ranks != self.world:
+            raise ZeppInputError(f"placement has {placement.ranks} ranks but the process group has {self.world}")
+        if gpus_per_node is not None and gpus_per_node != placement.gpus_per_node:
+            raise ZeppInputError(f"gpus_per_node={gpus_per_node} but the placement was built for "
+                                 f"{placement.gpus_per_node} GPUs per node")
+        if placement.num_experts != spec.num_experts:
+            raise ZeppInputError(f"placement has {placement.num_experts} experts, model {spec.name!r} has "
+                                 f"{spec.num_experts}")
+        self.spec = spec
+        self.placement = placement
+        self.gpus_per_node = placement.gpus_per_node
+        self.routing = routing
+        self.relaxation = relaxation
+        self.transport = transport
+        self.overlap = overlap
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.combine_dtype = combine_dtype
+        # gloo's send/recv take host memory only: stage point-to-point chunks through the CPU
+        self.host_p2p = dist.get_backend(self.group) == "gloo" and self.device.type == "cuda"
+        if overlap_comm not in ("collective", "p2p"):
+            raise ZeppInputError(f"overlap_comm must be 'collective' or 'p2p', got {overlap_comm!r}")
+        self.p2p = overlap and overlap_comm == "p2p"
+        self.counter = LinkCounter(self.world)
+        self.timing: dict[str, float] = {}
+        self._buf: dict[str, torch.Tensor] = {}
+        self.last_plan: FlowPlan | None = None
+
+    # ------------------------------------------------------------------ buffers
+    def _buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """A staging buffer of at least ``rows`` rows, grown (by 1.25x) when a batch needs more."""
+        b = self._buf.get(name)
+        if b is None or b.shape[0] < rows or b.shape[1] != cols or b.dtype != dtype:
+            cap = max(rows, int(1.25 * b.shape[0]) if b is not None and b.shape[1] == cols else rows)
+            b = torch.empty(cap, cols, dtype=dtype, device=self.device)
+            self._buf[name] = b
+        return b[:rows]
+
+    def _idx(self, a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.int64, device=self.device)
+
+    # ------------------------------------------------------------------ planning
+    def set_placement(self, placement: Placement) -> None:
+        """Use a new placement from the next batch on (after weight swaps)."""
+        if placement.ranks != self.world or placement.gpus_per_node != self.gpus_per_node:
+            raise ZeppInputError("new placement has another cluster shape")
+        self.placement = placement
+
+    def _gather_metadata(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        """All-gather ids and gate weights in one message: ``[R, T, k]`` int64 numpy, ``[R, T, k]`` fp32 tensor."""
+        T, k = topk_ids.shape
+        packed = torch.cat([topk_ids.to(torch.int32), topk_weights.to(torch.float32).view(torch.int32)], dim=1)
+        packed = packed.to(self.device).contiguous()
+        out = [torch.empty_like(packed) for _ in range(self.world)]
+        dist.all_gather(out, packed, group=self.group)
+        nbytes = packed.numel() * packed.element_size()
+        for d in range(self.world):
+            if d != self.rank:
+                self.counter.add("metadata", d, nbytes)
+        allp = torch.stack(out)
+        ids = allp[:, :, :k].cpu().numpy().astype(np.int64)
+        w = allp[:, :, k:].contiguous().view(torch.float32)
+        return ids, w
+
+    def plan(self, topk_ids_all: np.ndarray, row_bytes: int) -> FlowPlan:
+        return build_plan(topk_ids_all, self.placement, self.routing, self.relaxation, self.transport, row_bytes)
+
+    # ------------------------------------------------------------------ dispatch
+    def _prepare(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:
+        if x.dim() != 2 or x.shape[1] != self.spec.hidden:
+            raise ZeppInputError(f"x must be [tokens, {self.spec.hidden}], got {tuple(x.shape)}")
+        if topk_ids.shape != (x.shape[0], self.spec.top_k) or topk_weights.shape != topk_ids.shape:
+            raise ZeppInputError(f"topk_ids/topk_weights must be [{x.shape[0]}, {self.spec.top_k}], got "
+                                 f"{tuple(topk_ids.shape)} / {tuple(topk_weights.shape)}")
+        t0 = time.perf_counter()
+        ids_all, w_all = self._gather_metadata(topk_ids, topk_weights)
+        t1 = time.perf_counter()
+        plan = self.plan(ids_all, x.shape[1] * x.element_size())
+        prog = compile_rank(plan, self.rank, waves=self.overlap)
+        self.last_plan = plan
+        weights = w_all[self._idx(prog.e_owner), self._idx(prog.e_token), self._idx(prog.e_j)]
+        held = self._buffer("held", prog.held_size, x.shape[1], x.dtype)
+        held[: prog.tokens].copy_(x)
+        rows = self._buffer("inputs", prog.n_entries, x.shape[1], x.dtype)
+        self.timing["metadata"] = t1 - t0
+        self.timing["plan"] = time.perf_counter() - t1
+        inputs = ExpertInputs(rows, prog.counts, prog.e_slot)
+        return DispatchHandle(plan, prog, weights, x.dtype, inputs, held)
+
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        """``x [T, H]``, ``topk_ids [T, k]``, ``topk_weights [T, k]`` -> ``(ExpertInputs, handle)``.
+
+        Blocking: every stage runs as one ``all_to_all_single`` (with ``overlap=True`` it runs
+        the point-to-point schedule and returns when everything arrived).
+        """
+        h = self._prepare(x, topk_ids, topk_weights)
+        t0 = time.perf_counter()
+        if self.overlap:
+            for _ in self.arrivals(h):
+                pass
+        else:
+            held = h._held
+            for s, st in enumerate(h.prog.dispatch):
+                send = self._gather_rows("send", held, st.send_idx)
+                recv = held[st.recv_off: st.recv_off + st.n_recv]
+                self._a2a(recv, send, st, "dispatch")
+            torch.index_select(held, 0, self._idx(h.prog.e_pos), out=h.inputs.rows)
+        self.timing["dispatch"] = time.perf_counter() - t0
+        return h.inputs, h
+
+    def dispatch_begin(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:
+        """Plan and stage a batch for ``arrivals`` (overlapped dispatch)."""
+        return self._prepare(x, topk_ids, topk_weights)
+
+    def arrivals(self, h: DispatchHandle):
+        """Run the dispatch point-to-point, yielding ``idx [m]`` (ascending positions in
+        ``h.inputs.rows``, filled in) for each arrival group, always while later transfers are in
+        flight: own tokens (while stage 0 is on the wire), then per stage the rows from the own
+        node (while the remote ones arrive) and the rows from remote nodes (while the next stage
+        is on the wire). Groups and wait order are fixed by the plan, never by arrival timing."""
+        prog, held, rows = h.prog, h._held, h.inputs.rows
+        L, N = self.gpus_per_node, self.world // self.gpus_per_node
+
+        def ready(ev):
+            idx = np.flatnonzero(np.isin(prog.e_event, ev))
+            if idx.size:
+                rows[self._idx(idx)] = held[self._idx(prog.e_pos[idx])]
+            return idx
+
+        pending = [0]  # groups complete but not yet handed out
+        for s, st in enumerate(prog.dispatch):
+            send = self._gather_rows("send", held, st.send_idx)
+            recv = held[st.recv_off: st.recv_off + st.n_recv]
+            if not self.p2p:  # one asynchronous all-to-all per stage
+                work = self._a2a(recv, send, st, "dispatch", wave=0, async_op=True)
+                for ev in pending:
+                    idx = ready(ev)
+                    if idx.size:
+                        yield idx
+                work.wait()
+                pending = [(1 + 2 * s, 2 + 2 * s)]
+                continue
+            works, send_works = self._p2p(recv, send, st, "dispatch", tag=s, wave=0)
+            for ev in pending:
+                idx = ready(ev)
+                if idx.size:
+                    yield idx
+            order = [q for stage, q in prog.events if stage == s]
+            for remote in (False, True):
+                for q in order:
+                    if q in works and ((q // L - self.rank // L) % N != 0) == remote:
+                        works[q].wait()
+                if not remote:  # own-node rows are in: compute them while remote rows arrive
+                    idx = ready(1 + 2 * s)
+                    if idx.size:
+                        yield idx
+            pending = [2 + 2 * s]
+            for w in send_works:
+                w.wait()
+        for ev in pending:
+            idx = ready(ev)
+            if idx.size:
+                yield idx
+
+    # ------------------------------------------------------------------ combine
+    def combine(self, expert_outputs: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
+        """``expert_outputs [n, H]`` (expert-input order) -> ``y [T, H]`` in the activation dtype:
+        ``y[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` (fixed summation order, see
+        ``zepp.runtime.program``)."""
+        t0 = time.perf_counter()
+        if self.overlap:
+            cs = self.combine_begin(h)
+            for grp in cs.waves():
+                cs.submit(grp, expert_outputs[self._idx(grp)])
+            y = cs.finish()
+        else:
+            prog = h.prog
+            store = self._new_store(h, expert_outputs.shape[1])
+            self._accumulate_entries(store, h, np.arange(prog.n_entries), expert_outputs)
+            for s, st in enumerate(prog.combine):
+                send = self._take_units(store, st.send_idx, h)
+                recv = self._buffer("crecv", st.n_recv, store.shape[1], send.dtype)
+                self._a2a(recv, send, st, "combine")
+                self._accumulate_received(store, recv, st)
+            y = self._final(store, h)
+        self.timing["combine"] = time.perf_counter() - t0
+        return y
+
+    def combine_begin(self, h: DispatchHandle) -> "CombineStream":
+        """Start an overlapped combine: iterate ``waves()``, ``submit`` each wave's outputs."""
+        return CombineStream(self, h)
+
+    # ------------------------------------------------------------------ helpers
+    def _wire(self, h: DispatchHandle) -> torch.dtype:
+        return self.combine_dtype or h.dtype
+
+    def _gather_rows(self, name, src: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+        out = self._buffer(name, idx.shape[0], src.shape[1], src.dtype)
+        torch.index_select(src, 0, self._idx(idx), out=out)
+        return out
+
+    def _new_store(self, h: DispatchHandle, hidden: int) -> torch.Tensor:
+        store = self._buffer("store", h.prog.store_size, hidden, torch.float32)
+        store.zero_()
+        return store
+
+    def _accumulate_entries(self, store, h: DispatchHandle, idx: np.ndarray, out: torch.Tensor) -> None:
+        """Add entries ``idx`` (outputs ``out [len(idx), H]``) into their units, in increasing j."""
+        prog = h.prog
+        contrib = out.to(torch.float32) * h.weights[self._idx(idx)][:, None]
+        ej = prog.e_j[idx]
+        for j in range(prog.top_k):
+            m = np.flatnonzero(ej == j)
+            if m.size:
+                store.index_add_(0, self._idx(prog.e_unit[idx[m]]), contrib[self._idx(m)])
+
+    def _take_units(self, store, send_idx: np.ndarray, h: DispatchHandle) -> torch.Tensor:
+        """Gather the units to send (moving them: their store rows become zero)."""
+        ti = self._idx(send_idx)
+        out = store[ti].to(self._wire(h))
+        store[ti] = 0.0
+        return out
+
+    def _accumulate_received(self, store, recv: torch.Tensor, st: Stage) -> None:
+        r32 = recv.to(torch.float32)
+        for pos, sidx in st.rounds:
+            store.index_add_(0, self._idx(sidx), r32[self._idx(pos)])
+
+    def _final(self, store, h: DispatchHandle) -> torch.Tensor:
+        prog = h.prog
+        y = torch.zeros(prog.tokens, store.shape[1], dtype=torch.float32, device=self.device)
+        for tok, sidx in prog.final_rounds:
+            y.index_add_(0, self._idx(tok), store[self._idx(sidx)])
+        return y.to(h.dtype)
+
+    def _a2a(self, recv: torch.Tensor, send: torch.Tensor, st: Stage, phase: str, wave: int = 0,
+             async_op: bool = False):
+        """All-to-all of one wave of a stage (``W == 1``: the whole stage). ``send``/``recv`` hold
+        exactly that wave's rows, by destination / by source."""
+        sc = st.send_counts[:, wave]
+        rc = st.recv_counts[:, wave]
+        row = send.shape[1] * send.element_size()
+        for d in np.flatnonzero(sc).tolist():
+            self.counter.add(phase, d, sc[d] * row)
+        return dist.all_to_all_single(recv, send, rc.tolist(), sc.tolist(), group=self.group, async_op=async_op)
+
+    def _p2p(self, recv: torch.Tensor, send: torch.Tensor, st: Stage, phase: str, tag: int, wave: int,
+             send_offset: int = 0):
+        """Post wave ``wave`` of a stage's point-to-point chunks as one batch (every rank posts
+        wave ``i`` at the same point, so the batches pair up, as NCCL needs). ``send`` holds the
+        stage's send rows from position ``send_offset`` on (wave-major, then destination).
+        Returns ``({src: recv work}, [send works])``; an own-rank chunk is copied locally."""
+        R, W = st.send_counts.shape
+        so = np.r_[0, np.cumsum(st.send_counts.T.ravel())]
+        ro = np.r_[0, np.cumsum(st.recv_counts.T.ravel())]
+        row = send.shape[1] * send.element_size()
+        ops, kinds = [], []
+        base_tag = (0 if phase == "dispatch" else 1 << 12) + tag * 64 + wave
+        for q in range(R):
+            nr = int(st.recv_counts[q, wave])
+            a = int(ro[wave * R + q])
+            if nr and q != self.rank:
+                buf = recv[a: a + nr]
+                if self.host_p2p:
+                    buf = torch.empty(buf.shape, dtype=buf.dtype)
+                ops.append(dist.P2POp(dist.irecv, buf, q, self.group, base_tag))
+                kinds.append(("r", q, recv[a: a + nr] if self.host_p2p else None))
+        for q in range(R):
+            ns = int(st.send_counts[q, wave])
+            a = int(so[wave * R + q]) - send_offset
+            if not ns:
+                continue
+            self.counter.add(phase, q, ns * row)
+            if q == self.rank:
+                b = int(ro[wave * R + q])
+                recv[b: b + ns].copy_(send[a: a + ns])
+            else:
+                chunk = send[a: a + ns].cpu() if self.host_p2p else send[a: a + ns]
+                ops.append(dist.P2POp(dist.isend, chunk, q, self.group, base_tag))
+                kinds.append(("s", q, None))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        recv_w, send_w = {}, []
+        if len(works) == len(ops):
+            for (kind, q, dev), w, op in zip(kinds, works, ops):
+                if kind == "r":
+                    recv_w[q] = _HostStaged(w, op.tensor, dev) if dev is not None else w
+                else:
+                    send_w.append(w)
+        else:  # a coalesced work (NCCL): one wait covers every op
+            done = _AllOf(works)
+            recv_w = {q: done for kind, q, _ in kinds if kind == "r"}
+        return recv_w, send_w
+
+
+class _HostStaged:
+    """A gloo receive into host memory whose ``wait`` also copies the rows to the device."""
+
+    def __init__(self, work, host: torch.Tensor, dev: torch.Tensor):
+        self.work, self.host, self.dev = work, host, dev
+
+    def wait(self):
+        self.work.wait()
+        self.dev.copy_(self.host)
+
+
+class _AllOf:
+    def __init__(self, works):
+        self.works, self.done = works, False
+
+    def wait(self):
+        if not self.done:
+            for w in self.works:
+                w.wait()
+            self.done = True
+
+
+class CombineStream:
+    """Overlapped combine: ``for grp in cs.waves(): cs.submit(grp, out)`` then ``cs.finish()``.
+
+    ``waves()`` yields ``idx [m]`` (ascending positions in expert-input order) of the entries of
+    one wave: tokens owned by node ``node + 1``, then ``node + 2``, ..., own node last. ``submit``
+    folds the wave's outputs into its units and posts that wave's stage-0 sends at once, so the
+    next wave computes while this one is on the wire.
+    """
+
+    def __init__(self, d: Dispatcher, h: DispatchHandle):
+        self.d, self.h = d, h
+        self.store = None
+        self.pending: list = []
+        self._stage0 = h.prog.combine[0] if h.prog.combine else None
+        self._recv0 = None
+
+    def waves(self):
+        prog = self.h.prog
+        for w in range(prog.num_waves):
+            idx = np.flatnonzero(prog.e_wave == w)
+            self._wave = w
+            yield idx
+
+    def submit(self, idx: np.ndarray, out: torch.Tensor) -> None:
+        d, h, prog = self.d, self.h, self.h.prog
+        if self.store is None:
+            self.store = d._new_store(h, out.shape[1])
+            st = self._stage0
+            if st is not None:
+                self._recv0 = d._buffer("crecv", st.n_recv, out.shape[1], d._wire(h))
+        if idx.size:
+            d._accumulate_entries(self.store, h, idx, out)
+        st = self._stage0
+        if st is None:
+            return
+        w = self._wave
+        # this wave's sends: the wave-w segment of the (wave, dst)-ordered send list
+        so = np.r_[0, np.cumsum(st.send_counts.sum(axis=0))]
+        seg = st.send_idx[so[w]: so[w + 1]]
+        part = d._take_units(self.store, seg, h)
+        if d.p2p:
+            recv_w, send_w = d._p2p(self._recv0, part, st, "combine", tag=0, wave=w, send_offset=int(so[w]))
+            self.pending.append((list(recv_w.values()) + send_w, part))
+        else:
+            ro = np.r_[0, np.cumsum(st.recv_counts.sum(axis=0))]
+            work = d._a2a(self._recv0[ro[w]: ro[w + 1]], part, st, "combine", wave=w, async_op=True)
+            self.pending.append(([work], part))
+
+    def finish(self) -> torch.Tensor:
+        d, h, prog = self.d, self.h, self.h.prog
+        if self.store is None:  # no entries and no waves were iterated
+            self.store = d._new_store(h, d.spec.hidden)
+        for works, _ in self.pending:
+            for w in works:
+                w.wait()
+        if self._stage0 is not None:
+            d._accumulate_received(self.store, self._recv0, self._stage0)
+        for s, st in enumerate(prog.combine[1:], start=1):
+            send = d._take_units(self.store, st.send_idx, h)
+            recv = d._buffer("crecv", st.n_recv, self.store.shape[1], send.dtype)
+            if d.p2p:
+                recv_w, send_w = d._p2p(recv, send, st, "combine", tag=s, wave=0)
+                for w in [recv_w[q] for q in sorted(recv_w)] + send_w:
+                    w.wait()
+            else:
+                d._a2a(recv, send, st, "combine")
+            d._accumulate_received(self.store, recv, st)
+        return d._final(self.store, h)
+

@@ -1,0 +1,248 @@
+"""Compile a FlowPlan into one rank's execution program: pure numpy index arrays.
+
+Every rank computes the same FlowPlan (from all-gathered ids) and compiles only its own part.
+The program says, per stage, which rows this rank sends (positions in its buffers, ordered by
+destination) and what every incoming row is, so receivers never need headers.
+
+Buffer layouts (``r`` = this rank, ``T`` tokens per rank, ``k`` top-k, ``H`` hidden):
+
+- **Dispatch "held" buffer** ``[T + received, H]``: rows ``0..T-1`` are ``r``'s own tokens; then,
+  stage by stage, the rows received in that stage, ordered by source rank, then hop-table order
+  (exactly the layout ``all_to_all_single`` produces when every sender orders its rows by
+  destination, then table order). With ``waves`` (see below) the same rows are grouped by wave.
+- **Expert inputs** ``[n, H]``: the ``n`` entries this rank computes, sorted by local slot, then
+  owner, token, entry index. ``counts [S]`` rows per slot: the grouped-GEMM input.
+- **Combine store** ``[U, H]`` fp32: one row per *unit* that ever lives on this rank. A unit is
+  keyed ``(owner, token, j)``: ``j = -1`` is the token's whole partial, ``j >= 0`` a single entry
+  that the plan moves on its own (a combine hop with ``entry == j`` exists for it).
+
+Summation order (fixed: independent of arrival order and of the execution mode, blocking or
+overlapped): a unit starts as the sum of its entries' gate-weighted outputs in increasing ``j``;
+then, stage by stage, the rows received into it are added in increasing global hop index
+(position in ``plan.combine``); at the owner, ``y[t]`` sums the token's units in the order
+``-1, 0, 1, ..., k-1``. Every step adds into distinct rows at once (``rounds``), so no atomics
+decide the order, on any device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zepp.plan import FlowPlan, PlanInvariantError
+
+
+@dataclass
+class Stage:
+    """One stage of one phase, seen from this rank.
+
+    ``send_idx [ns]`` rows to send (positions in the held buffer, or store indices), ordered by
+    (wave, dst, table order); ``send_counts [R, W]`` rows per destination and wave;
+    ``recv_counts [R, W]`` rows per source and wave; incoming rows are laid out by (wave, src,
+    table order). ``W`` is 1 except for combine stage 0 with waves.
+    """
+
+    send_idx: np.ndarray
+    send_counts: np.ndarray
+    recv_counts: np.ndarray
+    recv_off: int = 0  # dispatch: where this stage's receipts start in the held buffer
+    # combine only: accumulation rounds, each (positions in the receive buffer, store indices)
+    rounds: list | None = None
+
+    @property
+    def n_send(self) -> int:
+        return int(self.send_idx.shape[0])
+
+    @property
+    def n_recv(self) -> int:
+        return int(self.recv_counts.sum())
+
+
+@dataclass
+class RankProgram:
+    """Everything rank ``rank`` needs to execute one FlowPlan (see module docstring)."""
+
+    rank: int
+    ranks: int
+    gpus_per_node: int
+    tokens: int
+    top_k: int
+    slots: int
+    dispatch: list[Stage]
+    held_size: int
+    held_event: np.ndarray  # [held_size] arrival event of each held row (see ``arrival_event``)
+    events: list[tuple[int, int]]  # (stage, src) in the fixed wait order: per stage own node first
+    # entries this rank computes, in expert-input order
+    e_owner: np.ndarray
+    e_token: np.ndarray
+    e_j: np.ndarray
+    e_slot: np.ndarray  # local slot
+    e_pos: np.ndarray  # held-buffer position of the entry's token row (first arrival)
+    e_event: np.ndarray  # event after which the row is held
+    e_wave: np.ndarray  # combine wave (ring offset of the owner's node, own node last)
+    e_unit: np.ndarray  # store index of the unit the entry's output joins
+    counts: np.ndarray  # [S] rows per local slot
+    combine: list[Stage]
+    store_size: int
+    final_rounds: list  # [(token [m], store_idx [m])] in unit order -1, 0..k-1
+    num_waves: int
+
+    @property
+    def n_entries(self) -> int:
+        return int(self.e_slot.shape[0])
+
+
+def _lookup(sorted_keys: np.ndarray, order: np.ndarray, want: np.ndarray, what: str, rank: int) -> np.ndarray:
+    i = np.searchsorted(sorted_keys, want)
+    i = np.minimum(i, max(sorted_keys.shape[0] - 1, 0))
+    ok = sorted_keys.shape[0] > 0 and np.all(sorted_keys[i] == want) if want.size else True
+    if not ok:
+        raise PlanInvariantError(f"rank {rank}: the plan moves a {what} this rank does not hold at that stage")
+    return order[i] if want.size else np.zeros(0, np.int64)
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    s = np.sort(a)
+    return s[np.r_[True, s[1:] != s[:-1]]] if s.size else s
+
+
+def _rounds(idx: np.ndarray) -> list[np.ndarray]:
+    """Split positions ``0..len(idx)-1`` into rounds with distinct ``idx`` each, keeping order:
+    the m-th occurrence of a value goes to round m."""
+    if idx.size == 0:
+        return []
+    order = np.argsort(idx, kind="stable")
+    s = idx[order]
+    start = np.r_[True, s[1:] != s[:-1]]
+    grp_start = np.maximum.accumulate(np.where(start, np.arange(s.size), 0))
+    occ = np.empty(idx.size, np.int64)
+    occ[order] = np.arange(s.size) - grp_start
+    return [np.flatnonzero(occ == m) for m in range(int(occ.max()) + 1)]
+
+
+def arrival_event(stage, remote) -> np.ndarray:
+    """Arrival group of a dispatched row: 0 = own token; ``1 + 2 s`` = received in stage ``s``
+    from the own node; ``2 + 2 s`` = received in stage ``s`` from another node."""
+    return 1 + 2 * np.asarray(stage, np.int64) + np.asarray(remote, np.int64)
+
+
+def wave_of(owner_rank: np.ndarray, src_rank: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
+    """Combine wave index: ring offset of the owner's node from the source's node, own node last
+    (offset 1 -> wave 0, ..., offset 0 -> wave N-1). At wave ``i`` every rank sends to node
+    ``node + i + 1`` and receives from node ``node - i - 1`` (a ring shift), so the waves pair up."""
+    d = (owner_rank // gpus_per_node - src_rank // gpus_per_node) % nodes
+    return (d - 1) % nodes
+
+
+def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
+    """This rank's program for ``plan``; ``waves`` groups combine stage 0 into per-node waves."""
+    routing = plan.routing
+    p = routing.placement
+    R, T, k = routing.topk_ids.shape
+    S, L = p.slots_per_rank, plan.gpus_per_node
+    N = R // L
+    r = rank
+    node_rank = lambda x: (np.asarray(x) // L - r // L) % N  # noqa: E731  ring distance of a node
+
+    # ---------------------------------------------------------------- dispatch
+    d = plan.dispatch
+    n_d = d.num_stages
+    held_keys = [np.arange(T, dtype=np.int64) + r * T]
+    held_event = [np.zeros(T, np.int64)]
+    events: list[tuple[int, int]] = []
+    stages: list[Stage] = []
+    off = T
+    for s in range(n_d):
+        keys_so_far = np.concatenate(held_keys)
+        order = np.argsort(keys_so_far, kind="stable")
+        sk = keys_so_far[order]
+        snd = np.flatnonzero((d.stage == s) & (d.src == r))
+        snd = snd[np.argsort(d.dst[snd], kind="stable")]
+        want = d.owner[snd].astype(np.int64) * T + d.token[snd]
+        send_idx = _lookup(sk, order, want, "token row", r)
+        rcv = np.flatnonzero((d.stage == s) & (d.dst == r))
+        rcv = rcv[np.argsort(d.src[rcv], kind="stable")]
+        send_counts = np.bincount(d.dst[snd], minlength=R)[:, None]
+        recv_counts = np.bincount(d.src[rcv], minlength=R)[:, None]
+        stages.append(Stage(send_idx.astype(np.int64), send_counts, recv_counts, recv_off=off))
+        # wait order: sources of this stage on the own node first, then remote nodes in ring order
+        src_r = d.src[rcv]
+        for src in sorted(np.unique(src_r).tolist(), key=lambda q: (int(node_rank(q)), q)):
+            events.append((s, src))
+        ev = arrival_event(s, node_rank(src_r) != 0)
+        held_keys.append(d.owner[rcv].astype(np.int64) * T + d.token[rcv])
+        held_event.append(ev)
+        off += rcv.size
+    keys = np.concatenate(held_keys)
+    held_ev = np.concatenate(held_event)
+
+    # entries computed here, sorted by (slot, owner, token, j)
+    cr = routing.slot // S
+    o_idx, t_idx, j_idx = np.nonzero(cr == r)
+    slot = (routing.slot[o_idx, t_idx, j_idx] - r * S).astype(np.int64)
+    srt = np.lexsort((j_idx, t_idx, o_idx, slot))
+    o_idx, t_idx, j_idx, slot = o_idx[srt], t_idx[srt], j_idx[srt], slot[srt]
+    ekey = o_idx.astype(np.int64) * T + t_idx
+    # first arrival of each token row in wait order (event, then position)
+    order = np.lexsort((np.arange(keys.size), held_ev, keys))
+    sk = keys[order]
+    first = np.r_[True, sk[1:] != sk[:-1]]
+    e_pos = _lookup(sk[first], order[first], ekey, "token row to compute", r)
+    counts = np.bincount(slot, minlength=S)
+
+    # ---------------------------------------------------------------- combine
+    c = plan.combine
+    K1 = k + 1
+    tok_c = c.owner.astype(np.int64) * T + c.token
+    ukey_hop = tok_c * K1 + (c.entry.astype(np.int64) + 1)
+    # units that travel as single entries; such a unit first moves from the rank computing it
+    solo = _unique(ukey_hop[(c.entry >= 0) & (c.src == r)])
+    e_ukey = ekey * K1 + (j_idx + 1)
+    i = np.minimum(np.searchsorted(solo, e_ukey), max(solo.size - 1, 0))
+    is_solo = solo[i] == e_ukey if solo.size else np.zeros(e_ukey.size, bool)
+    e_ukey = np.where(is_solo, e_ukey, ekey * K1)
+    recv_keys_all = ukey_hop[c.dst == r]
+    store_keys = _unique(np.concatenate([e_ukey, recv_keys_all]))
+    store_order = np.arange(store_keys.size)
+
+    def sidx(want, what):
+        return _lookup(store_keys, store_order, want, what, r)
+
+    e_unit = sidx(e_ukey, "unit")
+    e_wave = wave_of(o_idx, np.full_like(o_idx, r), L, N) if waves else np.zeros(o_idx.size, np.int64)
+    n_w = N if waves else 1
+    cstages: list[Stage] = []
+    for s in range(c.num_stages):
+        wv = waves and s == 0
+        snd = np.flatnonzero((c.stage == s) & (c.src == r))
+        sw = wave_of(c.owner[snd], c.src[snd], L, N) if wv else np.zeros(snd.size, np.int64)
+        o = np.lexsort((c.dst[snd], sw))
+        snd, sw = snd[o], sw[o]
+        send_idx = sidx(ukey_hop[snd], "combine unit")
+        rcv = np.flatnonzero((c.stage == s) & (c.dst == r))
+        rw = wave_of(c.owner[rcv], c.src[rcv], L, N) if wv else np.zeros(rcv.size, np.int64)
+        o = np.lexsort((c.src[rcv], rw))
+        rcv, rw = rcv[o], rw[o]
+        w = n_w if wv else 1
+        send_counts = np.bincount(c.dst[snd].astype(np.int64) * w + sw, minlength=R * w).reshape(R, w)
+        recv_counts = np.bincount(c.src[rcv].astype(np.int64) * w + rw, minlength=R * w).reshape(R, w)
+        # accumulate in increasing hop index: positions in the receive buffer sorted by hop id
+        by_hop = np.argsort(rcv, kind="stable")
+        ridx = sidx(ukey_hop[rcv], "combine unit")
+        rounds = [(by_hop[m], ridx[by_hop[m]]) for m in _rounds(ridx[by_hop])]
+        cstages.append(Stage(send_idx.astype(np.int64), send_counts, recv_counts, rounds=rounds))
+
+    # final sum at the owner, unit order -1, 0..k-1
+    mine = (store_keys // K1) // T == r
+    fk = store_keys[mine]
+    fidx = np.flatnonzero(mine)
+    unit = fk % K1
+    final_rounds = [((fk[unit == u] // K1) % T, fidx[unit == u]) for u in range(K1) if np.any(unit == u)]
+    return RankProgram(
+        rank=r, ranks=R, gpus_per_node=L, tokens=T, top_k=k, slots=S, dispatch=stages, held_size=int(off),
+        held_event=held_ev, events=events, e_owner=o_idx, e_token=t_idx, e_j=j_idx, e_slot=slot,
+        e_pos=e_pos.astype(np.int64), e_event=held_ev[e_pos], e_wave=e_wave, e_unit=e_unit.astype(np.int64),
+        counts=counts, combine=cstages, store_size=int(store_keys.size), final_rounds=final_rounds, num_waves=n_w,
+    )
+

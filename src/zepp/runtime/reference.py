@@ -1,0 +1,116 @@
+"""Single-process reference MoE and an in-process executor of the per-rank programs.
+
+``reference_moe`` is the ground truth: ``y[t] = sum_{j=0..k-1} w[t, j] * expert_{ids[t, j]}(x[t])``,
+summed in fp32 in increasing ``j``; it creates each needed expert's weights once, on the fly,
+so it needs no more memory than one expert at a time.
+
+``execute_local`` runs every rank's compiled program (``zepp.runtime.program``) in one process,
+moving rows between ranks' buffers in place of the network: the same index arrays and the same
+summation order as the distributed ``Dispatcher``, so it checks the hop semantics fast (and on
+one GPU, where NCCL cannot run two ranks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zepp.plan import FlowPlan
+from zepp.runtime.experts import cached_weights, grouped_down, grouped_up, slot_weights
+from zepp.runtime.program import RankProgram, compile_rank
+
+
+def reference_moe(x: torch.Tensor, topk_ids: np.ndarray, topk_weights: torch.Tensor, seed: int, ffn: int,
+                  dtype: torch.dtype | None = None, cache: dict | None = None) -> torch.Tensor:
+    """``x [T, H]``, ``topk_ids [T, k]``, ``topk_weights [T, k]`` -> ``y [T, H]`` (dtype of ``x``).
+
+    Expert compute in ``dtype`` (default ``x.dtype``), weighted sum in fp32."""
+    dtype = dtype or x.dtype
+    T, H = x.shape
+    ids = np.asarray(topk_ids)
+    k = ids.shape[1]
+    out = torch.zeros(T, k, H, dtype=torch.float32, device=x.device)
+    for e in np.unique(ids).tolist():
+        t, j = np.nonzero(ids == e)
+        w1, w2 = cached_weights(seed, e, H, ffn, dtype, x.device, cache)
+        ti, tj = torch.as_tensor(t, device=x.device), torch.as_tensor(j, device=x.device)
+        out[ti, tj] = (torch.nn.functional.gelu(x[ti].to(dtype) @ w1) @ w2).to(torch.float32)
+    w = topk_weights.to(torch.float32)
+    y = torch.zeros(T, H, dtype=torch.float32, device=x.device)
+    for j in range(k):
+        y += out[:, j] * w[:, j, None]
+    return y.to(x.dtype)
+
+
+def execute_local(plan: FlowPlan, x: torch.Tensor, topk_weights: torch.Tensor, seed: int, ffn: int,
+                  waves: bool = False, cache: dict | None = None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Run all ranks' programs in this process.
+
+    ``x [R, T, H]``, ``topk_weights [R, T, k]`` -> ``(y [R, T, H], sent_dispatch [R, R],
+    sent_combine [R, R])`` where ``sent_*[i, j]`` are bytes rank i sent to rank j. ``cache``: a
+    dict memoising expert weights across calls.
+    """
+    R, T, H = x.shape
+    dev, dt = x.device, x.dtype
+    progs: list[RankProgram] = [compile_rank(plan, r, waves=waves) for r in range(R)]
+    row = H * x.element_size()
+    sent_d = np.zeros((R, R), np.int64)
+    sent_c = np.zeros((R, R), np.int64)
+    t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.int64, device=dev)  # noqa: E731
+
+    held = [torch.empty(p.held_size, H, dtype=dt, device=dev) for p in progs]
+    for r in range(R):
+        held[r][:T] = x[r]
+    for s in range(len(progs[0].dispatch)):
+        sends = [held[r][t(p.dispatch[s].send_idx)] for r, p in enumerate(progs)]
+        _exchange(progs, s, "dispatch", sends, lambda r, p: held[r][p.dispatch[s].recv_off:], sent_d, row)
+    outs = []
+    for r, p in enumerate(progs):
+        w1, w2 = slot_weights(plan.routing.placement.slot_expert[r], seed, H, ffn, dtype=dt, device=dev, cache=cache)
+        rows = held[r][t(p.e_pos)]
+        outs.append(grouped_down(grouped_up(rows, p.e_slot, w1), p.e_slot, w2))
+    stores = []
+    for r, p in enumerate(progs):
+        st = torch.zeros(p.store_size, H, dtype=torch.float32, device=dev)
+        w = topk_weights[t(p.e_owner), t(p.e_token), t(p.e_j)].to(torch.float32)
+        contrib = outs[r].to(torch.float32) * w[:, None]
+        for j in range(p.top_k):
+            m = np.flatnonzero(p.e_j == j)
+            st.index_add_(0, t(p.e_unit[m]), contrib[t(m)])
+        stores.append(st)
+    for s in range(len(progs[0].combine)):
+        sends = []
+        for r, p in enumerate(progs):
+            idx = t(p.combine[s].send_idx)
+            sends.append(stores[r][idx].to(dt))
+            stores[r][idx] = 0.0
+        recvs = [torch.empty(p.combine[s].n_recv, H, dtype=dt, device=dev) for p in progs]
+        _exchange(progs, s, "combine", sends, lambda r, p: recvs[r], sent_c, row)
+        for r, p in enumerate(progs):
+            r32 = recvs[r].to(torch.float32)
+            for pos, sidx in p.combine[s].rounds:
+                stores[r].index_add_(0, t(sidx), r32[t(pos)])
+    y = torch.zeros(R, T, H, dtype=torch.float32, device=dev)
+    for r, p in enumerate(progs):
+        for tok, sidx in p.final_rounds:
+            y[r].index_add_(0, t(tok), stores[r][t(sidx)])
+    return y.to(dt), sent_d, sent_c
+
+
+def _exchange(progs, s, phase, sends, recv_of, sent, row) -> None:
+    """Move stage ``s`` rows: sender layout (wave, dst), receiver layout (wave, src)."""
+    R = len(progs)
+    st = [(p.dispatch if phase == "dispatch" else p.combine)[s] for p in progs]
+    W = st[0].send_counts.shape[1]
+    so = [np.r_[0, np.cumsum(x.send_counts.T.ravel())] for x in st]
+    ro = [np.r_[0, np.cumsum(x.recv_counts.T.ravel())] for x in st]
+    for dst in range(R):
+        buf = recv_of(dst, progs[dst])
+        for w in range(W):
+            for src in range(R):
+                n = int(st[src].send_counts[dst, w])
+                assert n == int(st[dst].recv_counts[src, w]), "send/recv counts disagree"
+                if n:
+                    a, b = int(so[src][w * R + dst]), int(ro[dst][w * R + src])
+                    buf[b: b + n] = sends[src][a: a + n]
+                    sent[src, dst] += n * row
