@@ -1,0 +1,485 @@
+"""Task graphs of one MoE layer: prologue, dispatch, expert GEMMs, combine, reduce at home.
+
+``build_layer`` turns a plan (the dispatch / combine ``Hops`` tables of a ``FlowPlan`` or of a
+system's own transport, plus the entries' computing ranks) and a ``Mechanics`` record (how a
+system moves its messages, splits its GEMMs and synchronises) into a ``TaskGraph`` that
+``zepp.simulate.simulate`` runs.
+
+Granularity and dependencies
+----------------------------
+- One transfer per message: hops sharing ``(stage, src, dst, msg)`` move together.
+- Row-level dependencies, aggregated to tasks: a message of stage ``s`` waits for every earlier
+  message that delivers one of its rows to its source; an expert-GEMM task waits for every
+  message that delivers one of its rows; a combine message waits for the second-GEMM tasks
+  that produce its partials (and for earlier combine stages into its source); the weighted
+  reduce at a token's home waits for every combine message into it.
+- GEMM time (one grouped GEMM over a task's slots): ``max(FLOPs / (peak * eff(rows per
+  active expert)), weight bytes / HBM bw) + kernel_launch``; per-expert GEMMs sum that per
+  slot. A layer runs two GEMMs (``H -> F`` and ``F -> H``, GELU folded into the launch cost).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zepp.cluster import Cluster
+from zepp.model import MoESpec
+from zepp.plan import Hops
+from zepp.simulate import TaskGraph
+
+
+@dataclass(frozen=True)
+class Net:
+    """Calibrated implementation figures of the network stack (see ``zepp.calibrate``).
+
+    ``put_c0 + put_c1 * W``: seconds of fixed cost of one cross-node put through the host proxy
+    in a job of ``W`` ranks; ``nic_eff``: fraction of the NIC's nominal rate that bulk puts
+    reach; ``proxy_inflight``: puts one proxy keeps in flight (PAPER.md section 7: 14-15), so a
+    non-blocking put holds the proxy for ``put / proxy_inflight``; ``signal``: a receiver's wait
+    on a flag (2 us).
+    """
+
+    put_c0: float = 50e-6
+    put_c1: float = 2e-6
+    nic_eff: float = 0.7
+    proxy_inflight: float = 14.5
+    signal: float = 2e-6
+
+    def put(self, ranks: int) -> float:
+        return self.put_c0 + self.put_c1 * ranks
+
+    def barrier(self, ranks: int) -> float:
+        """A dissemination barrier over ``ranks``: ``ceil(log2 W)`` rounds of one put each."""
+        return math.ceil(math.log2(ranks)) * self.put(ranks) if ranks > 1 else 0.0
+
+    def node_barrier(self, gpus_per_node: int) -> float:
+        return math.ceil(math.log2(max(gpus_per_node, 2))) * self.signal
+
+    def allgather(self, ranks: int, nbytes_per_rank: float, nic_bw: float) -> float:
+        """Recursive-doubling all-gather: ``ceil(log2 W)`` put rounds plus the bytes."""
+        if ranks <= 1:
+            return 0.0
+        return math.ceil(math.log2(ranks)) * self.put(ranks) + nbytes_per_rank * (ranks - 1) / (nic_bw * self.nic_eff)
+
+
+@dataclass(frozen=True)
+class Mechanics:
+    """How a system executes a layer (one choice per field; see ``zepp.systems``).
+
+    - ``dispatch_puts`` / ``combine_puts``: ``serial`` (one blocking put after another per
+      rank, destinations in ring order) or ``concurrent`` (non-blocking puts issued through the
+      rank's proxy). ``serial_stages``: which stages the ``serial`` rule applies to (others are
+      concurrent).
+    - ``dispatch_barrier`` / ``combine_barrier``: ``world`` (every rank waits for the whole
+      phase plus a barrier), ``None`` (per-message signals only).
+    - ``stage_node_barrier``: a node barrier between dispatch stages (COMET's gets).
+    - ``calls``: all-to-all calls per phase; each adds two world barriers, the second call
+      moves ``extra_call_bytes`` per row (fp32 route weights).
+    - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
+      | ``local-remote``; ``gemm2``: ``single`` | ``waves`` (one wave per destination node,
+      ring order, own node last).
+    - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
+      ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
+    """
+
+    dispatch_puts: str = "serial"
+    combine_puts: str = "serial"
+    serial_stages: tuple[int, ...] = (0, 1, 2)
+    dispatch_barrier: str | None = "world"
+    combine_barrier: str | None = "world"
+    stage_node_barrier: bool = False
+    calls: int = 1
+    extra_call_bytes: int = 4
+    gemm1: str = "single"
+    gemm2: str = "single"
+    gemm_eff_scale: float = 1.0
+    per_expert_gemm: bool = False
+    pad_rows: int = 1
+
+
+@dataclass
+class LayerPlan:
+    """What ``build_layer`` needs from a system's planner.
+
+    ``owner, token, comp, slot, entry [n_entries]``: every entry's owner rank, token index,
+    computing rank, global slot and index ``j < k``. ``dispatch`` / ``combine``: ``Hops``.
+    ``slots_per_rank``: ``S``. ``swapped [R * S]`` bool: slots whose weights arrive this
+    iteration (their GEMMs wait for ``weight_copies``). ``weight_copies [M, 2]``: (src rank,
+    dst rank) of each expert-weight transfer this iteration.
+    """
+
+    owner: np.ndarray
+    token: np.ndarray
+    comp: np.ndarray
+    slot: np.ndarray
+    entry: np.ndarray
+    dispatch: Hops
+    combine: Hops
+    tokens_per_rank: int
+    slots_per_rank: int
+    swapped: np.ndarray | None = None
+    weight_copies: np.ndarray | None = None
+    copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
+
+
+def entries_of(routing) -> tuple[np.ndarray, ...]:
+    """Flat per-entry arrays ``(owner, token, comp, slot, entry)`` of a ``Routing``."""
+    R, T, k = routing.topk_ids.shape
+    idx = np.arange(R * T * k, dtype=np.int64)
+    slot = routing.slot.ravel().astype(np.int64)
+    return (idx // (T * k)), (idx // k) % T, slot // routing.placement.slots_per_rank, slot, idx % k
+
+
+def _join(left_key: np.ndarray, right_key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All pairs ``(i, j)`` with ``left_key[i] == right_key[j]``."""
+    if left_key.size == 0 or right_key.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(left_key, kind="stable")
+    ks = left_key[order]
+    lo = np.searchsorted(ks, right_key, "left")
+    hi = np.searchsorted(ks, right_key, "right")
+    cnt = hi - lo
+    total = int(cnt.sum())
+    rj = np.repeat(np.arange(right_key.size), cnt)
+    off = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    return order[lo[rj] + off], rj
+
+
+def _uniq(x: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (sort based; faster than ``np.unique`` on large int64 keys)."""
+    s = np.sort(x, kind="stable")
+    if s.size < 2:
+        return s
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]
+
+
+def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if a.size == 0:
+        return a, b
+    base = int(b.max()) + 1
+    u = _uniq(a.astype(np.int64) * base + b)
+    return u // base, u % base
+
+
+@dataclass
+class _Msgs:
+    """Messages of one phase: per hop its message index; per message stage/src/dst/rows."""
+
+    hop_msg: np.ndarray
+    stage: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    rows: np.ndarray
+    entry_task: np.ndarray = field(default=None)  # task receiving the message's dependencies
+    exit_task: np.ndarray = field(default=None)  # the transfer task
+
+
+def _messages(h: Hops, R: int) -> _Msgs:
+    mmax = int(h.msg.max(initial=0)) + 1
+    key = ((h.stage.astype(np.int64) * R + h.src) * R + h.dst) * mmax + h.msg
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    new = np.concatenate(([True], ks[1:] != ks[:-1])) if ks.size else np.zeros(0, bool)
+    uniq = ks[new]
+    inv = np.empty(key.size, np.int64)
+    inv[order] = np.cumsum(new) - 1
+    cnt = np.diff(np.concatenate((np.flatnonzero(new), [ks.size])))
+    sd = uniq // mmax
+    return _Msgs(hop_msg=inv.astype(np.int64), stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt)
+
+
+class LayerBuilder:
+    """Builds one layer's tasks into a ``TaskGraph``; see ``build_layer``."""
+
+    def __init__(self, graph: TaskGraph, cluster: Cluster, spec: MoESpec, net: Net, mech: Mechanics):
+        self.g, self.cl, self.spec, self.net, self.mech = graph, cluster, spec, net, mech
+        self.R, self.L, self.N = cluster.ranks, cluster.gpus_per_node, cluster.nodes
+
+    # ---------------------------------------------------------------- transfers
+    def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None):
+        """Create transfers; returns ``(entry_task, exit_task)`` arrays. ``concurrent``
+        cross-node puts first take a proxy issue slot on the source's proxy stream."""
+        src = np.asarray(src, np.int64)
+        dst = np.asarray(dst, np.int64)
+        n = src.size
+        cross = (src // self.L) != (dst // self.L)
+        put = self.net.put(self.R)
+        fixed = np.where(cross, put, self.cl.nvlink_msg_cost)
+        entry = np.zeros(n, np.int64)
+        if mode == "concurrent" and cross.any():
+            issue = put / self.net.proxy_inflight
+            fixed = np.where(cross, put - issue, fixed)
+            ci = np.flatnonzero(cross)
+            pt = self.g.add_fixed(src[ci], np.full(ci.size, issue), kind="proxy", stream="proxy",
+                                  prio=prio if prio is None else np.asarray(prio)[ci], label="issue")
+        xt = self.g.add_transfer(src, dst, np.asarray(nbytes, float), fixed, kind=kind, label=label)
+        entry[:] = xt
+        if mode == "concurrent" and cross.any():
+            entry[ci] = pt
+            self.g.after(pt, xt[ci])
+        return entry, xt
+
+    def chain_serial(self, m: _Msgs, sel: np.ndarray) -> None:
+        """Blocking puts: per source rank, messages ``sel`` one after another, ring order."""
+        if sel.size < 2:
+            return
+        ring = (m.dst[sel] - m.src[sel]) % self.R
+        o = sel[np.lexsort((m.stage[sel], ring, m.src[sel]))]
+        same = m.src[o[1:]] == m.src[o[:-1]]
+        self.g.after(m.exit_task[o[:-1][same]], m.entry_task[o[1:][same]])
+
+    def phase_messages(self, h: Hops, mode: str, kind: str, row_bytes: float) -> _Msgs:
+        m = _messages(h, self.R)
+        m.entry_task = np.zeros(m.rows.size, np.int64)
+        m.exit_task = np.zeros(m.rows.size, np.int64)
+        serial_stage = np.isin(m.stage, self.mech.serial_stages) if mode == "serial" else np.zeros(m.rows.size, bool)
+        for is_serial in (True, False):
+            sel = np.flatnonzero(serial_stage == is_serial)
+            if sel.size == 0:
+                continue
+            e, x = self.transfers(m.src[sel], m.dst[sel], m.rows[sel] * row_bytes,
+                                  "serial" if is_serial else "concurrent", kind, kind)
+            m.entry_task[sel], m.exit_task[sel] = e, x
+        if mode == "serial":
+            self.chain_serial(m, np.flatnonzero(serial_stage))
+        return m
+
+    def stage_deps(self, h: Hops, m: _Msgs) -> None:
+        """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``."""
+        T = self.T
+        later = np.flatnonzero(h.stage > 0)
+        if later.size == 0:
+            return
+        key_in = (h.dst.astype(np.int64) * self.R + h.owner) * T + h.token
+        key_out = (h.src[later].astype(np.int64) * self.R + h.owner[later]) * T + h.token[later]
+        i, j = _join(key_in, key_out)
+        j = later[j]
+        ok = h.stage[i] < h.stage[j]
+        a, b = _unique_pairs(m.hop_msg[i[ok]], m.hop_msg[j[ok]])
+        self.g.after(m.exit_task[a], m.entry_task[b])
+        if self.mech.stage_node_barrier:
+            for s in range(1, int(h.stage.max()) + 1):
+                prev = np.flatnonzero(m.stage == s - 1)
+                cur = np.flatnonzero(m.stage == s)
+                for node in range(self.N):
+                    p = prev[(m.dst[prev] // self.L) == node]
+                    c = cur[(m.src[cur] // self.L) == node]
+                    if p.size and c.size:
+                        j = self.g.add_fixed(node * self.L, self.net.node_barrier(self.L), kind="barrier",
+                                             stream=None, label="node barrier")
+                        self.g.after(m.exit_task[p], j)
+                        self.g.after(j, m.entry_task[c])
+
+    # ---------------------------------------------------------------- GEMMs
+    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str) -> np.ndarray:
+        """One grouped-GEMM task per (class, rank) holding entries; ``cls [n]`` in ``[0, ncls)``,
+        ``slot [n]`` global slots. Returns ``table [ncls, R]`` of task ids (-1: no task)."""
+        R, S = self.R, self.S
+        pair_cnt = np.bincount(cls.astype(np.int64) * (R * S) + slot, minlength=ncls * R * S)
+        nz = np.flatnonzero(pair_cnt)
+        rows = pair_cnt[nz].astype(float)
+        if self.mech.pad_rows > 1:
+            rows = np.ceil(rows / self.mech.pad_rows) * self.mech.pad_rows
+        tkey = (nz // (R * S)) * R + (nz % (R * S)) // S  # cls * R + rank
+        spec, cl = self.spec, self.cl
+        flops_row = 2.0 * spec.hidden * spec.ffn  # one of the two GEMMs
+        w_bytes = float(spec.hidden * spec.ffn * spec.dtype_bytes)
+        scale = self.mech.gemm_eff_scale
+        space = ncls * R
+        if self.mech.per_expert_gemm:
+            eff = cl.gemm_efficiency(rows) * scale
+            t = np.maximum(rows * flops_row / (cl.peak_flops * eff), w_bytes / cl.hbm_bw) + cl.kernel_launch
+            dur = np.bincount(tkey, weights=t, minlength=space)
+        else:
+            tot = np.bincount(tkey, weights=rows, minlength=space)
+            act = np.bincount(tkey, minlength=space).astype(float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                eff = cl.gemm_efficiency(tot / np.maximum(act, 1)) * scale
+                dur = np.maximum(tot * flops_row / (cl.peak_flops * eff), act * w_bytes / cl.hbm_bw) + cl.kernel_launch
+        keys = np.unique(tkey)
+        table = np.full(space, -1, np.int64)
+        table[keys] = self.g.add_fixed(keys % R, dur[keys], kind="gemm", stream="compute",
+                                       prio=prio_of_cls(keys // R), label=label)
+        return table.reshape(ncls, R)
+
+
+def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPlan, mech: Mechanics, net: Net,
+                prologue: np.ndarray, custom_dispatch=None, custom_combine=None) -> dict:
+    """Add one MoE layer to ``graph``; returns the main task ids per part.
+
+    ``prologue [R]``: seconds of per-rank work before dispatch (all-gather + planning), run on
+    each rank's host stream. ``custom_dispatch(builder, prologue_tasks) -> (local_done [R], remote_done [R])`` (tasks after
+    which a rank's GEMM on rows of its own node / of other nodes may start) /
+    ``custom_combine(builder, gemm2_tasks) -> join task`` replace the Hops-driven phases (FAST's
+    synchronous rounds).
+    """
+    b = LayerBuilder(graph, cluster, spec, net, mech)
+    R, L, N = b.R, b.L, b.N
+    T, S = plan.tokens_per_rank, plan.slots_per_rank
+    b.T, b.S = T, S
+    g = graph
+    out: dict = {}
+    pro = g.add_fixed(np.arange(R), np.asarray(prologue, float), kind="plan", stream="host", label="allgather+plan")
+    out["prologue"] = pro
+    owner, token, comp, slot, jdx = plan.owner, plan.token, plan.comp, plan.slot, plan.entry
+    rb = float(spec.row_bytes)
+
+    # Overlap needs data per source / destination node: with dispatch groups a forwarded message
+    # carries one source node's rows (it leaves as they arrive), with combine waves a message
+    # carries one destination node's partials (it leaves when its wave is done).
+    if mech.gemm1 == "arrival":
+        plan.dispatch = _split_by_owner_node(plan.dispatch, L)
+    if mech.gemm2 == "waves":
+        plan.combine = _split_by_owner_node(plan.combine, L)
+
+    # ---- dispatch
+    if custom_dispatch is None:
+        d = b.phase_messages(plan.dispatch, mech.dispatch_puts, "dispatch", rb)
+        g.after(pro[d.src], d.entry_task)  # nothing leaves a rank before its planning is done
+        b.stage_deps(plan.dispatch, d)
+        extra_tail = _extra_calls(b, d, pro, "dispatch")
+        dispatch_done = None
+        if mech.dispatch_barrier == "world":
+            dispatch_done = g.add_fixed(0, net.barrier(R), kind="barrier", stream=None, label="world barrier")
+            g.after(d.exit_task, dispatch_done)
+            g.after(extra_tail, dispatch_done)
+        elif extra_tail.size:
+            dispatch_done = int(extra_tail[-1])
+        local_done = remote_done = None
+    else:
+        d = None
+        dispatch_done = None
+        local_done, remote_done = custom_dispatch(b, pro)
+
+    # ---- GEMM 1 groups (class = swapped * G + group) and GEMM 2 waves (class = swapped * N + wave)
+    G = N + 1
+
+    def group_of(own, at):
+        if mech.gemm1 == "arrival":
+            on, an = own // L, at // L
+            return np.where(own == at, 0, np.where(on == an, 1, 1 + (on - an) % N))
+        if mech.gemm1 == "local-remote":
+            return ((own // L) != (at // L)).astype(np.int64)
+        return np.zeros(np.shape(own), np.int64)
+
+    def wave_of(own, at):
+        if mech.gemm2 == "waves":
+            return ((own // L) - (at // L) - 1) % N  # next node first, own node last
+        return np.zeros(np.shape(own), np.int64)
+
+    swapped = plan.swapped[slot].astype(np.int64) if plan.swapped is not None else np.zeros(comp.size, np.int64)
+    tab1 = b.gemm_tasks(swapped * G + group_of(owner, comp), slot, 2 * G,
+                        lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1")
+    tab2 = b.gemm_tasks(swapped * N + wave_of(owner, comp), slot, 2 * N,
+                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2")
+    for r in range(R):
+        a1, a2 = tab1[:, r][tab1[:, r] >= 0], tab2[:, r][tab2[:, r] >= 0]
+        g.after(pro[r], a1)
+        if a1.size and a2.size:
+            g.after_all(a1, a2)  # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank
+    all1 = tab1[tab1 >= 0]
+    all2 = tab2[tab2 >= 0]
+    if dispatch_done is not None:
+        g.after(dispatch_done, all1)
+    if local_done is not None:
+        for c in range(2 * G):
+            has = np.flatnonzero(tab1[c] >= 0)
+            done = local_done if c % G == 0 else remote_done
+            g.after(np.asarray(done)[has], tab1[c, has])
+    if d is not None:
+        h = plan.dispatch
+        key = _uniq(d.hop_msg * G + group_of(h.owner.astype(np.int64), h.dst.astype(np.int64)))
+        msg, grp = key // G, key % G
+        for sw in (0, 1):
+            t = tab1[sw * G + grp, d.dst[msg]]
+            ok = t >= 0
+            g.after(d.exit_task[msg[ok]], t[ok])
+    # weight copies (swaps / prefetch pulls) on the destination's copy stream
+    if plan.weight_copies is not None and len(plan.weight_copies):
+        wc = np.asarray(plan.weight_copies, np.int64)
+        w_bytes = float(spec.expert_weight_bytes)
+        cross = (wc[:, 0] // L) != (wc[:, 1] // L)
+        fixed = np.where(cross, net.put(R), cluster.nvlink_msg_cost)
+        ct = g.add_transfer(wc[:, 0], wc[:, 1], np.full(len(wc), w_bytes), fixed, kind="copy", stream="copy",
+                            label="weights")
+        g.after(pro[wc[:, 1]], ct)
+        for r in np.unique(wc[:, 1]).tolist():
+            mine = ct[wc[:, 1] == r]
+            if plan.copies_block_gemm == "all":
+                wait = np.concatenate([tab1[:, r], tab2[:, r]])
+            else:
+                wait = np.concatenate([tab1[G:, r], tab2[N:, r]])
+            wait = wait[wait >= 0]
+            if wait.size:
+                g.after_all(mine, wait)
+        out["copies"] = ct
+
+    # ---- combine
+    red_deps_msgs = None
+    if custom_combine is None:
+        cm = b.phase_messages(plan.combine, mech.combine_puts, "combine", rb)
+        h = plan.combine
+        # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves)
+        key = _uniq(cm.hop_msg * N + wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
+        msg, wv = key // N, key % N
+        for sw in (0, 1):
+            t = tab2[sw * N + wv, cm.src[msg]]
+            ok = t >= 0
+            g.after(t[ok], cm.entry_task[msg[ok]])
+        b.stage_deps(h, cm)
+        extra_tail = _extra_calls(b, cm, None, "combine")
+        red_deps_msgs = cm
+        combine_done = None
+        if mech.combine_barrier == "world":
+            combine_done = g.add_fixed(0, net.barrier(R), kind="barrier", stream=None, label="world barrier")
+            g.after(cm.exit_task, combine_done)
+            g.after(extra_tail, combine_done)
+        elif extra_tail.size:
+            combine_done = int(extra_tail[-1])
+    else:
+        combine_done = custom_combine(b, all2)
+
+    # ---- weighted reduce at home
+    red_bytes = T * spec.top_k * spec.hidden * 4.0  # fp32 partials read once
+    red = g.add_fixed(np.arange(R), np.full(R, red_bytes / cluster.hbm_bw + cluster.kernel_launch), kind="reduce",
+                      stream="compute", prio=np.full(R, 10**6), label="reduce")
+    for r in range(R):
+        g.after(tab2[:, r][tab2[:, r] >= 0], red[r])
+    if red_deps_msgs is not None:
+        cm = red_deps_msgs
+        g.after(cm.exit_task, red[cm.dst])
+    if combine_done is not None:
+        g.after(combine_done, red)
+    out.update(gemm1=all1, gemm2=all2, reduce=red)
+    return out
+
+
+def _split_by_owner_node(h: Hops, L: int) -> Hops:
+    """The same hops with message keys refined by the token owner's node."""
+    if h.size == 0:
+        return h
+    msg = h.msg.astype(np.int64) * (int(h.owner.max()) // L + 1) + h.owner // L
+    return Hops(h.stage, h.src, h.dst, h.owner, h.token, msg.astype(np.int32), h.entry)
+
+
+def _extra_calls(b: LayerBuilder, m: _Msgs, pro, phase: str) -> np.ndarray:
+    """EPLB / MoonEP style phases: ``calls`` all-to-all calls, two world barriers per call; the
+    second call moves ``extra_call_bytes`` per row with the same pattern, after the first."""
+    mech, g, net, R = b.mech, b.g, b.net, b.R
+    if mech.calls <= 1:
+        return np.zeros(0, np.int64)
+    bar = g.add_fixed(0, 2 * net.barrier(R), kind="barrier", stream=None, label="call barriers")
+    g.after(m.exit_task, bar)
+    tails = [bar]
+    prev = bar
+    for _ in range(mech.calls - 1):
+        e, x = b.transfers(m.src, m.dst, m.rows * float(mech.extra_call_bytes), "concurrent", phase, phase + " weights")
+        g.after(prev, e)
+        bar = g.add_fixed(0, 2 * net.barrier(R), kind="barrier", stream=None, label="call barriers")
+        g.after(x, bar)
+        tails.append(bar)
+        prev = bar
+    return np.asarray(tails, np.int64)
