@@ -120,9 +120,20 @@ def _visit_priority(placement: Placement) -> np.ndarray:
 
 
 def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> np.ndarray:
-    """Rotation water-fill: per expert, each source rank in turn assigns its demand to the
-    expert's replicas in rotation order, up to each replica's upper bound, while keeping enough
-    unassigned demand to lift every other replica to its lower bound. Returns ``slot [R, T, k]``."""
+    """Rotation water-fill. Returns ``slot [R, T, k]``.
+
+    Per expert with several replicas, every source rank visits the replicas in its rotation order
+    (own GPU, the other GPUs of its node, then remote nodes in rotation) and at each visit assigns
+    as much of its remaining demand as the replica's upper bound allows, while keeping enough
+    unassigned demand to lift every replica to its lower bound. All sources take their ``v``-th
+    visit together (a step), and where several reach one replica in a step, lower ranks are served
+    first (prefix sums); so a plan is a few vectorised steps over ``[R, M, C]`` arrays, not a loop
+    over ranks, and maps onto a GPU as a handful of kernels.
+
+    Invariant kept by every step: unassigned demand >= the summed lower-bound deficits, and no
+    replica exceeds its upper bound. Each sweep over the ``C`` visit steps places demand while any
+    remains (a deficit is always reachable), so the sweeps end with everything placed.
+    """
     ranks, S = placement.ranks, placement.slots_per_rank
     E = placement.num_experts
     demand = rank_demand(topk_ids, E).astype(np.int64)  # [R, E]
@@ -133,46 +144,50 @@ def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -
     if multi.size == 0:
         return slot
     num, den = relaxation_fraction(relaxation)
-    d = demand[:, multi]  # [R, M]
-    total = d.sum(0)
+    remaining = demand[:, multi]  # [R, M]
+    total = remaining.sum(0)
     c = count[multi]
     upper = -((-(den + num) * total) // (den * c))
     lower = np.maximum(0, (den - num) * total // (den * c))
     reps = placement.replicas[multi]  # [M, C] global slots, -1 padded
-    cmax = reps.shape[1]
+    M, cmax = reps.shape
     valid = reps >= 0
-    rep_rank = np.where(valid, reps // S, 0)
-    priority = _visit_priority(placement)
-
-    load = np.zeros(reps.shape, np.int64)
-    unassigned = total.copy()
-    deficit = np.where(valid, lower[:, None], 0).sum(1)  # sum over replicas of max(0, lower - load)
-    assigned = np.zeros((ranks,) + reps.shape, np.int64)  # [R, M, C]
-    cols = np.arange(multi.size)
     big = np.iinfo(np.int64).max // 4
-    for r in range(ranks):
-        remaining = d[r].copy()
+    priority = np.where(valid[None], _visit_priority(placement)[:, np.where(valid, reps // S, 0)], big)
+    visit = np.argsort(priority, axis=2, kind="stable")  # [R, M, C] replica index of each visit
+
+    load = np.zeros((M, cmax), np.int64)
+    unassigned = total.copy()
+    assigned = np.zeros((ranks, M, cmax), np.int64)
+    experts = np.arange(M)[None, :]
+    for _ in range(4 * cmax + 4):  # sweeps; each one places demand while any remains
         if not remaining.any():
-            continue
-        visit = np.argsort(np.where(valid, priority[r][rep_rank], big), axis=1, kind="stable")  # [M, C]
-        for _ in range(2):  # a second sweep places what the reservation held back on the first
-            for v in range(cmax):
-                if not remaining.any():
-                    break
-                idx = visit[:, v]
-                held = load[cols, idx]
-                own_deficit = np.maximum(lower - held, 0)
-                take = np.minimum(remaining, upper - held)
-                take = np.minimum(take, unassigned - (deficit - own_deficit))
-                take = np.where(valid[cols, idx], np.maximum(take, 0), 0)
-                load[cols, idx] += take
-                assigned[r, cols, idx] += take
-                deficit -= np.minimum(take, own_deficit)
-                remaining -= take
-                unassigned -= take
-        if remaining.any():  # cannot happen while the bounds are consistent; kept as a proof point
-            e = multi[np.flatnonzero(remaining)[0]]
-            raise AssertionError(f"water-fill left demand of expert {e} on rank {r} unplaced")
+            break
+        for v in range(cmax):
+            if not remaining.any():
+                break
+            target = visit[:, :, v]  # [R, M]
+            want = np.where(valid[experts, target], remaining, 0)
+            held = load[experts, target]
+            deficit = np.where(valid, np.maximum(lower[:, None] - load, 0), 0)  # [M, C]
+            # Upper bound: sources reaching one replica are served in rank order.
+            rank_order = _RankOrder(target)
+            take = np.minimum(want, np.maximum(upper[None, :] - held - rank_order.before(want), 0))
+            # Filling a lower-bound deficit is always allowed; the rest spends the expert's slack
+            # (unassigned - deficits), again in rank order.
+            to_deficit = np.clip(deficit[experts, target] - rank_order.before(take), 0, take)
+            surplus = take - to_deficit
+            slack = unassigned - deficit.sum(1)
+            take = to_deficit + np.clip(slack[None, :] - (np.cumsum(surplus, axis=0) - surplus), 0, surplus)
+            step = np.zeros((ranks, M, cmax), np.int64)
+            np.put_along_axis(step, target[:, :, None], take[:, :, None], axis=2)
+            assigned += step
+            load += step.sum(0)
+            remaining -= take
+            unassigned -= take.sum(0)
+    if remaining.any():  # cannot happen while the bounds are consistent; kept as a proof point
+        r, m = np.argwhere(remaining)[0]
+        raise AssertionError(f"water-fill left demand of expert {multi[m]} on rank {r} unplaced")
 
     # Entries of (rank r, expert e), in batch order, fill r's assignments in replica order: sorted
     # by group (a stable radix sort), the replica indices are each group's counts laid end to end.
@@ -189,6 +204,31 @@ def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -
     out = slot.reshape(ranks, -1)
     out[rr, pos_in_rank] = reps[mi, rep_idx]
     return out.reshape(topk_ids.shape)
+
+
+class _RankOrder:
+    """Per expert, the sources of a step grouped by the replica they reach, in rank order.
+
+    ``target [R, M]``: replica index each source reaches for each expert. ``before(amount)``
+    gives, per (rank, expert), the sum of ``amount [R, M]`` over lower ranks that reach the same
+    replica of the same expert (an exclusive segmented prefix sum down each expert's column).
+    """
+
+    def __init__(self, target: np.ndarray):
+        self.order = np.argsort(target, axis=0, kind="stable")  # [R, M], grouped by replica, ranks ascending
+        grouped = np.take_along_axis(target, self.order, axis=0)
+        first = np.ones(target.shape, bool)
+        first[1:] = grouped[1:] != grouped[:-1]
+        rows = np.arange(target.shape[0])[:, None]
+        self.start = np.maximum.accumulate(np.where(first, rows, 0), axis=0)  # row where each group starts
+
+    def before(self, amount: np.ndarray) -> np.ndarray:
+        grouped = np.take_along_axis(amount, self.order, axis=0)
+        exclusive = np.cumsum(grouped, axis=0) - grouped
+        exclusive -= np.take_along_axis(exclusive, self.start, axis=0)
+        out = np.empty_like(exclusive)
+        np.put_along_axis(out, self.order, exclusive, axis=0)
+        return out
 
 
 def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
