@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -18,46 +17,13 @@ from zepp.model import PRESET_NAMES as MODEL_NAMES
 from zepp.model import MoESpec, model_preset
 from zepp.placement import make_placement
 from zepp.routing import route
+from zepp.stages import PLAN_SYSTEMS, SYSTEMS, parse_system_names
 from zepp.trace import Trace, node_demand, read_trace, sample_batches
-
-
-@dataclass(frozen=True)
-class PlanSystem:
-    """A system as the planner sees it: one choice per planning stage."""
-
-    name: str
-    placement: str
-    routing: str
-    transport: str
-
-
-PLAN_SYSTEMS = {
-    s.name: s
-    for s in (
-        PlanSystem("a2av", "home", "home", "a2av"),
-        PlanSystem("relay", "home", "home", "relay"),
-        PlanSystem("eplb", "eplb", "replica-rr", "a2av"),
-        PlanSystem("sglang", "eplb", "locality", "a2av"),
-        PlanSystem("epic", "epic", "locality", "relay"),
-        PlanSystem("zepp-a2av", "zepp", "zepp", "a2av"),
-        PlanSystem("zepp-relay", "zepp", "zepp", "relay"),
-        PlanSystem("zepp", "zepp", "zepp", "zepp"),
-    )
-}
 
 
 def default_relaxation(nodes: int) -> float:
     """PAPER.md: C = 0.25, 0.5 at 16 nodes and more."""
     return 0.5 if nodes >= 16 else 0.25
-
-
-def parse_systems(text: str, known: dict) -> list[str]:
-    """A comma-separated list of known names; ``all`` stands for every one."""
-    names = list(known) if text.strip() == "all" else [s.strip() for s in text.split(",") if s.strip()]
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise ZeppInputError(f"--systems: unknown system(s) {bad}; choose from {', '.join(known)} or 'all'")
-    return list(dict.fromkeys(names))
 
 
 def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: int) -> tuple[Trace, Trace]:
@@ -94,7 +60,7 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
     batches = sample_batches(evaluation, ranks, tokens, iters, seed)
     rows = []
     for name in systems:
-        system = PLAN_SYSTEMS[name]
+        system = SYSTEMS[name]
         t0 = time.perf_counter()
         placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
         place_s = time.perf_counter() - t0
@@ -174,7 +140,7 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, nodes, gpus_per_node, 
     cluster = cluster_preset(cluster_name, nodes, gpus_per_node)
     if iters < 1:
         raise ZeppInputError(f"--iters must be at least 1, got {iters}")
-    names = parse_systems(systems, PLAN_SYSTEMS)
+    names = parse_system_names(systems, PLAN_SYSTEMS, PLAN_SYSTEMS)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
     pool, evaluation = load_windows(spec, history, trace, seed)
