@@ -70,13 +70,15 @@ class _Entries:
         first_c[:, 1:] = comp[:, 1:] != comp[:, :-1]
         first_n = np.ones((G, k), bool)
         first_n[:, 1:] = node[:, 1:] != node[:, :-1]
-        token_of = np.repeat(np.arange(G, dtype=np.int64), k)
         fc, fn = first_c.ravel(), first_n.ravel()
-        tc_g, tn_g = token_of[fc], token_of[fn]
-        self.tc_owner, self.tc_token = (tc_g // T).astype(np.int32), (tc_g % T).astype(np.int32)
-        self.tc_comp = comp.ravel()[fc].astype(np.int32)
-        self.tn_owner, self.tn_token = (tn_g // T).astype(np.int32), (tn_g % T).astype(np.int32)
-        self.tn_node = node.ravel()[fn].astype(np.int32)
+        tc_where, tn_where = np.flatnonzero(fc), np.flatnonzero(fn)
+        tc_g, tn_g = (tc_where // k).astype(np.int32), (tn_where // k).astype(np.int32)  # token index
+        self.tc_owner = tc_g // T
+        self.tc_token = tc_g - self.tc_owner * T
+        self.tc_comp = comp.ravel()[tc_where].astype(np.int32)
+        self.tn_owner = tn_g // T
+        self.tn_token = tn_g - self.tn_owner * T
+        self.tn_node = node.ravel()[tn_where].astype(np.int32)
         self.tc_pair_node = (np.cumsum(fn) - 1)[fc]
 
     # Per-entry views, built only where needed (a2av and validation).
@@ -92,13 +94,17 @@ class _Entries:
     def entry(self) -> np.ndarray:
         return np.tile(np.arange(self.k, dtype=np.int8), self.ranks * self.T)
 
+    @functools.cached_property
+    def _pair_remote(self) -> np.ndarray:
+        return self.tc_comp // self.L != self.tc_owner // self.L
+
     def same_node_pairs(self) -> np.ndarray:
         """Mask of token-GPU pairs on the owner's node but not the owner itself."""
-        return (self.tc_comp // self.L == self.tc_owner // self.L) & (self.tc_comp != self.tc_owner)
+        return ~self._pair_remote & (self.tc_comp != self.tc_owner)
 
     def remote_pairs(self) -> np.ndarray:
         """Mask of token-GPU pairs on another node."""
-        return self.tc_comp // self.L != self.tc_owner // self.L
+        return self._pair_remote
 
 
 def position_in_group(key: np.ndarray, num_keys: int) -> np.ndarray:
@@ -131,11 +137,11 @@ def _same_node_sends(x: _Entries) -> tuple[Hops, Hops]:
 def _fan_out(x: _Entries, gateway_of_pair: np.ndarray) -> Hops:
     """Stage-2 NVLink forwards on the destination node: one row per (token, computing GPU)
     other than the gateway that received the token. ``gateway_of_pair [Q]`` per token-node pair."""
-    m = x.remote_pairs()
+    m = np.flatnonzero(x.remote_pairs())
     gw = gateway_of_pair[x.tc_pair_node[m]]
-    owner, token, comp = x.tc_owner[m], x.tc_token[m], x.tc_comp[m]
-    away = comp != gw
-    return Hops.make(2, gw[away], comp[away], owner[away], token[away])
+    away = x.tc_comp[m] != gw
+    sel = m[away]
+    return Hops.make(2, gw[away], x.tc_comp[sel], x.tc_owner[sel], x.tc_token[sel])
 
 
 def _relay(x: _Entries) -> tuple[Hops, Hops]:
@@ -196,8 +202,8 @@ def _zepp(x: _Entries, coalesce: bool) -> tuple[Hops, Hops]:
     # carrier on the owner's node -> owner.
     m = x.remote_pairs()
     gw = gateway_of_pair[x.tc_pair_node[m]]
-    comp, away = x.tc_comp[m], x.tc_comp[m] != gw
-    gather = Hops.make(0, comp[away], gw[away], x.tc_owner[m][away], x.tc_token[m][away])
+    sel = np.flatnonzero(m)[x.tc_comp[m] != gw]
+    gather = Hops.make(0, x.tc_comp[sel], gateway_of_pair[x.tc_pair_node[sel]], x.tc_owner[sel], x.tc_token[sel])
     back = Hops.make(1, gateway, carrier, owner, token, msg=msg)
     # One forward per (token, landing GPU): pieces from several nodes landing on one GPU are summed.
     need = carrier != owner

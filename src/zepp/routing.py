@@ -194,8 +194,9 @@ def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -
     flat = topk_ids.reshape(ranks, -1)
     multi_index = np.full(E, -1, np.int64)
     multi_index[multi] = np.arange(multi.size)
-    rr, pos_in_rank = np.nonzero(multi_index[flat] >= 0)
-    mi = multi_index[flat[rr, pos_in_rank]]
+    where = np.flatnonzero(multi_index[flat.ravel()] >= 0)
+    rr, pos_in_rank = where // flat.shape[1], where % flat.shape[1]
+    mi = multi_index[flat.ravel()[where]]
     groups = ranks * multi.size
     group = rr * multi.size + mi
     order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
@@ -276,11 +277,12 @@ def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxa
         sl = slot[candidates]
         node = (sl // (S * L)).astype(np.int16)  # [g, k]
         g_home = home[candidates]
-        # Per entry, how many of its token's entries share its node (k is small: compare all pairs).
-        count = (node[:, :, None] == node[:, None, :]).sum(2, dtype=np.int16)
+        # Per entry, how many of its token's entries share its node.
+        token_node = (np.arange(g, dtype=np.int64)[:, None] * N + node).ravel()
+        count = np.bincount(token_node, minlength=g * N)[token_node].reshape(g, k)
         # The least-touched remote node (ties: lowest node id) and the entries on it.
         remote = node != g_home[:, None]
-        key = np.where(remote, count.astype(np.int32) * N + node, big32)
+        key = np.where(remote, count * N + node, big32)
         pick = key.argmin(1)
         has_remote = key[np.arange(g), pick] < big32
         least = node[np.arange(g), pick]
