@@ -2,13 +2,17 @@
 
     python benchmarks/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
     python benchmarks/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)
+    python benchmarks/calibrate_planner_gpu.py gpu-pipelined OUT.json   # the same mix queued without host syncs
 
 The planner (``route`` + ``build_flows``) is a sequence of whole-array passes over the batch's
 entries: sorts, histograms, gathers, prefix sums, binary searches, element-wise masks. The
 same op mix is timed at the entry counts of the benchmark (about 9k to 600k entries) with
 numpy here and with torch on the GPU; the ratio of the summed times is the speed-up a GPU
-port of the planner gets at that size. The GPU side includes each kernel's launch and
-synchronisation, so small sizes measure the launch-bound regime honestly.
+port of the planner gets at that size. ``gpu`` times each op with a host
+synchronisation after it (a planner that feeds host logic after every pass); ``gpu-pipelined``
+queues ``REPEATS`` mixes back to back and synchronises once (a planner whose passes run as a
+stream of kernels, as a GPU port would issue them), and separately times one host
+synchronisation (a data-dependent size read back to the host, ``torch.nonzero``).
 ``gpu`` mode also tries to run zepp's own numpy planner unchanged on CuPy (``np`` swapped for
 ``cupy`` in the planner modules) on a random skewed K2 batch at 16 nodes, 16 MB.
 """
@@ -80,6 +84,42 @@ def _ops_torch(n: int, rng) -> dict:
     return out
 
 
+def _ops_torch_pipelined(n: int, rng) -> dict:
+    import torch
+
+    dev = "cuda"
+    key = torch.as_tensor(rng.integers(0, n * 8, n), device=dev)
+    small = torch.as_tensor(rng.integers(0, 4096, n), device=dev)
+    idx = torch.as_tensor(rng.permutation(n), device=dev)
+    srt = torch.sort(key).values
+
+    def mix():
+        torch.argsort(key, stable=True)
+        torch.bincount(small, minlength=4096)
+        key[idx]
+        torch.cumsum(small, 0)
+        torch.searchsorted(srt, key)
+        torch.where(key > n, key, small)
+
+    for _ in range(3):
+        mix()
+    torch.cuda.synchronize()
+    best = np.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(REPEATS):
+            mix()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / REPEATS)
+    mask = key > n
+    syncs = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        torch.nonzero(mask)
+        syncs.append(time.perf_counter() - t)
+    return {"mix": best, "nonzero_sync": float(np.median(syncs))}
+
+
 PLANNER_CASES = ((16, 72, 384), (16, 1168, 384), (32, 296, 384), (64, 72, 384), (64, 1168, 384), (64, 2048, 128),
                  (16, 2048, 128))  # (ranks, tokens per rank, experts)
 
@@ -142,9 +182,13 @@ def main(mode: str, path: str) -> None:
     rng = np.random.default_rng(0)
     res = {"mode": mode, "sizes": {}}
     for n in SIZES:
-        res["sizes"][n] = _ops_numpy(n, rng) if mode == "cpu" else _ops_torch(n, rng)
-    if mode == "gpu":
+        res["sizes"][n] = (_ops_numpy(n, rng) if mode == "cpu" else _ops_torch_pipelined(n, rng)
+                           if mode == "gpu-pipelined" else _ops_torch(n, rng))
+    if mode.startswith("gpu"):
         import torch
+
+        res["device"] = torch.cuda.get_device_name(0)
+    if mode == "gpu":
 
         res["device"] = torch.cuda.get_device_name(0)
         try:

@@ -25,6 +25,7 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 from zepp.plan import COMBINE, DISPATCH, FlowPlan, Hops, PlanInvariantError, Routing
+from zepp.routing import position_in_group
 
 TRANSPORTS = ("a2av", "relay", "zepp")
 
@@ -105,19 +106,6 @@ class _Entries:
     def remote_pairs(self) -> np.ndarray:
         """Mask of token-GPU pairs on another node."""
         return self._pair_remote
-
-
-def position_in_group(key: np.ndarray, num_keys: int) -> np.ndarray:
-    """For each element, how many earlier elements (in array order) share its key. ``[n]``.
-
-    Keys are small non-negative integers (a group id), so the stable sort is a radix sort."""
-    dtype = np.uint16 if num_keys <= 1 << 16 else np.int64
-    order = np.argsort(key.astype(dtype), kind="stable")
-    counts = np.bincount(key, minlength=num_keys)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    pos = np.empty(key.shape[0], dtype=np.int64)
-    pos[order] = np.arange(key.shape[0]) - starts[key[order]]
-    return pos
 
 
 def _a2av(x: _Entries) -> tuple[Hops, Hops]:
@@ -335,8 +323,7 @@ def _validate_nic_caps(plan: FlowPlan, x: _Entries) -> None:
         src, dst = hops.src[cross], hops.dst[cross]
         stream = (src // L).astype(np.int64) * N + dst // L
         load = np.bincount(stream * L + src % L, minlength=N * N * L).reshape(N * N, L)
-        total = load.sum(1, keepdims=True)
-        cap = total // L + (np.arange(L)[None, :] < total % L)
+        cap, _ = nic_split(load)
         over = load > cap
         if over.any():
             p, i = np.argwhere(over)[0]
