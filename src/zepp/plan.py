@@ -300,6 +300,8 @@ class FlowPlan:
         """Byte and message accounting for ``DISPATCH``, ``COMBINE`` or both (``None``)."""
         if phase is None:
             return self.stats(DISPATCH) + self.stats(COMBINE)
+        if phase not in (DISPATCH, COMBINE):
+            raise ValueError(f"phase must be zepp.plan.DISPATCH, COMBINE or None, got {phase!r}")
         hops = self.dispatch if phase == DISPATCH else self.combine
         return link_stats(hops, self.ranks, self.gpus_per_node, self.row_bytes, self.routing.rows_per_rank())
 

@@ -16,6 +16,12 @@ that rank; rank 0 prints the report. On real GPU nodes (NCCL), run on every node
 ``--gpus-per-node``, since consecutive ranks form a node.) The emulated cluster starts
 ``python -m zepp.runtime.worker CONFIG.json`` itself with ``GLOO_SOCKET_IFNAME`` per rank.
 
+``--emulate`` runs the same ranks inside an emulated multi-node cluster (``zepp.emulate``: one
+network namespace per rank, NICs shaped to ``--rate-mbit``, torn down afterwards) and adds the
+bytes each NIC carried, from its interface counters, next to the planner's::
+
+    zepp run --emulate --nodes 2 --gpus-per-node 2 --model k2 --hidden 256 --tokens 512 --systems all --check
+
 A rank that dies or hangs ends the run: peers fail their next collective (at once for a dead
 peer, after ``--timeout`` seconds for a hung one) and exit with code 3; the launcher then stops
 what is left and exits 3 naming the first rank that failed.
@@ -194,8 +200,18 @@ def format_report(report: dict) -> str:
 @click.option("--threads", default=1, show_default=True, type=int, help="torch threads per spawned rank.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the report here.")
 @click.option("--fault", default=None, hidden=True, help="Test hook: JSON {rank, system, iter, mode}.")
+@click.option("--emulate", is_flag=True, default=False,
+              help="Run the ranks in an emulated cluster (network namespaces, shaped NICs; needs root) and "
+                   "report the bytes each NIC carried from its interface counters.")
+@click.option("--rate-mbit", type=float, default=None,
+              help="With --emulate: NIC rate per direction in Mbit/s (default: zepp.emulate's, 1000).")
+@click.option("--delay-ms", type=float, default=0.0, show_default=True,
+              help="With --emulate: added one-way NIC latency (needs the netem qdisc).")
+@click.option("--emulate-prefix", default="zepp", show_default=True, hidden=True,
+              help="With --emulate: name prefix of the namespaces.")
 def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, tokens, systems, check, history, trace,
-        iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault):
+        iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault, emulate, rate_mbit,
+        delay_ms, emulate_prefix):
     """Run MoE layers on torch.distributed with each system; report correctness, bytes, time."""
     from zepp.model import model_preset
     from zepp.runtime.systems import parse_systems
@@ -225,6 +241,11 @@ def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, toke
                history=history, trace=trace, iters=iters, warmup=warmup, seed=seed, relaxation=relaxation,
                extra=extra, dtype=dtype, device=device, backend="nccl" if device.startswith("cuda") else "gloo",
                timeout=timeout, fault=json.loads(fault) if fault else None)
+    if emulate:
+        _run_emulated(cfg, rate_mbit, delay_ms, threads, emulate_prefix, check, json_path)
+        return
+    if rate_mbit is not None or delay_ms:
+        raise ZeppInputError("--rate-mbit/--delay-ms shape the emulated cluster's NICs; add --emulate")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: be that rank
         with tempfile.TemporaryDirectory(prefix="zepp-run-") as tmp:
             cfg["out"] = os.path.join(tmp, "report.json")
@@ -243,8 +264,33 @@ def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, toke
     _finish(report, check, json_path)
 
 
-def _finish(report: dict, check: bool, json_path: str | None) -> None:
+def _run_emulated(cfg: dict, rate_mbit, delay_ms, threads, prefix, check, json_path) -> None:
+    """``--emulate``: the same run inside an emulated cluster (``zepp.emulate.runner``)."""
+    from zepp.emulate.netns import DEFAULT_RATE_MBIT, EmulationError, EmulationUnavailable, availability
+    from zepp.emulate.runner import format_emulate, run_emulated
+
+    if cfg["device"] != "cpu":
+        raise ZeppInputError("--emulate runs gloo ranks on the CPU; drop --device")
+    ok, reason = availability()
+    if not ok:
+        click.echo(f"zepp run --emulate: emulated cluster unavailable: {reason}", err=True)
+        raise SystemExit(2)
+    try:
+        report = run_emulated(cfg, DEFAULT_RATE_MBIT if rate_mbit is None else rate_mbit, delay_ms, threads=threads,
+                              prefix=prefix)
+    except RankFailure as exc:
+        click.echo(f"zepp run --emulate: {exc}\n(the emulated cluster was torn down)", err=True)
+        raise SystemExit(3)
+    except (EmulationUnavailable, EmulationError) as exc:
+        click.echo(f"zepp run --emulate: {exc}", err=True)
+        raise SystemExit(2)
+    _finish(report, check, json_path, extra=format_emulate(report))
+
+
+def _finish(report: dict, check: bool, json_path: str | None, extra: str | None = None) -> None:
     click.echo(format_report(report))
+    if extra:
+        click.echo(extra)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=1)
