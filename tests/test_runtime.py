@@ -33,7 +33,7 @@ def _one_thread():
 
 SYSTEMS = [("home", "home", "a2av"), ("eplb", "replica-rr", "a2av"), ("home", "home", "relay"),
            ("zepp", "zepp", "zepp"), ("zepp", "zepp", "a2av"), ("zepp", "zepp", "relay"),
-           ("eplb", "locality", "zepp")]
+           ("eplb", "locality", "zepp"), ("zepp", "zepp", "zepp-direct")]
 
 
 def _batch(rng, R, T, E, k, skew=1.0):

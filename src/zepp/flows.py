@@ -13,6 +13,10 @@ Transports (see ``zepp.plan.Hops`` for what a hop means and the stage rules):
   (PAPER.md section 2 item 4), coalescing of the pieces one NIC carries into one message, and
   combine pre-reduction on the computing node: partials of a token computed on node m are
   summed on the GPU that received the token there and cross the NIC once, mirroring dispatch.
+- ``zepp-direct``: ``zepp`` whose pre-reduced combine rows cross the NIC straight to the owner
+  instead of landing on the GPU of the same local index and being forwarded over NVLink: one
+  stage fewer and no forward (the sending NICs stay balanced; the receiving NIC is the owner's).
+  For executors where every stage costs a collective (the CPU runtime), not a PAPER.md design.
 
 Everything is vectorised numpy over rows; loops run over nothing larger than a stage.
 """
@@ -27,7 +31,7 @@ from zepp.errors import ZeppInputError
 from zepp.plan import COMBINE, DISPATCH, FlowPlan, Hops, PlanInvariantError, Routing
 from zepp.routing import position_in_group
 
-TRANSPORTS = ("a2av", "relay", "zepp")
+TRANSPORTS = ("a2av", "relay", "zepp", "zepp-direct")
 
 
 def build_flows(routing: Routing, transport: str, row_bytes: int, coalesce: bool = True) -> FlowPlan:
@@ -44,7 +48,7 @@ def build_flows(routing: Routing, transport: str, row_bytes: int, coalesce: bool
     elif transport == "relay":
         dispatch, combine = _relay(entries)
     else:
-        dispatch, combine = _zepp(entries, coalesce)
+        dispatch, combine = _zepp(entries, coalesce, direct=transport == "zepp-direct")
     return FlowPlan(routing, dispatch, combine, routing.placement.gpus_per_node, int(row_bytes), transport)
 
 
@@ -156,7 +160,7 @@ def nic_split(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cap, np.minimum(volume, cap)
 
 
-def _zepp(x: _Entries, coalesce: bool) -> tuple[Hops, Hops]:
+def _zepp(x: _Entries, coalesce: bool, direct: bool = False) -> tuple[Hops, Hops]:
     L, N, T = x.L, x.N, x.T
     near_d, near_c = _same_node_sends(x)
     remote = x.tn_node != x.tn_owner // L  # [Q] union rows: one per (token, remote node)
@@ -192,6 +196,9 @@ def _zepp(x: _Entries, coalesce: bool) -> tuple[Hops, Hops]:
     gw = gateway_of_pair[x.tc_pair_node[m]]
     sel = np.flatnonzero(m)[x.tc_comp[m] != gw]
     gather = Hops.make(0, x.tc_comp[sel], gateway_of_pair[x.tc_pair_node[sel]], x.tc_owner[sel], x.tc_token[sel])
+    if direct:
+        return Hops.concat([near_d, handoff, cross, fan]), Hops.concat([near_c, gather,
+                                                                       Hops.make(1, gateway, owner, owner, token)])
     back = Hops.make(1, gateway, carrier, owner, token, msg=msg)
     # One forward per (token, landing GPU): pieces from several nodes landing on one GPU are summed.
     need = carrier != owner
@@ -225,7 +232,7 @@ def validate_flow_plan(plan: FlowPlan) -> None:
     x = _Entries(routing)
     _validate_dispatch(plan.dispatch, x)
     _validate_combine(plan.combine, x)
-    if plan.transport == "zepp":
+    if plan.transport in ("zepp", "zepp-direct"):
         _validate_nic_caps(plan, x)
 
 

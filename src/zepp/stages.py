@@ -38,11 +38,13 @@ SYSTEMS = {
         StageChoice("zepp-sync", "zepp", "zepp", "zepp"),  # zepp transport without overlap
         StageChoice("zepp-swap", "zepp", "zepp", "zepp", overlap=True, swaps=True),
         StageChoice("zepp-p2p", "zepp", "zepp", "zepp", overlap=True, overlap_comm="p2p"),
+        # zepp with the combine's pre-reduced rows sent straight to the owner: one stage fewer
+        StageChoice("zepp-direct", "zepp", "zepp", "zepp-direct"),
     )
 }
 
 # Systems whose plans differ (the last three share zepp's plan and differ only in execution).
-PLAN_SYSTEMS = ("a2av", "relay", "eplb", "sglang", "epic", "zepp-a2av", "zepp-relay", "zepp")
+PLAN_SYSTEMS = ("a2av", "relay", "eplb", "sglang", "epic", "zepp-a2av", "zepp-relay", "zepp", "zepp-direct")
 
 
 def parse_system_names(text: str, known: tuple[str, ...] | list[str], everything: tuple[str, ...]) -> list[str]:
