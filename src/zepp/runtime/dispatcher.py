@@ -38,11 +38,11 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
+from zepp.flows import TRANSPORTS
 from zepp.model import MoESpec
 from zepp.plan import FlowPlan, Placement
 from zepp.runtime.program import RankProgram, Stage, compile_rank
 
-TRANSPORTS = ("a2av", "relay", "zepp")
 
 
 def build_plan(topk_ids: np.ndarray, placement: Placement, routing: str, relaxation: float, transport: str,
