@@ -6,6 +6,7 @@ exact engine (every event, exact max-min levels), on real traces, one batch per 
 
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +27,7 @@ coarse = dict(systems.SIM_OPTS)
 # Zepp's planning cost is measured on this CPU each run; pin it so only the engine differs.
 systems.planner_gpu_seconds = lambda cpu, a, b: 1e-3
 for n, m, mb in CASES:
-    pool, ev = load_model_traces("/work/shared/traces", m)
+    pool, ev = load_model_traces(Path(__file__).resolve().parents[2] / "shared" / "traces", m)
     cl, net = calibrated("a100", n)
     spec = model_preset(m)
     cfg = Config(cl, spec, net, node_demand(pool, n, 4), sample_batches(ev, cl.ranks, spec.tokens_for_budget(mb), 1, 0),

@@ -4,7 +4,7 @@
 
 For 2 nodes x 2 ranks and 4 nodes x 2 ranks at NIC rates 1000 Mbit/s (the emulator's default)
 and 500 Mbit/s (one emulated cluster per rate and shape, ``zepp.emulate``),
-K2 and Qwen ids from ``/work/shared/traces`` (history = ``pool.txt``, batches from ``eval.txt``),
+K2 and Qwen ids from ``../shared/traces`` (history = ``pool.txt``, batches from ``eval.txt``),
 the runtime (``zepp run --emulate`` path: ``zepp.emulate.runner.run_emulated``) runs a2av, eplb,
 relay, zepp (overlap), zepp-sync and zepp-a2av interleaved iteration by iteration (so every
 system sees the same machine load), checked against the reference. Shrunk layer (``--hidden``
@@ -33,7 +33,7 @@ from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_syste
 from zepp.runtime.systems import SYSTEMS
 from zepp.runtime.worker import default_config
 
-TRACES = "/work/shared/traces"
+TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "traces")
 MODELS = {"k2": "k2", "qwen": "qwen3"}
 SYSTEM_NAMES = ["a2av", "eplb", "relay", "zepp", "zepp-sync", "zepp-a2av", "zepp-direct"]
 ZEPP_VARIANTS = ["zepp", "zepp-sync", "zepp-a2av", "zepp-direct"]
