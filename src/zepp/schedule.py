@@ -341,13 +341,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         g.after(pro[d.src], d.entry_task)  # nothing leaves a rank before its planning is done
         b.stage_deps(plan.dispatch, d)
         extra_tail = _extra_calls(b, d, pro, "dispatch")
-        dispatch_done = None
-        if mech.dispatch_barrier == "world":
-            dispatch_done = g.add_fixed(0, net.barrier(R), kind="barrier", stream=None, label="world barrier")
-            g.after(d.exit_task, dispatch_done)
-            g.after(extra_tail, dispatch_done)
-        elif extra_tail.size:
-            dispatch_done = int(extra_tail[-1])
+        dispatch_done = _phase_end(g, net, R, mech.dispatch_barrier, d, extra_tail)
         local_done = remote_done = None
     else:
         d = None
@@ -432,13 +426,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         b.stage_deps(h, cm)
         extra_tail = _extra_calls(b, cm, None, "combine")
         red_deps_msgs = cm
-        combine_done = None
-        if mech.combine_barrier == "world":
-            combine_done = g.add_fixed(0, net.barrier(R), kind="barrier", stream=None, label="world barrier")
-            g.after(cm.exit_task, combine_done)
-            g.after(extra_tail, combine_done)
-        elif extra_tail.size:
-            combine_done = int(extra_tail[-1])
+        combine_done = _phase_end(g, net, R, mech.combine_barrier, cm, extra_tail)
     else:
         combine_done = custom_combine(b, all2)
 
@@ -463,6 +451,17 @@ def _split_by_owner_node(h: Hops, L: int) -> Hops:
         return h
     msg = h.msg.astype(np.int64) * (int(h.owner.max()) // L + 1) + h.owner // L
     return Hops(h.stage, h.src, h.dst, h.owner, h.token, msg.astype(np.int32), h.entry)
+
+
+def _phase_end(g, net, R: int, barrier, msgs, extra_tail: np.ndarray):
+    """The task that ends a phase: a world barrier after its messages and extra calls when the
+    mechanics ask for one, else its last extra call, else ``None`` (the messages themselves)."""
+    if barrier == "world":
+        done = g.add_fixed(0, net.barrier(R), kind="barrier", stream=None, label="world barrier")
+        g.after(msgs.exit_task, done)
+        g.after(extra_tail, done)
+        return done
+    return int(extra_tail[-1]) if extra_tail.size else None
 
 
 def _extra_calls(b: LayerBuilder, m: _Msgs, pro, phase: str) -> np.ndarray:
