@@ -1,0 +1,301 @@
+"""The one table of systems and stage choices.
+
+Every system zepp knows (Zepp, its variants and the baselines) is one ``System`` row: a choice
+per planning stage (placement, routing, dispatch transport, combine transport), how it executes
+(overlap, adaptation), the simulator mechanics it runs with and which executors support it.
+Every command's option parsing, help text and error messages, the README's system table and
+the tests read this module; no other list of names exists.
+
+Stage choices (each name has one meaning everywhere; ``zepp systems`` prints them):
+``PLACEMENTS``, ``ROUTINGS``, ``DISPATCH_TRANSPORTS``, ``COMBINE_TRANSPORTS``, ``OVERLAPS``,
+``ADAPTATIONS``. The planner modules (``zepp.placement``, ``zepp.routing``, ``zepp.flows``)
+implement exactly these names.
+
+Executors: ``plan`` (``zepp plan``: placement, routing and flows, bytes per link), ``sim`` (the
+simulator: ``zepp bench``, ``zepp timeline``) and ``runtime`` (``zepp run`` on torch.distributed).
+A meta-system (``best_of``) is the per-configuration best of its variants; commands that do not
+compare latencies (``plan``, ``run``) expand it into its variants.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from zepp.errors import ZeppInputError
+
+PLACEMENTS = {
+    "home": "expert e on GPU e // (E/R); no replicas",
+    "zepp": "replicas from node demand, at most one per node, snake-dealt to GPUs (PAPER.md 2.1)",
+    "eplb": "DeepSeek EPLB, global policy, E/R + extra slots per GPU (two replicas may share a GPU)",
+    "eplb-distinct": "EPLB's counts and packing, never two replicas of one expert on one GPU",
+    "epic": "EPIC's greedy placement: redundancy, GPU packing, then NIC-balancing node positions",
+}
+
+ROUTINGS = {
+    "home": "replica 0 of each expert (its first slot)",
+    "replica-rr": "an expert's entries go to its replicas in turn (EPLB, TensorRT-LLM round-robin)",
+    "locality": "SGLang static: the source GPU's own replica, else a fixed replica per source GPU",
+    "dynamic": "SGLang dynamic: per token, a replica on the source GPU, else on its node, else a hashed one",
+    "random": "vLLM: a pseudo-random replica per entry (integer hash, the same on every rank)",
+    "zepp": "rotation water-fill under relaxed replica-load bounds, then the vacate pass (PAPER.md 2.2)",
+    "moonep": "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots",
+}
+
+DISPATCH_TRANSPORTS = {
+    "a2av": "one row per entry, owner -> computing GPU",
+    "dedup": "one row per (token, computing GPU), owner -> computing GPU",
+    "relay": "one NIC crossing per (token, node) to the same local index, then NVLink fan-out",
+    "zepp": "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)",
+    "allgather": "COMET: every GPU receives every other GPU's whole shard (routing-oblivious)",
+}
+
+COMBINE_TRANSPORTS = {
+    "a2av": "one row per entry, computing GPU -> owner",
+    "dedup": "one row per (token, computing GPU), summed there, straight to the owner",
+    "reduce": "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
+    "reduce-direct": "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
+}
+
+# Natural combine of each dispatch transport (what ``build_flows`` pairs it with by default).
+DEFAULT_COMBINE = {"a2av": "a2av", "dedup": "dedup", "relay": "dedup", "zepp": "reduce", "allgather": "dedup"}
+
+OVERLAPS = {
+    "none": "dispatch, both GEMMs and combine run one after another",
+    "comet": "COMET: fused tile-level overlap of dispatch with GEMM 1 and GEMM 2 with combine",
+    "zepp": "dispatch groups (compute on arrival) and combine waves per destination node (PAPER.md 2.5)",
+}
+
+ADAPTATIONS = {
+    "none": "the placement stays as planned",
+    "moonep": "per-batch redundant experts whose weights are pulled from their home GPU before the GEMM",
+    "zepp-swap": "intra-node expert swaps between batches, weights over NVLink only (PAPER.md 2.6)",
+}
+
+EXECUTORS = ("plan", "sim", "runtime")
+
+
+@dataclass(frozen=True)
+class System:
+    """One system: a choice per stage, its simulator mechanics and its executors.
+
+    ``mechanics``: name of the simulator's execution record (``zepp.sim.mechanics``);
+    ``plugins``: named simulator parts that replace or add to the FlowPlan-driven phases
+    (``zepp.sim.plugins``); ``planning``: name of the planning-cost model (``zepp.sim.planning``).
+    ``best_of``: a meta-system's variants (then the stage fields describe the family).
+    """
+
+    name: str
+    summary: str
+    stands_for: str
+    placement: str
+    routing: str
+    dispatch: str
+    combine: str
+    overlap: str = "none"
+    adaptation: str = "none"
+    mechanics: str = "serial-barrier"
+    planning: str = "none"
+    plugins: tuple[str, ...] = ()
+    executors: tuple[str, ...] = ("plan", "sim", "runtime")
+    overlap_comm: str = "collective"  # runtime: overlap via async all-to-alls, or "p2p"
+    paper_column: str | None = None  # column of PAPER.md section 4's measured table
+    best_of: tuple[str, ...] = field(default=())
+
+    @property
+    def swaps(self) -> bool:
+        return self.adaptation == "zepp-swap"
+
+    def supports(self, executor: str) -> bool:
+        return executor in self.executors
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_ROWS = (
+    # ---- the paper's seven baselines (PAPER.md section 3 and section 7)
+    System("a2av", "all-to-all-v both ways, one replica per expert, no overlap",
+           "the paper's a2av baseline: NVSHMEM blocking puts in ring order, world barriers",
+           "home", "home", "a2av", "a2av", mechanics="serial-barrier", paper_column="a2av"),
+    System("fast", "FAST: in-server rebalance, then Birkhoff-von Neumann one-to-one inter-node rounds",
+           "FAST scheduler (host-planned synchronous rounds)",
+           "home", "home", "a2av", "a2av", mechanics="fast", planning="fast-host", plugins=("fast-rounds",),
+           executors=("plan", "sim"), paper_column="fast"),
+    System("comet", "COMET: dense all-gather dispatch, fused tile-level GEMM overlap, home placement",
+           "COMET fused MoE kernels", "home", "home", "allgather", "dedup", overlap="comet",
+           mechanics="comet", planning="comet-routing", plugins=("comet-allgather",), executors=("sim",),
+           paper_column="comet"),
+    System("eplb", "DeepSeek EPLB replicas over a staged all-to-all-v, replica round-robin",
+           "DeepSeek EPLB + all-to-all-v (vLLM / TensorRT-LLM style replica choice)",
+           "eplb", "replica-rr", "a2av", "a2av", mechanics="eplb-staged", planning="eplb-torch",
+           paper_column="eplb"),
+    System("epic", "EPIC: greedy NIC-aware placement, relay dispatch, hierarchical pre-reduced combine",
+           "EPIC (serial relay puts through the host proxy)",
+           "epic", "locality", "relay", "reduce-direct", mechanics="epic-relay", planning="epic",
+           paper_column="epic"),
+    System("moonep", "MoonEP: per-batch redundant experts so every GPU computes T*k rows, weights pulled",
+           "MoonEP (per-batch balance, weight prefetch)",
+           "home", "moonep", "dedup", "dedup", adaptation="moonep", mechanics="moonep", planning="moonep",
+           plugins=("moonep-pulls",), executors=("sim",), paper_column="moonep"),
+    System("comet+eplb", "COMET's fused kernels over EPLB's physical slots and replica round-robin",
+           "COMET + DeepSeek EPLB", "eplb", "replica-rr", "allgather", "dedup", overlap="comet",
+           mechanics="comet", planning="comet-routing", plugins=("comet-allgather",), executors=("sim",),
+           paper_column="comet+eplb"),
+    # ---- engines and transports users run today
+    System("relay", "home placement over a DeepEP-style relay (one NIC crossing per token and node)",
+           "DeepEP-style relay dispatch without pre-reduced combine",
+           "home", "home", "relay", "dedup", mechanics="signals"),
+    System("sglang", "EPLB replicas with SGLang's static locality dispatch over all-to-all-v",
+           "SGLang static locality dispatch (--ep-dispatch-algorithm static)",
+           "eplb", "locality", "a2av", "a2av", mechanics="signals"),
+    # ---- Zepp and its variants
+    System("zepp", "Zepp: the best of zepp-a2av, zepp-overlap and zepp-swap per configuration (as in the paper)",
+           "the paper's Zepp number", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
+           best_of=("zepp-a2av", "zepp-overlap", "zepp-swap"), executors=("plan", "sim", "runtime"),
+           mechanics="best-of", planning="zepp"),
+    System("zepp-a2av", "Zepp's placement and routing over plain all-to-all-v",
+           "Zepp variant (a2av)", "zepp", "zepp", "a2av", "a2av", mechanics="serial-barrier", planning="zepp"),
+    System("zepp-overlap", "Zepp's placement, routing and transport with dispatch groups and combine waves",
+           "Zepp variant (overlap)", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="zepp-overlap",
+           planning="zepp"),
+    System("zepp-swap", "zepp-overlap plus intra-node expert swaps planned from the previous batch's loads",
+           "Zepp variant (overlap + swaps)", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
+           adaptation="zepp-swap", mechanics="zepp-overlap", planning="zepp+swap", executors=("sim", "runtime")),
+    System("zepp-relay", "Zepp's placement and routing over the relay transport (no split, no pre-reduce)",
+           "ablation: merge only", "zepp", "zepp", "relay", "dedup", mechanics="signals", planning="zepp"),
+    System("zepp-sync", "Zepp's placement, routing and transport without overlap",
+           "ablation: no overlap", "zepp", "zepp", "zepp", "reduce", mechanics="signals", planning="zepp"),
+    System("zepp-direct", "Zepp's transport with pre-reduced combine rows sent straight to the owner (one stage fewer)",
+           "ours: for executors that pay per stage", "zepp", "zepp", "zepp", "reduce-direct",
+           mechanics="signals", planning="zepp"),
+    System("zepp-p2p", "zepp-overlap executed with batched point-to-point sends instead of async all-to-alls",
+           "runtime variant of zepp-overlap", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
+           mechanics="zepp-overlap", planning="zepp", executors=("runtime",), overlap_comm="p2p"),
+)
+
+SYSTEMS: dict[str, System] = {s.name: s for s in _ROWS}
+PAPER_BASELINES = tuple(s.name for s in _ROWS if s.paper_column is not None)
+
+
+def _check_table() -> None:
+    for s in _ROWS:
+        for value, table, what in ((s.placement, PLACEMENTS, "placement"), (s.routing, ROUTINGS, "routing"),
+                                   (s.dispatch, DISPATCH_TRANSPORTS, "dispatch"),
+                                   (s.combine, COMBINE_TRANSPORTS, "combine"), (s.overlap, OVERLAPS, "overlap"),
+                                   (s.adaptation, ADAPTATIONS, "adaptation")):
+            if value not in table:
+                raise AssertionError(f"registry row {s.name!r}: unknown {what} {value!r}")
+        if not set(s.executors) <= set(EXECUTORS):
+            raise AssertionError(f"registry row {s.name!r}: unknown executor in {s.executors}")
+        for v in s.best_of:
+            if v not in SYSTEMS or SYSTEMS[v].best_of:
+                raise AssertionError(f"registry row {s.name!r}: variant {v!r} is not a plain system")
+        if s.best_of and set(s.executors) != {e for v in s.best_of for e in SYSTEMS[v].executors}:
+            raise AssertionError(f"registry row {s.name!r}: executors must be those of its variants")
+
+
+def system(name: str) -> System:
+    """The row of ``name``; an unknown name is bad input (the message lists every name)."""
+    if name not in SYSTEMS:
+        raise ZeppInputError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)} (zepp systems lists them)")
+    return SYSTEMS[name]
+
+
+def names_for(executor: str) -> tuple[str, ...]:
+    """The systems ``executor`` supports, in table order (a meta-system when any of its
+    variants is supported: it then stands for those variants)."""
+    return tuple(s.name for s in _ROWS if s.supports(executor))
+
+
+def variants(name: str, executor: str) -> tuple[str, ...]:
+    """What ``name`` runs as under ``executor``: a meta-system's supported variants, else itself."""
+    s = system(name)
+    return tuple(v for v in s.best_of if SYSTEMS[v].supports(executor)) if s.best_of else (name,)
+
+
+def parse_systems(text: str, executor: str, option: str = "--systems", default_all: tuple[str, ...] | None = None,
+                  expand: bool = False) -> list[str]:
+    """A comma list of registry names that ``executor`` supports; ``all`` stands for
+    ``default_all`` (default: every supported name). ``expand``: meta-systems become their
+    variants (for commands that do not compare latencies). Unknown or unsupported names are one
+    clear error naming the option and the choices."""
+    supported = names_for(executor)
+    everything = default_all if default_all is not None else supported
+    names: list[str] = []
+    for s in (s.strip() for s in str(text).split(",")):
+        for n in (everything if s == "all" else [s] if s else []):
+            if n not in names:
+                names.append(n)
+    if not names:
+        raise ZeppInputError(f"{option}: empty list; choose from {', '.join(supported)} or 'all'")
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        raise ZeppInputError(f"{option}: unknown system(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(supported)} or 'all' (zepp systems lists them)")
+    unsupported = [n for n in names if n not in supported]
+    if unsupported:
+        where = {n: ", ".join(SYSTEMS[n].executors) for n in unsupported}
+        raise ZeppInputError(f"{option}: {', '.join(f'{n} (runs in: {w})' for n, w in where.items())} not supported "
+                             f"by this command; choose from {', '.join(supported)}")
+    if expand:
+        out: list[str] = []
+        for n in names:
+            for v in variants(n, executor):
+                if v not in out:
+                    out.append(v)
+        return out
+    return names
+
+
+def help_list(executor: str) -> str:
+    """The names ``executor`` supports, for ``--help`` texts."""
+    return ", ".join(names_for(executor))
+
+
+def as_table(rows=None) -> list[dict]:
+    """Every row as a dict (``zepp systems --json``)."""
+    return [s.as_dict() for s in (rows or _ROWS)]
+
+
+def format_systems() -> str:
+    """The table ``zepp systems`` prints: one line per system, then the stage choices."""
+    cols = ("name", "placement", "routing", "dispatch", "combine", "overlap", "adaptation", "executors")
+    rows = [[s.name, s.placement, s.routing, s.dispatch, s.combine, s.overlap, s.adaptation, ",".join(s.executors)]
+            for s in _ROWS]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [line(cols), line(["-" * w for w in widths])]
+    for s, r in zip(_ROWS, rows):
+        out.append(line(r))
+        out.append("    " + s.summary + (f" [stands for: {s.stands_for}]" if s.stands_for else ""))
+        if s.best_of:
+            out.append("    best of: " + ", ".join(s.best_of))
+    for title, table in (("placements", PLACEMENTS), ("routings", ROUTINGS), ("dispatch transports", DISPATCH_TRANSPORTS),
+                         ("combine transports", COMBINE_TRANSPORTS), ("overlap", OVERLAPS),
+                         ("adaptation", ADAPTATIONS)):
+        out.append("")
+        out.append(title + ":")
+        w = max(len(k) for k in table)
+        out.extend(f"  {k.ljust(w)}  {v}" for k, v in table.items())
+    return "\n".join(out)
+
+
+def markdown_table() -> str:
+    """The README's system table (a test checks the README holds exactly this)."""
+    head = "| system | what it is | stands for | placement | routing | dispatch | combine | overlap | adaptation | runs in |"
+    out = [head, "| " + " | ".join("---" for _ in range(10)) + " |"]
+    for s in _ROWS:
+        what = s.summary + (f" (best of {', '.join(s.best_of)})" if s.best_of and "best of" not in s.summary else "")
+        out.append(f"| `{s.name}` | {what} | {s.stands_for} | {s.placement} | {s.routing} | {s.dispatch} | "
+                   f"{s.combine} | {s.overlap} | {s.adaptation} | {', '.join(s.executors)} |")
+    return "\n".join(out)
+
+
+def to_json() -> str:
+    return json.dumps({"systems": as_table(), "placements": PLACEMENTS, "routings": ROUTINGS,
+                       "dispatch_transports": DISPATCH_TRANSPORTS, "combine_transports": COMBINE_TRANSPORTS,
+                       "overlaps": OVERLAPS, "adaptations": ADAPTATIONS}, indent=1)
+
+
+_check_table()
