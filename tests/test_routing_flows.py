@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zepp.errors import ZeppInputError
-from zepp.flows import TRANSPORTS, build_flows, nic_split
+from zepp.flows import build_flows, nic_split, transport_pairs
 from zepp.plan import COMBINE, DISPATCH, Hops, PlanInvariantError, Placement, Routing
 from zepp.routing import ROUTING_NAMES, route
 
@@ -53,8 +53,8 @@ def test_every_routing_and_transport_is_valid(case):
     for name in ROUTING_NAMES:
         routing = route(name, ids, pl, case["relaxation"])
         routing.validate()
-        for transport in TRANSPORTS:
-            plan = build_flows(routing, transport, row_bytes=16)
+        for dispatch, combine in transport_pairs(with_hops=False):
+            plan = build_flows(routing, dispatch, row_bytes=16, combine=combine)
             plan.validate()
             stats = plan.stats()
             assert stats.rows_computed.sum() == ids.size
@@ -79,8 +79,8 @@ def test_single_node_has_no_nic_traffic():
     rng = np.random.default_rng(0)
     pl = random_placement(rng, 1, 4, 2, 2)
     ids = skewed_batch(rng, 4, 32, 3, pl.num_experts, 1.0)
-    for transport in TRANSPORTS:
-        plan = build_flows(route("zepp", ids, pl), transport, 4)
+    for dispatch, combine in transport_pairs():
+        plan = build_flows(route("zepp", ids, pl), dispatch, 4, combine)
         plan.validate()
         assert plan.stats().inter_node_bytes == 0
 
@@ -166,12 +166,14 @@ def test_validate_catches_broken_plans():
     good.validate()
     # drop a dispatch hop: some entry never receives its token
     broken = type(good)(good.routing, good.dispatch.select(np.arange(good.dispatch.size) > 0), good.combine,
-                        good.gpus_per_node, good.row_bytes, good.transport)
+                        good.gpus_per_node, good.row_bytes, good.dispatch_transport,
+                        good.combine_transport)
     with pytest.raises(PlanInvariantError, match="never delivers"):
         broken.validate()
     # duplicate a combine hop: an output would be counted twice
     twice = Hops.concat([good.combine, good.combine.select(np.arange(good.combine.size) == 0)])
-    broken = type(good)(good.routing, good.dispatch, twice, good.gpus_per_node, good.row_bytes, good.transport)
+    broken = type(good)(good.routing, good.dispatch, twice, good.gpus_per_node, good.row_bytes, good.dispatch_transport,
+                        good.combine_transport)
     with pytest.raises(PlanInvariantError):
         broken.validate()
     # route an entry to a slot of the wrong expert
@@ -209,5 +211,46 @@ def test_bad_batches_are_named():
         route("home", np.zeros((3, 2, 1), int), pl)
     with pytest.raises(ZeppInputError, match="unknown routing"):
         route("nearest", np.zeros((4, 2, 1), int), pl)
-    with pytest.raises(ZeppInputError, match="unknown transport"):
+    with pytest.raises(ZeppInputError, match="unknown dispatch transport"):
         build_flows(route("home", np.zeros((4, 2, 1), int), pl), "carrier-pigeon", 1)
+    with pytest.raises(ZeppInputError, match="needs a relay or zepp dispatch"):
+        build_flows(route("home", np.zeros((4, 2, 1), int), pl), "a2av", 1, combine="reduce")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster_cases, st.floats(0.0, 1.0))
+def test_missing_entries_move_nothing(case, absent):
+    """Ragged ranks: tokens whose ids are all -1 are absent, single -1 ids are missing entries;
+    every routing and transport leaves them out (no row, no load) and stays valid."""
+    rng = np.random.default_rng(case["seed"])
+    pl = random_placement(rng, case["nodes"], case["L"], case["per_rank"], case["extra"])
+    k = min(case["k"], pl.num_experts)
+    ids = skewed_batch(rng, pl.ranks, case["T"], k, pl.num_experts, case["alpha"]).astype(np.int64)
+    gone = rng.random(ids.shape[:2]) < absent
+    ids[gone] = -1
+    ids[rng.random(ids.shape) < 0.1] = -1
+    present = int((ids >= 0).sum())
+    for name in [n for n in ROUTING_NAMES if n != "moonep"]:
+        routing = route(name, ids, pl, case["relaxation"])
+        routing.validate()
+        assert ((routing.slot < 0) == (ids < 0)).all()
+        assert routing.slot_loads().sum() == present
+        for dispatch, combine in transport_pairs(with_hops=False):
+            plan = build_flows(routing, dispatch, row_bytes=16, combine=combine)
+            plan.validate()
+            assert plan.stats().rows_computed.sum() == present
+            for hops in (plan.dispatch, plan.combine):
+                assert not gone[hops.owner, hops.token].any(), "an absent token moved"
+
+
+def test_dynamic_and_random_choices_are_replicas_and_deterministic():
+    se = np.array([[0, 1], [0, 2], [0, 3], [1, 2]])  # 2 nodes x 2 GPUs; expert 0 on ranks 0-2
+    pl = Placement(se, 4, 2)
+    ids = np.zeros((4, 50, 1), np.int32)
+    dyn = route("dynamic", ids, pl).slot
+    # rank 0 and 1 hold expert 0 themselves; rank 2 too; rank 3 (node 1) uses rank 2's (its node)
+    assert (dyn[0] == 0).all() and (dyn[1] == 2).all() and (dyn[2] == 4).all() and (dyn[3] == 4).all()
+    rnd = route("random", ids, pl)
+    rnd.validate()
+    assert set(np.unique(rnd.slot).tolist()) == {0, 2, 4}  # spread over all three replicas
+    assert np.array_equal(rnd.slot, route("random", ids, pl).slot)

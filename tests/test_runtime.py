@@ -31,9 +31,12 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-SYSTEMS = [("home", "home", "a2av"), ("eplb", "replica-rr", "a2av"), ("home", "home", "relay"),
-           ("zepp", "zepp", "zepp"), ("zepp", "zepp", "a2av"), ("zepp", "zepp", "relay"),
-           ("eplb", "locality", "zepp"), ("zepp", "zepp", "zepp-direct")]
+# (placement, routing, dispatch transport, combine transport)
+SYSTEMS = [("home", "home", "a2av", "a2av"), ("eplb", "replica-rr", "a2av", "a2av"), ("home", "home", "relay", "dedup"),
+           ("zepp", "zepp", "zepp", "reduce"), ("zepp", "zepp", "a2av", "a2av"), ("zepp", "zepp", "relay", "dedup"),
+           ("eplb", "locality", "zepp", "reduce"), ("zepp", "zepp", "zepp", "reduce-direct"),
+           ("epic", "locality", "relay", "reduce-direct"), ("zepp", "dynamic", "relay", "reduce"),
+           ("eplb", "random", "dedup", "dedup"), ("zepp", "zepp", "zepp", "dedup")]
 
 
 def _batch(rng, R, T, E, k, skew=1.0):
@@ -69,10 +72,10 @@ def test_random_batches_every_transport(nodes, L):
     rng = np.random.default_rng(nodes * 10 + L)
     R, E, k, T, H = nodes * L, 4 * nodes * L, 4, 10, 8
     hist = rng.integers(0, 50, (nodes, E))
-    for pl, rt, tr in SYSTEMS:
+    for pl, rt, tr, cb in SYSTEMS:
         placement = make_placement(pl, hist, E, R, L)
         ids = _batch(rng, R, T, E, k)
-        plan = build_flows(route(rt, ids, placement), tr, H * 4)
+        plan = build_flows(route(rt, ids, placement), tr, H * 4, cb)
         plan.validate()
         x = torch.randn(R, T, H, generator=torch.Generator().manual_seed(1))
         w = torch.rand(R, T, k, generator=torch.Generator().manual_seed(2))
@@ -88,8 +91,8 @@ def test_degenerate_batches():
     for ids in (rng.integers(0, E, (R, T, 1)), np.zeros((R, T, 1), np.int64),
                 np.broadcast_to(np.arange(3), (R, T, 3)).copy()):
         w = torch.rand(R, T, ids.shape[2])
-        for pl, rt, tr in SYSTEMS:
-            plan = build_flows(route(rt, ids, make_placement(pl, hist, E, R, L)), tr, H * 4)
+        for pl, rt, tr, cb in SYSTEMS:
+            plan = build_flows(route(rt, ids, make_placement(pl, hist, E, R, L)), tr, H * 4, cb)
             _check(plan, x, w, ids)
 
 
@@ -107,8 +110,8 @@ def test_real_trace_batches(model, E):
         hist = node_demand(pool, nodes, L)
         x = torch.randn(R, T, H, generator=torch.Generator().manual_seed(L))
         w = torch.softmax(torch.randn(R, T, 8), dim=2)
-        for pl, rt, tr in SYSTEMS[:5]:
-            plan = build_flows(route(rt, ids, make_placement(pl, hist, E, R, L)), tr, H * 4)
+        for pl, rt, tr, cb in SYSTEMS[:5]:
+            plan = build_flows(route(rt, ids, make_placement(pl, hist, E, R, L)), tr, H * 4, cb)
             _check(plan, x, w, ids, ffn=4)
 
 
@@ -123,8 +126,8 @@ def test_bf16_within_stated_tolerance():
     ids = _batch(rng, R, T, E, k)
     x = torch.randn(R, T, H)
     w = torch.rand(R, T, k)
-    for pl, rt, tr in SYSTEMS[:5]:
-        plan = build_flows(route(rt, ids, make_placement(pl, hist, E, R, L)), tr, H * 2)
+    for pl, rt, tr, cb in SYSTEMS[:5]:
+        plan = build_flows(route(rt, ids, make_placement(pl, hist, E, R, L)), tr, H * 2, cb)
         _check(plan, x, w, ids, ffn=8, tol=2e-2, dtype=torch.bfloat16)
 
 
@@ -156,7 +159,7 @@ def test_plan_that_sends_unheld_row_is_rejected():
     placement = make_placement("home", None, E, R, L)
     plan = build_flows(route("home", ids, placement), "a2av", 8)
     bad = Hops.concat([plan.dispatch, Hops.make(0, np.array([1]), 2, 0, 0)])  # rank 1 sends rank 0's token
-    broken = FlowPlan(plan.routing, bad, plan.combine, L, 8, "a2av")
+    broken = FlowPlan(plan.routing, bad, plan.combine, L, 8, "a2av", "a2av")
     with pytest.raises(PlanInvariantError, match="does not hold"):
         compile_rank(broken, 1)
 

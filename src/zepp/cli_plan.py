@@ -17,7 +17,7 @@ from zepp.model import PRESET_NAMES as MODEL_NAMES
 from zepp.model import MoESpec, model_preset
 from zepp.placement import make_placement
 from zepp.routing import route
-from zepp.stages import PLAN_SYSTEMS, SYSTEMS, parse_system_names
+from zepp import registry
 from zepp.trace import Trace, node_demand, read_trace, sample_batches
 
 
@@ -60,7 +60,7 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
     batches = sample_batches(evaluation, ranks, tokens, iters, seed)
     rows = []
     for name in systems:
-        system = SYSTEMS[name]
+        system = registry.system(name)
         t0 = time.perf_counter()
         placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
         place_s = time.perf_counter() - t0
@@ -69,7 +69,7 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
             t0 = time.perf_counter()
             routing = route(system.routing, batch, placement, relaxation)
             t1 = time.perf_counter()
-            plan = build_flows(routing, system.transport, spec.row_bytes)
+            plan = build_flows(routing, system.dispatch, spec.row_bytes, system.combine)
             t2 = time.perf_counter()
             if validate is True or (validate == "first" and it == 0):
                 plan.validate()
@@ -88,21 +88,22 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
                 np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=routing.slot,
                                     slot_expert=placement.slot_expert)
         row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
-        row.update(system=name, placement=system.placement, routing=system.routing,
-                   transport=system.transport, placement_s=place_s, entries=int(batches[0].size))
+        row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
+                   combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'system':<11} {'inter-node MB':>13} {'busiest NIC MB':>14} {'vs a2av':>8} {'NVLink MB':>10} "
+    w = max([len("system")] + [len(r["system"]) for r in rows])
+    head = (f"{'system':<{w}} {'inter-node MB':>13} {'busiest NIC MB':>14} {'vs a2av':>8} {'NVLink MB':>10} "
             f"{'busiest GPU rows':>16} {'msgs':>7} {'plan ms':>8}")
     base = next((r["busiest_nic_bytes"] for r in rows if r["system"] == "a2av"), None)
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = f"{r['busiest_nic_bytes'] / base:.3f}" if base else "-"
         lines.append(
-            f"{r['system']:<11} {r['inter_node_bytes'] / 1e6:>13.2f} {r['busiest_nic_bytes'] / 1e6:>14.3f} "
+            f"{r['system']:<{w}} {r['inter_node_bytes'] / 1e6:>13.2f} {r['busiest_nic_bytes'] / 1e6:>14.3f} "
             f"{ratio:>8} {r['nvlink_bytes'] / 1e6:>10.2f} {r['busiest_gpu_rows']:>16.0f} {r['messages']:>7.0f} "
             f"{(r['routing_s'] + r['flows_s']) * 1e3:>8.1f}"
         )
@@ -124,7 +125,7 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Trace batches are sampled from (default: built-in synthetic evaluation window).")
 @click.option("--systems", default="zepp,a2av", show_default=True,
-              help=f"Comma list of {', '.join(PLAN_SYSTEMS)}, or 'all'.")
+              help=f"Comma list of {registry.help_list('plan')}, or 'all' (zepp = its variants; see zepp systems).")
 @click.option("--iters", default=3, show_default=True, type=int, help="Batches to plan per system.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--relaxation", type=float, default=None, help="C (default 0.25; 0.5 at 16+ nodes).")
@@ -140,7 +141,7 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, nodes, gpus_per_node, 
     cluster = cluster_preset(cluster_name, nodes, gpus_per_node)
     if iters < 1:
         raise ZeppInputError(f"--iters must be at least 1, got {iters}")
-    names = parse_system_names(systems, PLAN_SYSTEMS, PLAN_SYSTEMS)
+    names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
     pool, evaluation = load_windows(spec, history, trace, seed)

@@ -6,11 +6,18 @@ Shapes used throughout (all numpy arrays):
 - ``S`` slots per rank; the global (physical) slot id of local slot ``s`` on rank ``r`` is
   ``r * S + s``.
 - ``E`` logical experts, ``T`` tokens per rank, ``k`` experts per token.
-- A batch is ``topk_ids [R, T, k]``: the expert ids of the tokens each rank holds.
+- A batch is ``topk_ids [R, T, k]``: the expert ids of the tokens each rank holds. An id of
+  ``-1`` marks a missing entry (padding: a token whose ids are all ``-1`` is absent, which is how
+  ranks hold different numbers of tokens); a missing entry has slot ``-1`` and moves no row.
+
+This module owns the plan objects and proves their invariants (``Routing.validate``,
+``FlowPlan.validate``); ``EntryView`` is the flat, deduplicated view of a routing that both the
+flow builders (``zepp.flows``) and the validation use.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,16 +104,18 @@ class Routing:
 
     @property
     def compute_rank(self) -> np.ndarray:
-        """``[R, T, k]`` rank that computes each entry."""
+        """``[R, T, k]`` rank that computes each entry (``-1`` for a missing entry)."""
         return self.slot // self.placement.slots_per_rank
 
     def slot_loads(self) -> np.ndarray:
         """``[R * S]`` entries served by each global slot."""
-        return np.bincount(self.slot.ravel(), minlength=self.placement.slot_expert.size)
+        s = self.slot.ravel()
+        return np.bincount(s[s >= 0], minlength=self.placement.slot_expert.size)
 
     def rows_per_rank(self) -> np.ndarray:
         """``[R]`` GEMM rows (entries) each rank computes."""
-        return np.bincount(self.compute_rank.ravel(), minlength=self.placement.ranks)
+        s = self.slot.ravel()
+        return np.bincount(s[s >= 0] // self.placement.slots_per_rank, minlength=self.placement.ranks)
 
     def validate(self) -> None:
         """Prove: every entry is served by a replica of its own expert, exactly once (one slot
@@ -118,10 +127,16 @@ class Routing:
         if self.slot.shape[0] != p.ranks:
             raise PlanInvariantError(f"routing has {self.slot.shape[0]} ranks, placement {p.ranks}")
         flat_slot = self.slot.ravel()
-        if flat_slot.size and (flat_slot.min() < 0 or flat_slot.max() >= p.slot_expert.size):
+        ids = self.topk_ids.ravel()
+        missing = ids < 0
+        if np.any((flat_slot < 0) != missing):
+            i = int(np.flatnonzero((flat_slot < 0) != missing)[0])
+            raise PlanInvariantError(f"entry {i}: expert id {ids[i]} but slot {flat_slot[i]}; exactly the missing "
+                                     f"entries (id -1) must have slot -1")
+        if flat_slot.size and flat_slot.max() >= p.slot_expert.size:
             raise PlanInvariantError("an entry is routed to a slot id out of range")
-        served = p.slot_expert.ravel()[flat_slot]
-        wrong = np.flatnonzero(served != self.topk_ids.ravel())
+        served = np.where(missing, -1, p.slot_expert.ravel()[np.maximum(flat_slot, 0)])
+        wrong = np.flatnonzero(served != ids)
         if wrong.size:
             i = wrong[0]
             raise PlanInvariantError(
@@ -155,7 +170,8 @@ def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float
     Returns two ``[R * S]`` int64 arrays (0 for empty slots). Integer arithmetic only.
     """
     num, den = relaxation_fraction(relaxation)
-    demand = np.bincount(topk_ids.ravel(), minlength=placement.num_experts).astype(np.int64)
+    ids = topk_ids.ravel()
+    demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
     count = placement.replica_count.astype(np.int64)
     hi_e = -((-(den + num) * demand) // (den * count))  # ceil
     lo_e = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
@@ -278,7 +294,10 @@ class FlowPlan:
     """The transfers of one MoE layer: dispatch and combine hops for one routing.
 
     ``row_bytes`` is the size of one row on the wire (``hidden * dtype_bytes``) in both phases.
-    ``transport`` names the transport that built it (``a2av``, ``relay`` or ``zepp``).
+    ``dispatch_transport`` / ``combine_transport`` name the transports that built each phase
+    (``zepp.registry.DISPATCH_TRANSPORTS`` / ``COMBINE_TRANSPORTS``). The ``allgather`` dispatch
+    has no hop table: it delivers every token to every rank (COMET's dense all-gather, which
+    the simulator models with its own plug-in).
     """
 
     routing: Routing
@@ -286,7 +305,13 @@ class FlowPlan:
     combine: Hops
     gpus_per_node: int
     row_bytes: int
-    transport: str
+    dispatch_transport: str
+    combine_transport: str
+
+    @property
+    def transport(self) -> str:
+        """``dispatch/combine`` transport names, for messages and reports."""
+        return f"{self.dispatch_transport}/{self.combine_transport}"
 
     @property
     def ranks(self) -> int:
@@ -307,9 +332,7 @@ class FlowPlan:
 
     def validate(self) -> None:
         """Prove the plan delivers every entry to its computing rank and returns every entry's
-        output to its token's owner exactly once (see ``zepp.flows.validate_flow_plan``)."""
-        from zepp.flows import validate_flow_plan
-
+        output to its token's owner exactly once (see ``validate_flow_plan``)."""
         validate_flow_plan(self)
 
 
@@ -325,3 +348,225 @@ def link_stats(hops: Hops, ranks: int, gpus_per_node: int, row_bytes: int, rows_
     msg_pair = (unique_msgs // (int(hops.msg.max(initial=0)) + 1)) % (ranks * ranks)
     messages = np.bincount(msg_pair, minlength=ranks * ranks).reshape(ranks, ranks)
     return LinkStats(nic_send, nic_recv, nvlink, messages, np.asarray(rows_computed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry views
+
+
+class EntryView:
+    """Flat views of a routing, plus its per-token deduplications.
+
+    Entries (``[n]``, batch order, missing entries left out): ``owner``, ``token``, ``entry``,
+    ``comp``; ``n = R*T*k`` when nothing is missing.
+    Token-GPU pairs (``tc_*``, ``[P]``): distinct (token, computing rank), ordered by (owner,
+    token, rank). Token-node pairs (``tn_*``, ``[Q]``): distinct (token, computing node), ordered
+    by (owner, token, node). ``tc_pair_node [P]`` indexes the token-node pair of each token-GPU
+    pair. Dedup sorts each token's ``k`` ranks, so it is linear in the entries.
+    """
+
+    def __init__(self, routing: Routing):
+        p = routing.placement
+        ranks, T, k = routing.topk_ids.shape
+        self.ranks, self.T, self.k, self.L = ranks, T, k, p.gpus_per_node
+        self.N = ranks // self.L
+        comp_all = routing.compute_rank.ravel().astype(np.int32)
+        missing = comp_all < 0
+        self._valid = None if not missing.any() else np.flatnonzero(~missing)
+        self.comp = comp_all if self._valid is None else comp_all[self._valid]
+        G = ranks * T
+        comp = np.sort(comp_all.reshape(G, k), axis=1)  # a token's ranks, ascending (so nodes too); -1 first
+        node = comp // self.L
+        first_c = np.ones((G, k), bool)
+        first_c[:, 1:] = comp[:, 1:] != comp[:, :-1]
+        first_n = np.ones((G, k), bool)
+        first_n[:, 1:] = node[:, 1:] != node[:, :-1]
+        if self._valid is not None:  # a missing entry is no pair
+            first_c &= comp >= 0
+            first_n &= comp >= 0
+        fc, fn = first_c.ravel(), first_n.ravel()
+        tc_where, tn_where = np.flatnonzero(fc), np.flatnonzero(fn)
+        tc_g, tn_g = (tc_where // k).astype(np.int32), (tn_where // k).astype(np.int32)  # token index
+        self.tc_owner = tc_g // T
+        self.tc_token = tc_g - self.tc_owner * T
+        self.tc_comp = comp.ravel()[tc_where].astype(np.int32)
+        self.tn_owner = tn_g // T
+        self.tn_token = tn_g - self.tn_owner * T
+        self.tn_node = node.ravel()[tn_where].astype(np.int32)
+        self.tc_pair_node = (np.cumsum(fn) - 1)[fc]
+
+    # Per-entry views, built only where needed (a2av and validation).
+    def _keep(self, a: np.ndarray) -> np.ndarray:
+        return a if self._valid is None else a[self._valid]
+
+    @functools.cached_property
+    def owner(self) -> np.ndarray:
+        return self._keep(np.repeat(np.arange(self.ranks, dtype=np.int32), self.T * self.k))
+
+    @functools.cached_property
+    def token(self) -> np.ndarray:
+        return self._keep(np.tile(np.repeat(np.arange(self.T, dtype=np.int32), self.k), self.ranks))
+
+    @functools.cached_property
+    def entry(self) -> np.ndarray:
+        return self._keep(np.tile(np.arange(self.k, dtype=np.int8), self.ranks * self.T))
+
+    @functools.cached_property
+    def _pair_remote(self) -> np.ndarray:
+        return self.tc_comp // self.L != self.tc_owner // self.L
+
+    def same_node_pairs(self) -> np.ndarray:
+        """Mask of token-GPU pairs on the owner's node but not the owner itself."""
+        return ~self._pair_remote & (self.tc_comp != self.tc_owner)
+
+    def remote_pairs(self) -> np.ndarray:
+        """Mask of token-GPU pairs on another node."""
+        return self._pair_remote
+
+def nic_split(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The NIC-balanced minimal-move split of node-to-node streams.
+
+    ``volume [P, L]``: union rows of each stream from each local GPU. Returns ``cap [P, L]``
+    (rows NIC ``i`` carries: ``floor(V/L) + [i < V mod L]``) and ``kept [P, L]`` (rows GPU
+    ``i`` sends through its own NIC, ``min(V_i, cap_i)``); the excess moves to GPUs under cap.
+    """
+    P, L = volume.shape
+    total = volume.sum(1, keepdims=True)
+    cap = total // L + (np.arange(L)[None, :] < total % L)
+    return cap, np.minimum(volume, cap)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate_flow_plan(plan: FlowPlan) -> None:
+    """Prove the plan's invariants, or raise ``PlanInvariantError`` naming the first violation:
+
+    - the routing itself is valid (``Routing.validate``);
+    - dispatch: every hop's source holds the row when its stage starts, and every entry's
+      computing rank holds its token at the end;
+    - combine: every hop moves something its source holds (a whole partial, or one entry's
+      output still in place), no output moves twice in a stage, and at the end every entry's
+      output sits at its token's owner, counted exactly once (outputs only move, so none is
+      duplicated or lost);
+    - ``zepp`` dispatch: each node-to-node stream's NIC loads meet the caps
+      ``floor(V/L) + [i < V mod L]``, in both phases (the pre-reduced combines mirror the split).
+
+    The ``allgather`` dispatch holds no hop table (every token reaches every rank) and is not checked.
+    """
+    routing = plan.routing
+    routing.validate()
+    x = EntryView(routing)
+    if plan.dispatch_transport != "allgather":
+        _validate_dispatch(plan.dispatch, x)
+    _validate_combine(plan.combine, x)
+    if plan.dispatch_transport == "zepp":
+        _validate_nic_caps(plan, x)
+
+
+def _held_key(rank, owner, token, x: EntryView) -> np.ndarray:
+    return (np.asarray(rank, np.int64) * x.ranks + owner) * x.T + token
+
+
+def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Membership of ``keys`` in ``sorted_keys`` (ascending, duplicates allowed)."""
+    if sorted_keys.size == 0:
+        return np.zeros(keys.shape, bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    return sorted_keys[pos] == keys
+
+
+def _validate_dispatch(hops: Hops, x: EntryView) -> None:
+    own = np.arange(x.ranks).repeat(x.T)
+    held = np.sort(_held_key(own, own, np.tile(np.arange(x.T), x.ranks), x))
+    for stage in range(hops.num_stages):
+        h = hops.select(hops.stage == stage)
+        have = _contains(held, _held_key(h.src, h.owner, h.token, x))
+        if not have.all():
+            i = np.flatnonzero(~have)[0]
+            raise PlanInvariantError(
+                f"dispatch stage {stage}: rank {h.src[i]} sends token {h.token[i]} of rank {h.owner[i]} "
+                f"to rank {h.dst[i]} before holding it")
+        held = np.sort(np.concatenate([held, _held_key(h.dst, h.owner, h.token, x)]))
+    missing = ~_contains(held, _held_key(x.comp, x.owner, x.token, x))
+    if missing.any():
+        i = np.flatnonzero(missing)[0]
+        raise PlanInvariantError(
+            f"dispatch never delivers token {x.token[i]} of rank {x.owner[i]} to rank {x.comp[i]}, "
+            f"which computes its entry {x.entry[i]}")
+
+
+def _validate_combine(hops: Hops, x: EntryView) -> None:
+    loc = x.comp.astype(np.int64).copy()  # where each entry's output sits now
+    token_id = x.owner.astype(np.int64) * x.T + x.token  # [n]
+    entry_id = token_id * x.k + x.entry
+    for stage in range(hops.num_stages):
+        h = hops.select(hops.stage == stage)
+        h_token = h.owner.astype(np.int64) * x.T + h.token
+        new_loc = loc.copy()
+        moved = np.zeros(loc.shape[0], np.int64)
+        # Hops of one entry's output.
+        single = h.entry >= 0
+        if single.any():
+            e = np.searchsorted(entry_id, h_token[single] * x.k + h.entry[single])
+            ok = loc[e] == h.src[single]
+            if not ok.all():
+                i = np.flatnonzero(single)[np.flatnonzero(~ok)[0]]
+                raise PlanInvariantError(
+                    f"combine stage {stage}: rank {h.src[i]} sends entry {h.entry[i]} of token {h.token[i]} "
+                    f"(rank {h.owner[i]}) which it does not hold")
+            np.add.at(moved, e, 1)
+            new_loc[e] = h.dst[single]
+        # Hops of whole partials: every output of the token sitting at src moves.
+        whole = ~single
+        if whole.any():
+            hop_key = h_token[whole] * x.ranks + h.src[whole]
+            sorted_hops = np.sort(hop_key)
+            if (sorted_hops[1:] == sorted_hops[:-1]).any():
+                raise PlanInvariantError(f"combine stage {stage}: a partial is sent twice by one rank")
+            at_key = token_id * x.ranks + loc
+            order = np.argsort(hop_key)
+            pos = np.searchsorted(hop_key[order], at_key)
+            pos = np.minimum(pos, hop_key.size - 1)
+            hit = hop_key[order][pos] == at_key
+            carried = np.bincount(order[pos[hit]], minlength=hop_key.size)
+            if (carried == 0).any():
+                i = np.flatnonzero(whole)[np.flatnonzero(carried == 0)[0]]
+                raise PlanInvariantError(
+                    f"combine stage {stage}: rank {h.src[i]} sends a partial of token {h.token[i]} "
+                    f"(rank {h.owner[i]}) but holds none")
+            np.add.at(moved, np.flatnonzero(hit), 1)
+            new_loc[hit] = h.dst[whole][order[pos[hit]]]
+        if (moved > 1).any():
+            i = np.flatnonzero(moved > 1)[0]
+            raise PlanInvariantError(
+                f"combine stage {stage}: the output of entry {x.entry[i]} of token {x.token[i]} "
+                f"(rank {x.owner[i]}) is sent more than once")
+        loc = new_loc
+    stray = loc != x.owner
+    if stray.any():
+        i = np.flatnonzero(stray)[0]
+        raise PlanInvariantError(
+            f"combine leaves the output of entry {x.entry[i]} of token {x.token[i]} (rank {x.owner[i]}) "
+            f"on rank {loc[i]} instead of its owner")
+
+
+def _validate_nic_caps(plan: FlowPlan, x: EntryView) -> None:
+    L, N = x.L, x.N
+    phases = [(DISPATCH, plan.dispatch)]
+    if plan.combine_transport in ("reduce", "reduce-direct"):
+        phases.append((COMBINE, plan.combine))
+    for phase, hops in phases:
+        cross = (hops.src // L) != (hops.dst // L)
+        src, dst = hops.src[cross], hops.dst[cross]
+        stream = (src // L).astype(np.int64) * N + dst // L
+        load = np.bincount(stream * L + src % L, minlength=N * N * L).reshape(N * N, L)
+        cap, _ = nic_split(load)
+        over = load > cap
+        if over.any():
+            p, i = np.argwhere(over)[0]
+            name = "dispatch" if phase == DISPATCH else "combine"
+            raise PlanInvariantError(
+                f"{name}: NIC {i} of node {p // N} carries {load[p, i]} rows to node {p % N}, "
+                f"above its cap {cap[p, i]}")

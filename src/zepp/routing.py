@@ -8,11 +8,19 @@ replica of the entry's expert. Choices:
   replica gets ``floor`` or ``ceil`` of ``D_e / c_e`` (EPLB / vLLM style).
 - ``locality``: SGLang's static dispatch: the source GPU's own replica if it has one, else
   replica ``source_rank mod c_e`` (a fixed replica per source GPU).
+- ``dynamic``: SGLang's dynamic dispatch: per entry, a replica on the source GPU, else one on
+  the source's node, else any replica; among several candidates one is picked by an integer
+  hash of (source rank, token, entry), so every rank computes the same choice.
+- ``random``: vLLM's pseudo-random replica choice per entry (the same integer hash).
 - ``zepp``: rotation water-fill under relaxed replica-load bounds, then the vacate pass that
   cuts the number of distinct remote nodes per token (PAPER.md section 2.2).
+- ``moonep``: MoonEP's per-batch balance (``zepp.moonep``): the routing comes with its own
+  placement, the given home placement plus ``E/R`` prefetch slots per GPU.
 
-All choices are vectorised numpy over entries; loops run over ranks, replicas or rounds only.
-Integer arithmetic throughout, so every rank computes the same routing bit for bit.
+Names and one-line meanings: ``zepp.registry.ROUTINGS``. An id of ``-1`` is a missing entry
+(padding); it gets slot ``-1`` and counts for no load. All choices are vectorised numpy over
+entries; loops run over ranks, replicas or rounds only. Integer arithmetic throughout, so every
+rank computes the same routing bit for bit.
 """
 
 from __future__ import annotations
@@ -20,10 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.plan import Placement, Routing, relaxation_fraction
-from zepp.trace import rank_demand
+from zepp.plan import PlanInvariantError, Placement, Routing, relaxation_fraction
+from zepp.registry import ROUTINGS
 
-ROUTING_NAMES = ("home", "replica-rr", "locality", "zepp")
+ROUTING_NAMES = tuple(ROUTINGS)
 
 
 def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: float = 0.25,
@@ -33,19 +41,29 @@ def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: flo
     ``relaxation`` (C) only matters for ``zepp``; its Routing carries C so ``validate()`` checks
     the replica-load bounds ``[floor((1-C) q), ceil((1+C) q)]``.
     """
+    if name not in ROUTINGS:
+        raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTING_NAMES)}")
     topk_ids = check_batch(topk_ids, placement)
+    missing = topk_ids < 0
+    if name == "moonep":
+        from zepp.moonep import moonep_plan
+
+        if missing.any():
+            raise ZeppInputError("routing 'moonep' does not take missing entries (-1 ids)")
+        return moonep_plan(topk_ids, placement.num_experts, placement.gpus_per_node)[0]
     if name == "home":
         slot = placement.replicas[topk_ids, 0]
-        return Routing(topk_ids, slot.astype(np.int32), placement)
-    if name == "replica-rr":
-        return Routing(topk_ids, _replica_round_robin(topk_ids, placement), placement)
-    if name == "locality":
-        return Routing(topk_ids, _locality(topk_ids, placement), placement)
-    if name == "zepp":
+    elif name == "replica-rr":
+        slot = _replica_round_robin(topk_ids, placement)
+    elif name == "locality":
+        slot = _locality(topk_ids, placement)
+    elif name in ("dynamic", "random"):
+        slot = _hashed_choice(topk_ids, placement, prefer_local=name == "dynamic")
+    else:
         slot = _water_fill(topk_ids, placement, relaxation)
         slot = _vacate(topk_ids, slot, placement, relaxation, vacate_rounds)
-        return Routing(topk_ids, slot, placement, relaxation=relaxation)
-    raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTING_NAMES)}")
+    slot = np.where(missing, -1, slot).astype(np.int32)
+    return Routing(topk_ids, slot, placement, relaxation=relaxation if name == "zepp" else None)
 
 
 def check_batch(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
@@ -55,13 +73,13 @@ def check_batch(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
         raise ZeppInputError(f"batch topk_ids must be [ranks, tokens, k], got shape {arr.shape}")
     if arr.shape[0] != placement.ranks:
         raise ZeppInputError(f"batch has {arr.shape[0]} ranks but the placement has {placement.ranks}")
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise ZeppInputError(f"batch topk_ids must be integers, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < 0 or arr.max() >= placement.num_experts):
-        bad = np.argwhere((arr < 0) | (arr >= placement.num_experts))[0]
+    if arr.size and (arr.min() < -1 or arr.max() >= placement.num_experts):
+        bad = np.argwhere((arr < -1) | (arr >= placement.num_experts))[0]
         raise ZeppInputError(
             f"batch entry (rank {bad[0]}, token {bad[1]}, choice {bad[2]}) has expert id "
-            f"{arr[tuple(bad)]}, outside [0, {placement.num_experts}); check --experts"
+            f"{arr[tuple(bad)]}, outside [0, {placement.num_experts}) (-1 marks a missing entry); check --experts"
         )
     return arr.astype(np.int32, copy=False)
 
@@ -83,9 +101,47 @@ def position_in_group(key: np.ndarray, num_keys: int) -> np.ndarray:
 
 def _replica_round_robin(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
     flat = topk_ids.ravel()
-    pos = position_in_group(flat, placement.num_experts)
-    idx = pos % placement.replica_count[flat]
-    return placement.replicas[flat, idx].reshape(topk_ids.shape).astype(np.int32)
+    key = np.where(flat >= 0, flat, placement.num_experts)  # missing entries: a group of their own
+    pos = position_in_group(key, placement.num_experts + 1)
+    e = np.maximum(flat, 0)
+    idx = pos % placement.replica_count[e]
+    return placement.replicas[e, idx].reshape(topk_ids.shape).astype(np.int32)
+
+
+_HASH_MUL, _HASH_ADD, _HASH_MOD = 1103515245, 12345, 1 << 31
+
+
+def entry_hash(index: np.ndarray) -> np.ndarray:
+    """A fixed integer hash of entry indices (``[n]`` int64 -> ``[n]`` int64 in ``[0, 2**31)``):
+    two rounds of a linear congruential step with a xor-shift, all products below 2**62, so a
+    torch or numpy port gives the same values on any device."""
+    x = np.asarray(index, np.int64) % _HASH_MOD
+    for _ in range(2):
+        x = (x * _HASH_MUL + _HASH_ADD) % _HASH_MOD
+        x ^= x >> 16
+    return x
+
+
+def _hashed_choice(topk_ids: np.ndarray, placement: Placement, prefer_local: bool) -> np.ndarray:
+    """``random``: replica ``hash mod c_e``; ``dynamic``: the same among the replicas on the
+    source GPU if any, else on the source's node if any, else among all (SGLang's preference)."""
+    R, T, k = topk_ids.shape
+    e = np.maximum(topk_ids.reshape(-1), 0).astype(np.int64)
+    h = entry_hash(np.arange(e.size, dtype=np.int64))
+    reps = placement.replicas[e]  # [n, cmax] global slots, -1 padded
+    valid = reps >= 0
+    if prefer_local:
+        S, L = placement.slots_per_rank, placement.gpus_per_node
+        src = np.arange(e.size, dtype=np.int64) // (T * k)
+        rr = np.where(valid, reps // S, -1)
+        level = np.where(rr == src[:, None], 0, np.where(rr // L == (src // L)[:, None], 1, 2))
+        level = np.where(valid, level, 3)
+        valid = level == level.min(axis=1, keepdims=True)
+    cnt = valid.sum(axis=1)
+    pick = h % cnt  # the pick-th candidate, in replica order
+    nth = np.cumsum(valid, axis=1) - 1
+    col = np.argmax(valid & (nth == pick[:, None]), axis=1)
+    return reps[np.arange(e.size), col].reshape(R, T, k).astype(np.int32)
 
 
 def _own_slot(placement: Placement) -> np.ndarray:
@@ -99,6 +155,7 @@ def _own_slot(placement: Placement) -> np.ndarray:
 
 def _locality(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
     ranks = topk_ids.shape[0]
+    topk_ids = np.maximum(topk_ids, 0)  # missing entries are masked by the caller
     own = _own_slot(placement)
     src = np.broadcast_to(np.arange(ranks, dtype=np.int64)[:, None, None], topk_ids.shape)
     fixed = placement.replicas[topk_ids, src % placement.replica_count[topk_ids]]
@@ -136,9 +193,9 @@ def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -
     """
     ranks, S = placement.ranks, placement.slots_per_rank
     E = placement.num_experts
-    demand = rank_demand(topk_ids, E).astype(np.int64)  # [R, E]
+    demand = _rank_demand(topk_ids, E)  # [R, E]
     count = placement.replica_count.astype(np.int64)
-    slot = placement.replicas[topk_ids, 0].astype(np.int32)  # experts with one replica: done
+    slot = placement.replicas[np.maximum(topk_ids, 0), 0].astype(np.int32)  # experts with one replica: done
 
     multi = np.flatnonzero(count > 1)
     if multi.size == 0:
@@ -187,12 +244,12 @@ def _water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -
             unassigned -= take.sum(0)
     if remaining.any():  # cannot happen while the bounds are consistent; kept as a proof point
         r, m = np.argwhere(remaining)[0]
-        raise AssertionError(f"water-fill left demand of expert {multi[m]} on rank {r} unplaced")
+        raise PlanInvariantError(f"water-fill left demand of expert {multi[m]} on rank {r} unplaced")
 
     # Entries of (rank r, expert e), in batch order, fill r's assignments in replica order: sorted
     # by group (a stable radix sort), the replica indices are each group's counts laid end to end.
     flat = topk_ids.reshape(ranks, -1)
-    multi_index = np.full(E, -1, np.int64)
+    multi_index = np.full(E + 1, -1, np.int64)  # index E: missing entries (id -1)
     multi_index[multi] = np.arange(multi.size)
     where = np.flatnonzero(multi_index[flat.ravel()] >= 0)
     rr, pos_in_rank = where // flat.shape[1], where % flat.shape[1]
@@ -249,7 +306,8 @@ def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxa
     if N < 2 or rounds < 1 or not (placement.replica_count > 1).any():
         return slot
     num, den = relaxation_fraction(relaxation)
-    demand = np.bincount(topk_ids.ravel(), minlength=E).astype(np.int64)
+    ids = topk_ids.ravel()
+    demand = np.bincount(ids[ids >= 0], minlength=E).astype(np.int64)
     c = placement.replica_count.astype(np.int64)
     upper_e = -((-(den + num) * demand) // (den * c))
     lower_e = np.maximum(0, (den - num) * demand // (den * c))
@@ -266,9 +324,11 @@ def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxa
     expert = topk_ids.reshape(-1, k)  # [G, k], G = R * T tokens
     G = expert.shape[0]
     home = ((np.arange(G) // T) // L).astype(np.int16)  # [G] owner node of each token
-    slot = slot.reshape(-1, k).copy()
-    load = np.bincount(slot.ravel(), minlength=placement.slot_expert.size).astype(np.int64)
-    candidates = np.flatnonzero((placement.replica_count > 1)[expert].any(1))
+    present = expert >= 0
+    # a missing entry sits on its token's home node: never remote, never moved
+    slot = np.where(present, slot.reshape(-1, k), (home[:, None].astype(np.int64) * L) * S).astype(np.int64)
+    load = np.bincount(slot[present], minlength=placement.slot_expert.size).astype(np.int64)
+    candidates = np.flatnonzero(((placement.replica_count > 1)[np.maximum(expert, 0)] & present).any(1))
     big32 = np.iinfo(np.int32).max
     for _ in range(rounds):
         if candidates.size == 0:
@@ -320,4 +380,12 @@ def _vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxa
         # because rejected moves of other tokens held the room.
         still = np.bincount(gi[~feasible], minlength=g) == 0
         candidates = candidates[np.flatnonzero(still & (np.bincount(gi, minlength=g) > 0))]
-    return slot.reshape(ranks, T, k).astype(np.int32)
+    return np.where(present, slot, -1).reshape(ranks, T, k).astype(np.int32)
+
+
+def _rank_demand(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """Entries per (rank, expert), missing entries left out: ``[R, T, k]`` -> ``[R, E]`` int64."""
+    r = topk_ids.shape[0]
+    key = (np.arange(r, dtype=np.int64)[:, None, None] * (num_experts + 1) + np.where(topk_ids >= 0, topk_ids,
+                                                                                    num_experts)).ravel()
+    return np.bincount(key, minlength=r * (num_experts + 1)).reshape(r, num_experts + 1)[:, :num_experts]

@@ -84,7 +84,7 @@ def worker_plans(cfg: dict) -> dict:
             raise ValueError(f"worker_plans: system {name!r} swaps weights between iterations; not modelled here")
         placement = make_placement(sysd.placement, hist, spec.num_experts, R, L, extra=cfg["extra"])
         plans[name] = [build_plan(batches[it].astype(np.int64), placement, sysd.routing, cfg["relaxation"],
-                                  sysd.transport, row) for it in range(warmup, warmup + iters)]
+                                  sysd.dispatch, row, sysd.combine) for it in range(warmup, warmup + iters)]
     return {"spec": spec, "tokens": T, "row_bytes": row, "plans": plans}
 
 

@@ -25,7 +25,12 @@ Wire dtypes: dispatch rows travel in the activation dtype. Combine partials accu
 and travel in ``combine_dtype`` (default: the activation dtype, so the wire bytes equal the
 planner's ``row_bytes = hidden * dtype_bytes``; pass ``torch.float32`` to send fp32 partials).
 
-Ranks must hold the same number of tokens ``T`` per batch (pad otherwise).
+Ragged batches are first-class: rank ``r`` passes its own ``T_r`` tokens (zero is fine: a rank
+with nothing to send still takes part). The metadata all-gather first exchanges the counts
+``T_r``, then the ids and gate weights padded with ``-1`` / ``0`` to ``Tmax = max T_r``; the planner
+sees ``topk_ids [R, Tmax, k]`` with ``-1`` for missing entries, which produce no hops, so padding
+never reaches the wire. A caller that already knows every rank's count for a step (a serving
+engine, once per step for all layers) passes it with ``expect_tokens`` and saves that collective.
 """
 
 from __future__ import annotations
@@ -38,20 +43,21 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
-from zepp.flows import TRANSPORTS
+from zepp.flows import check_transports
 from zepp.model import MoESpec
 from zepp.plan import FlowPlan, Placement
 from zepp.runtime.program import RankProgram, Stage, compile_rank
 
 
 
-def build_plan(topk_ids: np.ndarray, placement: Placement, routing: str, relaxation: float, transport: str,
-               row_bytes: int) -> FlowPlan:
-    """Route ``topk_ids [R, T, k]`` and build its flows (identical on every rank)."""
+def build_plan(topk_ids: np.ndarray, placement: Placement, routing: str, relaxation: float, dispatch: str,
+               row_bytes: int, combine: str | None = None) -> FlowPlan:
+    """Route ``topk_ids [R, T, k]`` and build its flows with the ``dispatch`` / ``combine``
+    transports (identical on every rank)."""
     from zepp.flows import build_flows
     from zepp.routing import route
 
-    return build_flows(route(routing, topk_ids, placement, relaxation), transport, row_bytes)
+    return build_flows(route(routing, topk_ids, placement, relaxation), dispatch, row_bytes, combine)
 
 
 @dataclass
@@ -103,8 +109,8 @@ class Dispatcher:
     ``spec``: the MoE layer shape; ``placement``: which expert each slot of each rank holds
     (``placement.ranks`` must equal the group size); ``gpus_per_node``: consecutive ranks that
     form a node (defaults to, and must match, the placement's); ``routing``:
-    ``home``/``replica-rr``/``locality``/``zepp``; ``relaxation``: C; ``transport``:
-    ``a2av``/``relay``/``zepp``; ``overlap``: point-to-point schedule with compute on arrival;
+    a name of ``zepp.registry.ROUTINGS``; ``relaxation``: C; ``dispatch`` / ``combine``: transports
+    of ``zepp.registry`` (``combine=None``: the dispatch's natural one); ``overlap``: compute on arrival;
     ``device``: where tensors live (``cuda:i`` with NCCL); ``combine_dtype``: wire dtype of partials.
 
     Counters: ``counter.by_dst[phase] [R]`` bytes this rank sent per destination (``dispatch``,
@@ -114,11 +120,12 @@ class Dispatcher:
     """
 
     def __init__(self, spec: MoESpec, placement: Placement, *, gpus_per_node: int | None = None,
-                 routing: str = "zepp", relaxation: float = 0.25, transport: str = "zepp", overlap: bool = False,
-                 group=None, device=None, combine_dtype: torch.dtype | None = None,
+                 routing: str = "zepp", relaxation: float = 0.25, dispatch: str = "zepp", combine: str | None = None,
+                 overlap: bool = False, group=None, device=None, combine_dtype: torch.dtype | None = None,
                  overlap_comm: str = "collective"):
-        if transport not in TRANSPORTS:
-            raise ZeppInputError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+        dispatch, combine = check_transports(dispatch, combine)
+        if dispatch == "allgather":
+            raise ZeppInputError("the runtime executes hop tables; the 'allgather' dispatch has none")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
@@ -135,7 +142,7 @@ class Dispatcher:
         self.gpus_per_node = placement.gpus_per_node
         self.routing = routing
         self.relaxation = relaxation
-        self.transport = transport
+        self.dispatch_transport, self.combine_transport = dispatch, combine
         self.overlap = overlap
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.combine_dtype = combine_dtype
@@ -148,6 +155,21 @@ class Dispatcher:
         self.timing: dict[str, float] = {}
         self._buf: dict[str, torch.Tensor] = {}
         self.last_plan: FlowPlan | None = None
+        self._expected: np.ndarray | None = None  # [R] token counts of the coming batches (expect_tokens)
+        self.last_ids: torch.Tensor | None = None  # [R, Tmax, k] ids of the last batch, -1 padded (device)
+
+    @classmethod
+    def for_system(cls, spec: MoESpec, placement: Placement, system, relaxation: float = 0.25, **kw) -> "Dispatcher":
+        """A Dispatcher running registry row ``system`` (a ``zepp.registry.System`` or its name)."""
+        from zepp.registry import system as lookup
+
+        s = lookup(system) if isinstance(system, str) else system
+        if not s.supports("runtime"):
+            raise ZeppInputError(f"system {s.name!r} does not run in the runtime (runs in: {', '.join(s.executors)})")
+        if s.best_of:
+            raise ZeppInputError(f"system {s.name!r} is the best of {', '.join(s.best_of)}; pick one of those")
+        return cls(spec, placement, routing=s.routing, relaxation=relaxation, dispatch=s.dispatch, combine=s.combine,
+                   overlap=s.overlap == "zepp", overlap_comm=s.overlap_comm, **kw)
 
     # ------------------------------------------------------------------ buffers
     def _buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -169,11 +191,41 @@ class Dispatcher:
             raise ZeppInputError("new placement has another cluster shape")
         self.placement = placement
 
+    def expect_tokens(self, counts) -> None:
+        """Every rank's token count ``counts [R]`` for the coming batches (same on every rank), or
+        ``None``: ``_gather_metadata`` then skips its count all-gather (and checks this rank's)."""
+        self._expected = None if counts is None else np.asarray(counts, np.int64).reshape(self.world)
+
+    def _gather_counts(self, T: int) -> np.ndarray:
+        """``[R]`` tokens per rank (one small all-gather, unless ``expect_tokens`` told us)."""
+        if self._expected is not None:
+            if int(self._expected[self.rank]) != T:
+                raise ZeppInputError(f"rank {self.rank}: expect_tokens said {int(self._expected[self.rank])} tokens, "
+                                     f"the batch has {T}")
+            return self._expected
+        c = torch.tensor([T], dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(c) for _ in range(self.world)]
+        dist.all_gather(out, c, group=self.group)
+        for d in range(self.world):
+            if d != self.rank:
+                self.counter.add("metadata", d, c.element_size())
+        return torch.cat(out).cpu().numpy()
+
     def _gather_metadata(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
-        """All-gather ids and gate weights in one message: ``[R, T, k]`` int64 numpy, ``[R, T, k]`` fp32 tensor."""
+        """All-gather this rank's ``topk_ids [T_r, k]`` and ``topk_weights [T_r, k]``.
+
+        Returns ``(ids [R, Tmax, k] int64 numpy, w [R, Tmax, k] fp32 tensor)``; ids of missing
+        tokens are ``-1`` and their weights 0. The device copy of the ids is ``self.last_ids``
+        (for a planner on the device); ``self.last_counts [R]`` holds the counts ``T_r``.
+        """
         T, k = topk_ids.shape
-        packed = torch.cat([topk_ids.to(torch.int32), topk_weights.to(torch.float32).view(torch.int32)], dim=1)
-        packed = packed.to(self.device).contiguous()
+        counts = self._gather_counts(T)
+        Tmax = int(counts.max()) if counts.size else 0
+        packed = torch.full((Tmax, 2 * k), -1, dtype=torch.int32, device=self.device)
+        packed[:, k:] = 0
+        if T:
+            packed[:T, :k] = topk_ids.to(self.device, torch.int32)
+            packed[:T, k:] = topk_weights.to(self.device, torch.float32).view(torch.int32)
         out = [torch.empty_like(packed) for _ in range(self.world)]
         dist.all_gather(out, packed, group=self.group)
         nbytes = packed.numel() * packed.element_size()
@@ -181,12 +233,15 @@ class Dispatcher:
             if d != self.rank:
                 self.counter.add("metadata", d, nbytes)
         allp = torch.stack(out)
-        ids = allp[:, :, :k].cpu().numpy().astype(np.int64)
+        self.last_ids = allp[:, :, :k].to(torch.int64)
+        self.last_counts = counts
+        ids = self.last_ids.cpu().numpy()
         w = allp[:, :, k:].contiguous().view(torch.float32)
         return ids, w
 
     def plan(self, topk_ids_all: np.ndarray, row_bytes: int) -> FlowPlan:
-        return build_plan(topk_ids_all, self.placement, self.routing, self.relaxation, self.transport, row_bytes)
+        return build_plan(topk_ids_all, self.placement, self.routing, self.relaxation, self.dispatch_transport,
+                          row_bytes, self.combine_transport)
 
     # ------------------------------------------------------------------ dispatch
     def _prepare(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:

@@ -136,9 +136,8 @@ def run_case(cfg: dict) -> dict | None:
     def make(name):
         sysd = SYSTEMS[name]
         placement = make_placement(sysd.placement, hist, spec.num_experts, world, L, extra=cfg["extra"])
-        d = Dispatcher(spec, placement, gpus_per_node=L, routing=sysd.routing, relaxation=cfg["relaxation"],
-                       transport=sysd.transport, overlap=sysd.overlap, device=device,
-                       overlap_comm=sysd.overlap_comm)
+        d = Dispatcher.for_system(spec, placement, sysd, relaxation=cfg["relaxation"], gpus_per_node=L,
+                                  device=device)
         results[name] = {"times": [], "plan_times": [], "max_rel_err": 0.0, "bytes_ok": True, "bytes": [],
                          "swapped_slots": 0, "swap_bytes": 0, "metadata_bytes": {}, "weights_ok": True}
         return MoELayer(d, seed=cfg["seed"], dtype=dtype)
