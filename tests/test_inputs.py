@@ -68,7 +68,7 @@ def test_budget_too_small_for_one_token():
     smallest = float(msg.rsplit("above ", 1)[1].split()[0])
     assert k2.tokens_for_budget(smallest * 1.01) == 8
     for bad in (0, -1, float("nan")):
-        with pytest.raises(ZeppInputError, match="positive number of MB"):
+        with pytest.raises(ZeppInputError, match="positive, finite number of MB"):
             k2.tokens_for_budget(bad)
 
 
