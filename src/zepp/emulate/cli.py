@@ -1,8 +1,11 @@
-"""``zepp cluster up|down|status``: the emulated cluster from the command line.
+"""``zepp cluster up|down|status|check|calibrate``: the emulated cluster from the command line.
 
-``up`` leaves the namespaces in place after the command ends (that is its point); ``down``
-removes everything with the prefix, also the leftovers of a crashed run; ``status`` lists what
-exists. Not root, or no network namespaces: one line saying so, exit code 1.
+``up`` leaves the namespaces in place after the command ends (that is its point) and refuses a
+prefix that is in use (``--replace`` replaces it); ``down`` removes zepp's namespaces of the
+prefix (those carrying its mark), also the leftovers of a crashed run, and names what it left
+alone; ``status`` lists what exists and says whether it is a complete cluster. Bad options: one
+line ``zepp: error: ...``, exit code 2, before anything is touched. Not root, or no network
+namespaces: one line saying so, exit code 1.
 """
 
 from __future__ import annotations
@@ -11,20 +14,20 @@ import json
 
 import click
 
-from zepp.emulate.netns import (
+from zepp.emulate import ownership
+from zepp.emulate import topology as topo
+from zepp.emulate.topology import (
     DEFAULT_NIC_MTU,
     DEFAULT_NVLINK_MTU,
     DEFAULT_PREFIX,
     DEFAULT_RATE_MBIT,
     EmulatedCluster,
-    EmulationError,
-    EmulationUnavailable,
     availability,
 )
-from zepp.emulate import netns as _netns
+from zepp.errors import EmulationError, EmulationUnavailable, RankFailure
 
 _prefix_opt = click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,
-                           help="name prefix of the namespaces and interfaces")
+                           help="name prefix of the namespaces (1-6 lowercase letters/digits)")
 
 
 def _need_support() -> None:
@@ -47,58 +50,68 @@ def cluster() -> None:
               help="added one-way latency per NIC direction (needs the netem qdisc)")
 @click.option("--nic-mtu", type=int, default=DEFAULT_NIC_MTU, show_default=True)
 @click.option("--nvlink-mtu", type=int, default=DEFAULT_NVLINK_MTU, show_default=True)
+@click.option("--replace", is_flag=True, help="replace a cluster that already uses the prefix")
 @_prefix_opt
-def up(nodes, gpus_per_node, rate_mbit, delay_ms, nic_mtu, nvlink_mtu, prefix) -> None:
-    """Create the cluster (replacing one with the same prefix)."""
-    _need_support()
+def up(nodes, gpus_per_node, rate_mbit, delay_ms, nic_mtu, nvlink_mtu, replace, prefix) -> None:
+    """Create the cluster (refused when the prefix is in use, unless --replace)."""
     cl = EmulatedCluster(nodes, gpus_per_node, rate_mbit=rate_mbit, delay_ms=delay_ms, prefix=prefix,
-                         nic_mtu=nic_mtu, nvlink_mtu=nvlink_mtu, keep=True)
+                         nic_mtu=nic_mtu, nvlink_mtu=nvlink_mtu, keep=True, replace=replace)  # validates
+    _need_support()
     try:
         cl.up()
     except (EmulationUnavailable, EmulationError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"emulated cluster {prefix!r} up: {nodes} nodes x {gpus_per_node} ranks, NIC {rate_mbit:g} Mbit/s "
-               f"per direction, delay {delay_ms:g} ms")
+        raise click.ClickException(str(exc) + ("" if replace or "in use" not in str(exc) else
+                                               " (or pass --replace)")) from exc
+    for note in cl.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"emulated cluster {prefix!r} up (id {cl.id}): {nodes} nodes x {gpus_per_node} ranks, NIC "
+               f"{cl.rate_mbit:g} Mbit/s per direction, delay {cl.delay_ms:g} ms")
     for r in range(cl.ranks):
         click.echo(f"  rank {r}: ip netns exec {cl.netns(r)} ...  (NIC address {cl.addr(r)}, GLOO_SOCKET_IFNAME=nic)")
 
 
 @cluster.command("down")
 @_prefix_opt
-def down_cmd(prefix) -> None:
-    """Remove every namespace with the prefix (also leftovers of a crashed run)."""
+@click.option("--id", "cluster_id", default=None, help="remove only the cluster with this id")
+def down_cmd(prefix, cluster_id) -> None:
+    """Remove zepp's namespaces of the prefix (also leftovers of a crashed run); others stay."""
+    ownership.check_prefix(prefix)
     try:
-        removed = _netns.down(prefix)
+        res = topo.down(prefix, cluster_id)
     except (EmulationUnavailable, EmulationError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
+    click.echo(f"removed {len(res.removed)} namespaces" + (f": {' '.join(res.removed)}" if res.removed else ""))
+    if res.skipped:
+        click.echo(f"skipped {len(res.skipped)} namespaces with the prefix that zepp did not make"
+                   f"{' (or of another cluster)' if cluster_id else ''}: {' '.join(res.skipped)}")
 
 
 @cluster.command("status")
 @_prefix_opt
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
 def status_cmd(prefix, as_json) -> None:
-    """List the namespaces, NIC addresses, shaping and byte counters that exist."""
+    """List the namespaces, NIC addresses, shaping and byte counters, and whether it is complete."""
+    ownership.check_prefix(prefix)
     try:
-        st = _netns.status(prefix)
+        st = topo.status(prefix)
     except (EmulationUnavailable, EmulationError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
-    if not st["namespaces"]:
-        click.echo(f"no emulated cluster with prefix {prefix!r}")
+    skipped = f"; skipped (not zepp's): {' '.join(st['skipped'])}" if st["skipped"] else ""
+    if not st["namespaces"] and st["record"] is None:
+        click.echo(f"no emulated cluster with prefix {prefix!r}{skipped}")
         return
-    nodes = {e["node"] for e in st["ranks"]}
-    click.echo(f"emulated cluster {prefix!r}: {len(nodes)} nodes, {len(st['ranks'])} ranks, switch "
-               f"{'present' if st['switch'] else 'MISSING'}")
+    rec = st["record"] or {}
+    verdict = "complete" if st["complete"] else "INCOMPLETE: " + "; ".join(st["problems"])
+    click.echo(f"emulated cluster {prefix!r} (id {rec.get('id', '?')}): {rec.get('nodes', '?')} nodes x "
+               f"{rec.get('gpus_per_node', '?')} ranks, {len(st['ranks'])} rank namespaces, switch "
+               f"{'present' if st['switch'] else 'MISSING'}; {verdict}{skipped}")
     for e in st["ranks"]:
         click.echo(f"  {e['netns']:<12} {e['addr'] or '-':<16} nic {e['state'] or 'missing':<5} "
                    f"tx {e['tx_bytes']} rx {e['rx_bytes']} B  nvlinks {','.join(e['nvlinks']) or '-'}  "
                    f"{e['qdisc'] or 'no shaping'}")
-    others = [n for n in st["namespaces"] if n not in {e["netns"] for e in st["ranks"]} and not n.endswith("-sw")]
-    if others:
-        click.echo(f"  other namespaces with the prefix: {' '.join(others)}")
 
 
 @cluster.command("check")
@@ -106,8 +119,7 @@ def status_cmd(prefix, as_json) -> None:
 @click.option("--timeout", type=float, default=90.0, show_default=True)
 def check_cmd(prefix, timeout) -> None:
     """Run a checked gloo all-to-all over a running cluster and show which links carried it."""
-    from zepp.emulate.netns import RankFailure
-
+    ownership.check_prefix(prefix)
     _need_support()
     try:
         cl = EmulatedCluster.existing(prefix)
@@ -129,8 +141,11 @@ def check_cmd(prefix, timeout) -> None:
 def calibrate_cmd(prefix, json_path) -> None:
     """Measure latency and bandwidth of the NVLink and NIC links of a running cluster."""
     from zepp.emulate.linkcal import calibrate_links
-    from zepp.emulate.netns import RankFailure
+    from zepp.emulate.checks import check_output_path
 
+    ownership.check_prefix(prefix)
+    if json_path:
+        check_output_path(json_path, "--json")
     _need_support()
     try:
         cal = calibrate_links(EmulatedCluster.existing(prefix))

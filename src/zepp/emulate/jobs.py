@@ -9,7 +9,6 @@ fails ends the process with exit code 3 and one line ``zepp-emulate: rank R: <er
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import time
@@ -18,7 +17,9 @@ import time
 def _init(timeout_s: float):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    from zepp.runtime.worker import init_group
+
+    init_group("gloo", timeout_s)
     return dist, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
 
 

@@ -19,13 +19,12 @@ returns exactly those four; CPU GEMM figures come from the compute calibration, 
 
 from __future__ import annotations
 
-import datetime
 import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from zepp.emulate.netns import EmulatedCluster
+from zepp.emulate.topology import EmulatedCluster
 
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 8 << 20)
 
@@ -39,8 +38,10 @@ def _pair_worker(pairs: list, sizes: list, reps: int, trials: int, concurrent: l
     import torch
     import torch.distributed as dist
 
+    from zepp.runtime.worker import init_group
+
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    init_group("gloo", 60.0)
     tiny = torch.zeros(1)
     out: dict = {}
 
@@ -90,11 +91,14 @@ def _pair_worker(pairs: list, sizes: list, reps: int, trials: int, concurrent: l
                 dt = stream(*mine[0], buf) if mine else 0.0
                 rates = [None] * len(concurrent)
                 idx = [i for i, (a, b) in enumerate(concurrent) if a == rank]
-                gathered = [None] * dist.get_world_size()
-                dist.all_gather_object(gathered, (idx[0], size * reps / dt) if idx else None)
+                # (pair index, rate) of every sender as plain float64 tensors (pair -1: not a sender)
+                mine_rate = torch.tensor([idx[0] if idx else -1, size * reps / dt if idx else 0.0],
+                                         dtype=torch.float64)
+                gathered = [torch.empty(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+                dist.all_gather(gathered, mine_rate)
                 for g in gathered:
-                    if g is not None:
-                        rates[g[0]] = g[1]
+                    if g[0] >= 0:
+                        rates[int(g[0])] = float(g[1])
                 if t > 0:
                     per_trial.append(rates)
             conc[int(size)] = [statistics.median(tr[i] for tr in per_trial) for i in range(len(concurrent))]
@@ -170,33 +174,21 @@ def measure_loopback(cluster: EmulatedCluster, sizes=DEFAULT_SIZES, reps: int = 
     """The same measurements between two processes in ONE namespace over its loopback device:
     the reference the NIC is made slower than. Returns {"latency_s", "bw": {size: bytes/s}}."""
     import json
-    import subprocess
     import sys
-    import tempfile
 
-    from zepp.emulate.netns import NIC_IF, RankFailure, _ip_tool  # noqa: F401
+    from zepp.emulate.iproute import tool
+    from zepp.emulate.processes import RankGroup, temp_folder
 
     ns = cluster.netns(0)
     kwargs = {"pairs": [["loopback", 0, 1]], "sizes": [int(s) for s in sizes], "reps": reps, "trials": trials}
-    with tempfile.TemporaryDirectory(prefix="zepp-loopback-") as d:
-        procs = []
-        for r in range(2):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29399",
-                       GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-            procs.append(subprocess.Popen(
-                [_ip_tool("ip"), "netns", "exec", ns, sys.executable, "-m", "zepp.emulate.rankmain",
-                 "zepp.emulate.linkcal:_pair_worker", json.dumps(kwargs), d],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
-        errs = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                _, err = p.communicate()
-            errs.append(err)
-        if any(p.returncode != 0 for p in procs):
-            raise RankFailure("loopback measurement failed: " + "\n".join(e[-800:] for e in errs))
+    with temp_folder("zepp-loopback-") as d:
+        cmd = [tool("ip"), "netns", "exec", ns, sys.executable, "-m", "zepp.emulate.rankmain",
+               "zepp.emulate.linkcal:_pair_worker", json.dumps(kwargs), d]
+        envs = [dict(os.environ, RANK=str(r), WORLD_SIZE="2", ZEPP_STORE_FILE=os.path.join(d, "store"),
+                     GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+                for r in range(2)]
+        with RankGroup([cmd, cmd], envs, os.path.join(d, "logs")) as group:
+            group.wait(timeout).check("loopback measurement failed")
         with open(os.path.join(d, "result0.json")) as f:
             res = json.load(f)["loopback"]
     return {"latency_s": res["latency_s"], "bw": {int(k): v for k, v in res["bw"].items()}}

@@ -1,7 +1,7 @@
 """``zepp run --emulate``: run the runtime's systems in an emulated cluster and read the NICs.
 
 ``run_emulated(cfg, rate_mbit, delay_ms)`` brings up ``cfg["nodes"] x cfg["gpus_per_node"]``
-rank namespaces (``zepp.emulate.netns``), starts ``python -m zepp.emulate.rankrun CONFIG OUTDIR``
+rank namespaces (``zepp.emulate.topology``), starts ``python -m zepp.emulate.rankrun CONFIG OUTDIR``
 in each (the unchanged runtime worker plus per-layer interface counters), waits, tears the
 cluster down (always: also on Ctrl-C, SIGTERM, a crashed or hung rank) and returns the worker's
 report with an ``"emulate"`` section::
@@ -15,32 +15,32 @@ Counters are wire bytes (Ethernet/IP/TCP headers, TCP acknowledgements, one barr
 and the layer's metadata all-gather included); ``planned_*`` is the planner's payload per rank
 (``FlowPlan`` link stats of dispatch + combine), recomputed here from the same batches.
 
-A failure raises ``zepp.runtime.launch.RankFailure`` (same message format as ``zepp run``).
+A failure raises ``zepp.errors.RankFailure`` (the same message format as ``zepp run``).
 ``nic_fault=(rank, call)``: tests take rank ``rank``'s node off the network at the start of its
-layer call ``call`` (see ``zepp.emulate.rankrun``).
+layer call ``call`` (see ``zepp.emulate.rankrun``). Temp files live in a ``zepp-emurun-*``
+folder removed on every exit path (``zepp.emulate.processes.temp_folder``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
-import time
 
 import numpy as np
 
-from zepp.emulate.netns import EmulatedCluster
+from zepp.emulate.processes import temp_folder
+from zepp.emulate.topology import EmulatedCluster
 
 
 def run_emulated(cfg: dict, rate_mbit: float, delay_ms: float = 0.0, threads: int = 1, prefix: str = "zepp",
-                 nic_fault: tuple[int, int] | None = None, run_timeout: float = 3600.0,
+                 nic_fault: tuple[int, int] | None = None, run_timeout: float | None = None,
                  grace: float | None = None, cluster: EmulatedCluster | None = None) -> dict:
     """Run ``cfg`` (a ``zepp.runtime.worker`` config) in an emulated cluster; see the module doc.
 
     ``cluster``: an already running ``EmulatedCluster`` of the right shape (kept up afterwards);
-    by default one is created for this call and torn down before returning.
+    by default one is created for this call and torn down before returning. ``run_timeout``:
+    an overall limit in seconds (None: none; a hung collective ends by ``cfg["timeout"]``).
     """
     if cluster is not None:
         return _run_in(cluster, cfg, threads, nic_fault, run_timeout, grace)
@@ -49,16 +49,13 @@ def run_emulated(cfg: dict, rate_mbit: float, delay_ms: float = 0.0, threads: in
         return _run_in(cl, cfg, threads, nic_fault, run_timeout, grace)
 
 
-def _run_in(cl: EmulatedCluster, cfg: dict, threads: int, nic_fault, run_timeout: float, grace) -> dict:
-    from zepp.runtime.launch import RankFailure
-
+def _run_in(cl: EmulatedCluster, cfg: dict, threads: int, nic_fault, run_timeout, grace) -> dict:
     R = cl.ranks
     if R != cfg["nodes"] * cfg["gpus_per_node"] or cl.gpus_per_node != cfg["gpus_per_node"]:
         raise ValueError(f"cluster {cl.nodes}x{cl.gpus_per_node} does not match the config's "
                          f"{cfg['nodes']}x{cfg['gpus_per_node']}")
     grace = float(cfg["timeout"]) + 15 if grace is None else grace
-    tmp = tempfile.mkdtemp(prefix="zepp-emurun-")
-    try:
+    with temp_folder("zepp-emurun-") as tmp:
         cfg = dict(cfg, out=os.path.join(tmp, "report.json"))
         path = os.path.join(tmp, "config.json")
         with open(path, "w") as f:
@@ -66,41 +63,26 @@ def _run_in(cl: EmulatedCluster, cfg: dict, threads: int, nic_fault, run_timeout
         env = {"ZEPP_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
         if nic_fault is not None:
             env["ZEPP_EMULATE_NIC_FAULT"] = f"{nic_fault[0]}:{nic_fault[1]}"
-        group = cl.spawn([sys.executable, "-m", "zepp.emulate.rankrun", path, tmp], env=env,
-                         logdir=os.path.join(tmp, "logs"))
-        t0, first, faulted = time.monotonic(), None, False
-        while True:
-            codes = group.poll()
-            if first is None:
-                bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    first = bad[0]
-            if all(c is not None for c in codes) or first is not None:
-                break
+        faulted = []
+
+        def inject(codes) -> None:  # the rank asked for its node's NICs to go down now
             if nic_fault is not None and not faulted and os.path.exists(os.path.join(tmp, "nic_fault")):
                 cl.node_nics_down(nic_fault[0] // cl.gpus_per_node)
-                faulted = True
-            if time.monotonic() - t0 > run_timeout:
-                break
-            time.sleep(0.05)
-        res = group.wait(timeout=run_timeout, grace=grace)
-        codes = [c if c is not None else -9 for c in res.returncodes]
-        if first is None and any(codes):
-            first = next(r for r, c in enumerate(codes) if c)
-        if first is not None:
-            exc = RankFailure(first, codes, [r.stderr for r in res.ranks])
-            if faulted:
-                exc.args = (f"fault injected: the NICs of node {nic_fault[0] // cl.gpus_per_node} were taken down at "
-                            f"rank {nic_fault[0]}'s layer call {nic_fault[1]}\n{exc.args[0]}",)
-            raise exc
+                faulted.append(True)
+
+        with cl.spawn([sys.executable, "-m", "zepp.emulate.rankrun", path, tmp], env=env,
+                      logdir=os.path.join(tmp, "logs")) as group:
+            res = group.wait(timeout=run_timeout, grace=grace, on_poll=inject, poll_s=0.05)
+        if not res.ok:
+            context = (f"fault injected: the NICs of node {nic_fault[0] // cl.gpus_per_node} were taken down at "
+                       f"rank {nic_fault[0]}'s layer call {nic_fault[1]}") if faulted else ""
+            raise res.failure(context)
         with open(cfg["out"]) as f:
             report = json.load(f)
         counters = []
         for r in range(R):
             with open(os.path.join(tmp, f"counters{r}.json")) as f:
                 counters.append(json.load(f))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     report["emulate"] = {"rate_mbit": cl.rate_mbit, "delay_ms": cl.delay_ms, "prefix": cl.prefix,
                          "nodes": cl.nodes, "gpus_per_node": cl.gpus_per_node,
                          "systems": nic_bytes_per_system(cfg, counters, report)}

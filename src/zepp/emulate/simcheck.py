@@ -97,7 +97,6 @@ def compute_worker(hidden: int, ffn: int, points: list, reps: int = 5, seed: int
     spread evenly over ``groups`` slots, for each ``[rows, groups]`` in ``points``; every rank
     runs this at the same moment (barrier before each point), so the figures carry the CPU
     contention of a full run. Returns ``{"up": [s], "down": [s]}`` (median of ``reps``) per point."""
-    import datetime
     import os
 
     import torch
@@ -106,7 +105,9 @@ def compute_worker(hidden: int, ffn: int, points: list, reps: int = 5, seed: int
     from zepp.runtime.experts import grouped_down, grouped_up
 
     torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    from zepp.runtime.worker import init_group
+
+    init_group("gloo", 120.0)
     g = torch.Generator().manual_seed(seed)
     up, down = [], []
     for rows, groups in points:

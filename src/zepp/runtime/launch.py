@@ -25,129 +25,169 @@ bytes each NIC carried, from its interface counters, next to the planner's::
 A rank that dies or hangs ends the run: peers fail their next collective (at once for a dead
 peer, after ``--timeout`` seconds for a hung one) and exit with code 3; the launcher then stops
 what is left and exits 3 naming the first rank that failed.
+
+Every option (and the trace files, and whether ``--json`` can be written) is checked before
+any rank starts: one line ``zepp: error: ...``, exit code 2. The spawned ranks rendezvous
+through a file store in the run's temp folder and gloo binds the loopback device (the
+emulated cluster: each rank's own NIC address), so nothing listens on the machine's other
+interfaces; results come back as JSON, never pickles. Ranks die with the launcher, and the temp
+folder is removed on every exit path (``zepp.emulate.processes`` says what is guaranteed).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 
 import click
 
-from zepp.errors import ZeppInputError
+from zepp.emulate.checks import check_input_file, check_number, check_output_path
+from zepp.emulate.processes import RankGroup, launcher_signals, temp_folder
+from zepp.errors import RankFailure, ZeppInputError
+
+__all__ = ["RankFailure", "spawn_local", "validate_run_options", "format_report", "run"]
+
+FAULT_MODES = ("die", "hang")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn_local(cfg: dict, threads: int = 1, quiet: bool = False, grace: float | None = None) -> dict:
+def spawn_local(cfg: dict, threads: int = 1, quiet: bool = False, grace: float | None = None,
+                timeout: float | None = None) -> dict:
     """Start ``nodes * gpus_per_node`` local worker processes for ``cfg`` and wait for them.
 
     Returns the report rank 0 wrote. Raises ``RankFailure`` when a rank fails; once one has
     failed the others get ``grace`` seconds (default ``timeout + 15``) to end before they are
-    killed, so every process is gone before this returns.
+    killed (and reported as hung), so every process is gone before this returns. ``timeout``:
+    an overall limit in seconds (None: none). The ranks' output is kept in the run's temp folder
+    and shown (stderr tails) only in a failure; ``quiet`` is accepted for older callers.
     """
     world = cfg["nodes"] * cfg["gpus_per_node"]
-    with tempfile.TemporaryDirectory(prefix="zepp-run-") as tmp:
+    grace = float(cfg["timeout"]) + 15 if grace is None else grace
+    with launcher_signals(), temp_folder("zepp-run-") as tmp:
         cfg = dict(cfg, out=os.path.join(tmp, "report.json"))
         path = os.path.join(tmp, "config.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        port = _free_port()
-        procs = []
-        old_term = _raise_on_sigterm()
-        try:
-            for r in range(world):
-                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % cfg["gpus_per_node"]),
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ZEPP_THREADS=str(threads))
-                procs.append(subprocess.Popen([sys.executable, "-m", "zepp.runtime.worker", path], env=env,
-                                              stdout=subprocess.DEVNULL if quiet else None,
-                                              stderr=subprocess.PIPE, text=True))
-            codes, first, errs = _wait_all(procs, float(cfg["timeout"]) + 15 if grace is None else grace)
-        finally:  # Ctrl-C or SIGTERM of the launcher: no orphaned ranks
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
-        if first is not None:
-            raise RankFailure(first, codes, errs)
+        base = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+        base.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(cfg["gpus_per_node"]), MASTER_ADDR="127.0.0.1",
+                    ZEPP_STORE_FILE=os.path.join(tmp, "store"), ZEPP_THREADS=str(threads),
+                    GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+        envs = [dict(base, RANK=str(r), LOCAL_RANK=str(r % cfg["gpus_per_node"])) for r in range(world)]
+        cmd = [sys.executable, "-m", "zepp.runtime.worker", path]
+        with RankGroup([cmd] * world, envs, os.path.join(tmp, "logs")) as group:
+            res = group.wait(timeout=timeout, grace=grace)
+        if not res.ok:
+            raise res.failure()
         with open(cfg["out"]) as f:
             return json.load(f)
 
 
-def _raise_on_sigterm():
-    """Turn SIGTERM into SystemExit (so ``finally`` blocks run); returns the old handler."""
-    if threading.current_thread() is not threading.main_thread():
+def _check_device(device: str) -> str:
+    import torch
+
+    ok = device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())
+    if not ok:
+        raise ZeppInputError(f"--device {device!r}: use cpu, cuda (one GPU per rank) or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ZeppInputError(f"--device {device}: no CUDA device is available here; use --device cpu")
+        if ":" in device and int(device[5:]) >= torch.cuda.device_count():
+            raise ZeppInputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def _parse_fault(text: str | None, systems: list[str], world: int) -> dict | None:
+    if text is None:
         return None
-
-    def handler(signum, frame):
-        raise SystemExit(143)
-
-    return signal.signal(signal.SIGTERM, handler)
-
-
-class RankFailure(RuntimeError):
-    """A rank exited with an error (or had to be killed)."""
-
-    def __init__(self, first: int, codes: list, errs: list[str]):
-        why = {17: "died (fault injection)", 3: "saw a communication failure", 4: "rejected its input",
-               5: "hit an internal error", -9: "hung and was killed by the launcher"}
-        # ranks that failed on their own account (not just noticed a peer failing)
-        culprits = [r for r, c in enumerate(codes) if c not in (0, 3)] or [first]
-        self.first, self.codes, self.errs, self.culprits = first, codes, errs, culprits
-        lines = [f"rank {r} {why.get(codes[r], f'exited with code {codes[r]}')}" for r in culprits]
-        lines = ["; ".join(lines) + f" (first to fail: rank {first}; exit codes by rank: {codes})"]
-        for r, e in enumerate(errs):
-            tail = [ln for ln in e.strip().splitlines() if ln.strip()][-3:]
-            if tail:
-                lines.append(f"  rank {r}: " + " | ".join(tail))
-        super().__init__("\n".join(lines))
+    try:
+        fault = json.loads(text)
+    except ValueError as exc:
+        raise ZeppInputError(f"--fault {text!r} is not JSON ({exc.msg}); give "
+                             '\'{"rank": 1, "system": "zepp", "iter": 0, "mode": "die"}\'') from None
+    if not isinstance(fault, dict) or set(fault) - {"rank", "system", "iter", "mode"}:
+        raise ZeppInputError(f"--fault {text!r}: give a JSON object with keys rank, system, iter, mode")
+    rank, it = fault.get("rank"), fault.get("iter")
+    if not (isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < world):
+        raise ZeppInputError(f"--fault: rank must be an integer in 0..{world - 1}, got {rank!r}")
+    if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0):
+        raise ZeppInputError(f"--fault: iter must be an integer >= 0, got {it!r}")
+    if fault.get("system") not in systems:
+        raise ZeppInputError(f"--fault: system must be one of the run's systems ({', '.join(systems)}), "
+                             f"got {fault.get('system')!r}")
+    if fault.setdefault("mode", "die") not in FAULT_MODES:
+        raise ZeppInputError(f"--fault: mode must be one of {', '.join(FAULT_MODES)}, got {fault['mode']!r}")
+    return fault
 
 
-def _wait_all(procs, grace: float):
-    """Wait for every process; once one fails, give the others ``grace`` seconds to notice,
-    then kill them. Returns ``(exit codes, first failing rank or None, stderr texts)``."""
-    errs = [""] * len(procs)
+def _check_traces(cfg: dict, spec) -> None:
+    """Read and validate the trace files here, so a bad file is one line before any rank starts."""
+    from zepp.runtime.worker import load_traces
 
-    def drain(i, p):
-        errs[i] = p.stderr.read()
+    for opt in ("history", "trace"):
+        if cfg.get(opt) is not None:
+            check_input_file(cfg[opt], f"--{opt}")
+    if cfg.get("history") and not cfg.get("trace"):
+        raise ZeppInputError("--history needs --trace too (the evaluation batches are drawn from --trace)")
+    if not cfg.get("trace"):
+        return
+    try:
+        load_traces(cfg, spec)
+    except ZeppInputError:
+        raise
+    except (OSError, ValueError, UnicodeDecodeError, EOFError) as exc:
+        raise ZeppInputError(f"--trace/--history: {cfg.get('trace')!r} or {cfg.get('history')!r} cannot be read "
+                             f"as a trace ({type(exc).__name__}: {exc})") from None
 
-    threads = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(procs)]
-    for t in threads:
-        t.start()
-    first, deadline = None, None
-    while True:
-        codes = [p.poll() for p in procs]
-        if first is None:
-            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                first = bad[0]
-                deadline = time.monotonic() + grace
-        if all(c is not None for c in codes):
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        time.sleep(0.05)
-    for t in threads:
-        t.join(timeout=5)
-    codes = [p.returncode for p in procs]
-    if first is None and any(codes):
-        first = next(r for r, c in enumerate(codes) if c)
-    return codes, first, errs
+
+def validate_run_options(o: dict) -> tuple[dict, object]:
+    """Check every ``zepp run`` option in ``o`` (the click parameters); returns the worker
+    config and the model spec. Raises ``ZeppInputError`` (one line) on the first bad one."""
+    from zepp.model import model_preset
+    from zepp.runtime.systems import parse_systems
+    from zepp.runtime.worker import default_config
+
+    nodes = check_number("--nodes", o["nodes"], 1, 256, integer=True)
+    L = check_number("--gpus-per-node", o["gpus_per_node"], 1, 64, integer=True)
+    if nodes * L > 256:
+        raise ZeppInputError(f"--nodes x --gpus-per-node = {nodes * L} ranks; at most 256 on one machine")
+    check_number("--iters", o["iters"], 1, 10**6, integer=True)
+    check_number("--warmup", o["warmup"], 0, 10**6, integer=True)
+    check_number("--seed", o["seed"], 0, 2**63 - 1, integer=True)
+    check_number("--timeout", o["timeout"], 0, 10**6, lo_open=True)
+    check_number("--threads", o["threads"], 1, 1024, integer=True)
+    check_number("--relaxation", o["relaxation"], 0, 1000)
+    device = _check_device(str(o["device"]))
+    spec = model_preset(o["model"], experts=o["experts"], topk=o["topk"], hidden=o["hidden"], ffn=o["ffn"])
+    check_number("--extra", o["extra"], 0, spec.num_experts, integer=True)
+    if o["tokens"] is None:
+        check_number("--budget-mb", o["budget_mb"], 0, 1 << 20, lo_open=True)
+        spec.tokens_for_budget(o["budget_mb"])  # the model's own checks
+    else:
+        check_number("--tokens", o["tokens"], 1, 1 << 24, integer=True)
+    if spec.num_experts % (nodes * L):
+        raise ZeppInputError(f"{spec.num_experts} experts do not divide over {nodes * L} ranks; "
+                             f"change --experts, --nodes or --gpus-per-node")
+    systems = parse_systems(o["systems"])
+    if o["json_path"]:
+        check_output_path(o["json_path"], "--json")
+    if o["emulate"]:
+        if device != "cpu":
+            raise ZeppInputError("--emulate runs gloo ranks on the CPU; drop --device")
+        from zepp.emulate.topology import DEFAULT_RATE_MBIT, EmulatedCluster
+
+        EmulatedCluster(nodes, L, rate_mbit=DEFAULT_RATE_MBIT if o["rate_mbit"] is None else o["rate_mbit"],
+                        delay_ms=o["delay_ms"], prefix=o["emulate_prefix"])  # validates rate, delay, prefix
+    elif o["rate_mbit"] is not None or o["delay_ms"]:
+        raise ZeppInputError("--rate-mbit/--delay-ms shape the emulated cluster's NICs; add --emulate")
+    cfg = default_config()
+    cfg.update(nodes=nodes, gpus_per_node=L, model=o["model"], experts=o["experts"], topk=o["topk"],
+               hidden=o["hidden"], ffn=o["ffn"], budget_mb=o["budget_mb"], tokens=o["tokens"], systems=systems,
+               check=o["check"], history=o["history"], trace=o["trace"], iters=o["iters"], warmup=o["warmup"],
+               seed=o["seed"], relaxation=o["relaxation"], extra=o["extra"], dtype=o["dtype"], device=device,
+               backend="nccl" if device.startswith("cuda") else "gloo", timeout=float(o["timeout"]),
+               fault=_parse_fault(o["fault"], systems, nodes * L))
+    _check_traces(cfg, spec)
+    return cfg, spec
 
 
 def format_report(report: dict) -> str:
@@ -213,41 +253,19 @@ def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, toke
         iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault, emulate, rate_mbit,
         delay_ms, emulate_prefix):
     """Run MoE layers on torch.distributed with each system; report correctness, bytes, time."""
-    from zepp.model import model_preset
-    from zepp.runtime.systems import parse_systems
-    from zepp.runtime.worker import default_config, run_in_process
+    from zepp.runtime.worker import run_in_process
 
-    for opt, v in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node), ("--iters", iters)):
-        if v < 1:
-            raise ZeppInputError(f"{opt} must be at least 1, got {v}")
-    if warmup < 0:
-        raise ZeppInputError(f"--warmup must be >= 0, got {warmup}")
-    if timeout <= 0:
-        raise ZeppInputError(f"--timeout must be positive, got {timeout}")
-    spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
-    if tokens is None:
-        spec.tokens_for_budget(budget_mb)  # validates the budget
-    elif tokens < 1:
-        raise ZeppInputError(f"--tokens must be at least 1, got {tokens}")
-    if spec.num_experts % (nodes * gpus_per_node):
-        raise ZeppInputError(f"{spec.num_experts} experts do not divide over {nodes * gpus_per_node} ranks; "
-                             f"change --experts, --nodes or --gpus-per-node")
-    for p in (history, trace):
-        if p is not None and not os.path.isfile(p):
-            raise ZeppInputError(f"trace file {p!r} does not exist")
-    cfg = default_config()
-    cfg.update(nodes=nodes, gpus_per_node=gpus_per_node, model=model, experts=experts, topk=topk, hidden=hidden,
-               ffn=ffn, budget_mb=budget_mb, tokens=tokens, systems=parse_systems(systems), check=check,
-               history=history, trace=trace, iters=iters, warmup=warmup, seed=seed, relaxation=relaxation,
-               extra=extra, dtype=dtype, device=device, backend="nccl" if device.startswith("cuda") else "gloo",
-               timeout=timeout, fault=json.loads(fault) if fault else None)
+    cfg, _ = validate_run_options(dict(
+        nodes=nodes, gpus_per_node=gpus_per_node, model=model, experts=experts, topk=topk, hidden=hidden, ffn=ffn,
+        budget_mb=budget_mb, tokens=tokens, systems=systems, check=check, history=history, trace=trace, iters=iters,
+        warmup=warmup, seed=seed, relaxation=relaxation, extra=extra, dtype=dtype, device=device, timeout=timeout,
+        threads=threads, json_path=json_path, fault=fault, emulate=emulate, rate_mbit=rate_mbit, delay_ms=delay_ms,
+        emulate_prefix=emulate_prefix))
     if emulate:
         _run_emulated(cfg, rate_mbit, delay_ms, threads, emulate_prefix, check, json_path)
         return
-    if rate_mbit is not None or delay_ms:
-        raise ZeppInputError("--rate-mbit/--delay-ms shape the emulated cluster's NICs; add --emulate")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: be that rank
-        with tempfile.TemporaryDirectory(prefix="zepp-run-") as tmp:
+        with temp_folder("zepp-run-") as tmp:
             cfg["out"] = os.path.join(tmp, "report.json")
             code = run_in_process(cfg)
             if int(os.environ["RANK"]) != 0 or code:
@@ -266,18 +284,18 @@ def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, toke
 
 def _run_emulated(cfg: dict, rate_mbit, delay_ms, threads, prefix, check, json_path) -> None:
     """``--emulate``: the same run inside an emulated cluster (``zepp.emulate.runner``)."""
-    from zepp.emulate.netns import DEFAULT_RATE_MBIT, EmulationError, EmulationUnavailable, availability
     from zepp.emulate.runner import format_emulate, run_emulated
+    from zepp.emulate.topology import DEFAULT_RATE_MBIT, availability
+    from zepp.errors import EmulationError, EmulationUnavailable
 
-    if cfg["device"] != "cpu":
-        raise ZeppInputError("--emulate runs gloo ranks on the CPU; drop --device")
     ok, reason = availability()
     if not ok:
         click.echo(f"zepp run --emulate: emulated cluster unavailable: {reason}", err=True)
         raise SystemExit(2)
     try:
-        report = run_emulated(cfg, DEFAULT_RATE_MBIT if rate_mbit is None else rate_mbit, delay_ms, threads=threads,
-                              prefix=prefix)
+        with launcher_signals():
+            report = run_emulated(cfg, DEFAULT_RATE_MBIT if rate_mbit is None else rate_mbit, delay_ms,
+                                  threads=threads, prefix=prefix)
     except RankFailure as exc:
         click.echo(f"zepp run --emulate: {exc}\n(the emulated cluster was torn down)", err=True)
         raise SystemExit(3)

@@ -24,6 +24,16 @@ Example, one rank of four (run the same with RANK=0..3)::
 
 Exit codes: 0 fine; 3 a collective failed or timed out (a peer died or hung); 4 bad input;
 5 internal error (a bug: traceback printed).
+
+Rendezvous: with ``ZEPP_STORE_FILE`` set (every zepp launcher sets it), the ranks meet through
+a ``torch.distributed.FileStore`` at that path and nothing listens for the rendezvous;
+otherwise the usual ``env://`` (``MASTER_ADDR``/``MASTER_PORT``, e.g. under torchrun). Results
+travel to rank 0 as JSON bytes in tensors (``gather_json``), never as pickles.
+
+Hooks: ``run_in_process(cfg, hooks)`` / ``run_case(cfg, hooks)`` take a ``RunHooks`` object
+whose methods the worker calls at fixed points (layer created, right before each layer call,
+right before the closing exchange of results); ``zepp.emulate.rankrun`` reads interface
+counters there. The default hooks do nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +53,50 @@ import torch.distributed as dist
 from zepp.errors import ZeppInputError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class RunHooks:
+    """Callbacks of ``run_case`` (subclass and override; the defaults do nothing).
+
+    ``on_layer_created(index, system)``: layer ``index`` (creation order, one per system) exists.
+    ``on_layer_call(index, system, it)``: right before layer ``index`` runs iteration ``it``
+    (after the barrier that starts the iteration and after any swap of weights).
+    ``before_final_gather()``: every layer call is done; the results exchange comes next.
+    """
+
+    def on_layer_created(self, index: int, system: str) -> None:
+        pass
+
+    def on_layer_call(self, index: int, system: str, it: int) -> None:
+        pass
+
+    def before_final_gather(self) -> None:
+        pass
+
+
+def _jsonable(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(v).__name__}")
+
+
+def gather_json(obj, device=None) -> list:
+    """Every rank's ``obj`` (JSON-serialisable), in rank order, on every rank: the JSON text is
+    exchanged as uint8 tensors (sizes first, then padded bytes), so nothing is unpickled."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    data = json.dumps(obj, default=_jsonable, separators=(",", ":")).encode()
+    world = dist.get_world_size()
+    n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    sizes = [int(x.item()) for x in sizes]
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    outs = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(outs, buf.to(device))
+    return [json.loads(bytes(o[:k].cpu().numpy())) for o, k in zip(outs, sizes)]
 
 
 def default_config() -> dict:
@@ -92,16 +146,17 @@ def activations(seed: int, it: int, rank: int, T: int, H: int) -> torch.Tensor:
     return torch.randn(T, H, generator=g)
 
 
-def run_worker(cfg: dict) -> dict | None:
+def run_worker(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
     """Run ``cfg`` (or each of ``cfg["cases"]``) on this rank; rank 0 returns the report."""
     if not cfg.get("cases"):
-        return run_case(cfg)
-    reports = [run_case({**cfg, **case, "cases": None}) for case in cfg["cases"]]
+        return run_case(cfg, hooks)
+    reports = [run_case({**cfg, **case, "cases": None}, hooks) for case in cfg["cases"]]
     return {"cases": reports} if reports[0] is not None else None
 
 
-def run_case(cfg: dict) -> dict | None:
-    """Run every system of ``cfg`` on this rank; rank 0 returns the report."""
+def run_case(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
+    """Run every system of ``cfg`` on this rank; rank 0 returns the report. ``hooks``: see
+    ``RunHooks``."""
     from zepp.model import model_preset
     from zepp.placement import make_placement
     from zepp.plan import link_stats
@@ -132,6 +187,8 @@ def run_case(cfg: dict) -> dict | None:
     same = (np.arange(world) // L) == rank // L
     row_d = spec.hidden * torch.empty(0, dtype=dtype).element_size()
     results, layers, refs = {}, {}, {}
+    hooks = hooks or RunHooks()
+    index: dict[str, int] = {}  # system -> creation index of its layer (one layer per system)
 
     def make(name):
         sysd = SYSTEMS[name]
@@ -140,7 +197,10 @@ def run_case(cfg: dict) -> dict | None:
                                   device=device)
         results[name] = {"times": [], "plan_times": [], "max_rel_err": 0.0, "bytes_ok": True, "bytes": [],
                          "swapped_slots": 0, "swap_bytes": 0, "metadata_bytes": {}, "weights_ok": True}
-        return MoELayer(d, seed=cfg["seed"], dtype=dtype)
+        layer = MoELayer(d, seed=cfg["seed"], dtype=dtype)
+        index[name] = len(index)
+        hooks.on_layer_created(index[name], name)
+        return layer
 
     def inputs(it):
         x = activations(cfg["seed"], it, rank, T, spec.hidden).to(device, dtype)
@@ -164,6 +224,7 @@ def run_case(cfg: dict) -> dict | None:
             if sp.num_swapped_slots:
                 rec["swap_bytes"] += layer.apply_swaps(sp)
                 rec["swapped_slots"] += sp.num_swapped_slots
+        hooks.on_layer_call(index[name], name, it)
         y = layer(x, ids, w)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -215,8 +276,8 @@ def run_case(cfg: dict) -> dict | None:
             done(name, layer)
             del layer
     results["_traces"] = {"history": hist_trace.source, "eval": eval_trace.source}
-    everything = [None] * world
-    dist.all_gather_object(everything, results)
+    hooks.before_final_gather()
+    everything = gather_json(results, device if cfg.get("backend") == "nccl" else None)
     if rank != 0:
         return None
     return summarize(cfg, spec, T, everything)
@@ -275,6 +336,20 @@ def summarize(cfg: dict, spec, T: int, per_rank: list[dict]) -> dict:
     return report
 
 
+def init_group(backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """Join the process group the environment names: through the file store at
+    ``ZEPP_STORE_FILE`` when set (nothing listens for the rendezvous), else ``env://``."""
+    timeout = datetime.timedelta(seconds=float(timeout_s))
+    path = os.environ.get("ZEPP_STORE_FILE")
+    if not path:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.FileStore(path, world)
+    store.set_timeout(timeout)
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world, timeout=timeout)
+
+
 def init_distributed(cfg: dict) -> None:
     backend = cfg.get("backend") or "gloo"
     dev = cfg.get("device", "cpu")
@@ -283,7 +358,7 @@ def init_distributed(cfg: dict) -> None:
         idx = int(dev.split(":")[1]) if ":" in dev else int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(idx)
         cfg["device"] = f"cuda:{idx}"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=float(cfg["timeout"])))
+    init_group(backend, float(cfg["timeout"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,13 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     return run_in_process(cfg)
 
 
-def run_in_process(cfg: dict) -> int:
-    """Join the process group named by the environment, run, write ``cfg["out"]`` on rank 0."""
+def run_in_process(cfg: dict, hooks: RunHooks | None = None) -> int:
+    """Join the process group named by the environment, run (with ``hooks``), write
+    ``cfg["out"]`` on rank 0."""
     torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
     rank = int(os.environ.get("RANK", "0"))
     try:
         init_distributed(cfg)
-        report = run_worker(cfg)
+        report = run_worker(cfg, hooks)
         if report is not None and cfg.get("out"):
             tmp = cfg["out"] + ".tmp"
             with open(tmp, "w") as f:
