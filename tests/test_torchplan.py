@@ -167,3 +167,38 @@ def test_capture_safe_mode_reads_nothing_back(monkeypatch):
         for dispatch, combine in PAIRS:
             tp.build_flows(r, dispatch, 8, combine)
     monkeypatch.undo()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_fewer_sweeps_are_flagged_or_exact(case):
+    """With one water-fill sweep the routing is either complete (and then the numpy planner's)
+    or says so (``unplaced > 0``); ``plan_batch_numpy`` then re-plans and is always exact."""
+    pl, ids = make_case(case)
+    ref = route("zepp", ids, pl, case["relaxation"])
+    t = torch.as_tensor(ids)
+    got = tp.route("zepp", t, pl, case["relaxation"], sync=False, sweeps=1)
+    if int(got.unplaced) == 0:
+        np.testing.assert_array_equal(got.slot.numpy(), ref.slot)
+    else:
+        with pytest.raises(tp.IncompletePlan):
+            got.to_numpy()
+    plan = tp.plan_batch_numpy(t, pl, "zepp", case["relaxation"], "zepp", None, 16, sweeps=1, sync=False)
+    want = build_flows(ref, "zepp", 16)
+    np.testing.assert_array_equal(plan.routing.slot, ref.slot)
+    for phase in ("dispatch", "combine"):
+        for c in COLS:
+            np.testing.assert_array_equal(getattr(getattr(plan, phase), c), getattr(getattr(want, phase), c))
+
+
+def test_zero_sweeps_leave_demand_unplaced():
+    """The flag can fire: no sweep at all leaves every multi-replica entry unplaced."""
+    rng = np.random.default_rng(5)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    assert (pl.replica_count > 1).any()
+    ids = np.full((4, 3, 1), int(np.flatnonzero(pl.replica_count > 1)[0]), np.int32)
+    got = tp.route("zepp", torch.as_tensor(ids), pl, 0.25, sync=False, sweeps=0)
+    assert int(got.unplaced) == ids.size
+    with pytest.raises(tp.IncompletePlan):
+        tp.plan_batch(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8, sync=False, sweeps=0).to_numpy()
+    assert tp.plan_batch_numpy(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8, sweeps=0).routing.slot.size

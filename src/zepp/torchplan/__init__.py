@@ -9,10 +9,10 @@ where and what can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-from zepp.torchplan.api import build_flows, plan_batch, route
+from zepp.torchplan.api import build_flows, plan_batch, plan_batch_numpy, route
 from zepp.torchplan.routing import TORCH_ROUTINGS, DevicePlacement, device_placement, entry_hash
 from zepp.torchplan.flows import TORCH_COMBINE, TORCH_DISPATCH
-from zepp.torchplan.tables import TorchFlowPlan, TorchHops, TorchRouting
+from zepp.torchplan.tables import IncompletePlan, TorchFlowPlan, TorchHops, TorchRouting
 
-__all__ = ["route", "build_flows", "plan_batch", "TorchRouting", "TorchHops", "TorchFlowPlan", "DevicePlacement",
+__all__ = ["route", "build_flows", "plan_batch", "plan_batch_numpy", "IncompletePlan", "TorchRouting", "TorchHops", "TorchFlowPlan", "DevicePlacement",
            "device_placement", "entry_hash", "TORCH_ROUTINGS", "TORCH_DISPATCH", "TORCH_COMBINE"]

@@ -15,13 +15,15 @@ def arange(n: int, device) -> torch.Tensor:
     return torch.arange(n, dtype=I64, device=device)
 
 
-def counts(key: torch.Tensor, num_keys: int, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``[num_keys]`` int64 histogram of ``key [n]`` (values in ``[0, num_keys]``; ``num_keys``
-    itself is a drop bin). ``weight [n]`` int64 (default 1). Fixed output size, unlike
-    ``torch.bincount`` (whose size depends on the data)."""
-    w = torch.ones_like(key) if weight is None else weight.to(I64)
+def counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """``[num_keys]`` int64 histogram of ``key [n]`` (int64 values in ``[0, num_keys]``; the value
+    ``num_keys`` is a drop bin). Fixed output size. On CUDA a ``scatter_add_`` (``torch.bincount``
+    sizes its output from the data's maximum, a host read); on the CPU ``torch.bincount``, which
+    is the faster of the two there and needs no device sync."""
+    if key.device.type == "cpu":
+        return torch.bincount(key, minlength=num_keys + 1)[:num_keys]
     out = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
-    out.scatter_add_(0, key, w)
+    out.scatter_add_(0, key, torch.ones_like(key))
     return out[:num_keys]
 
 
@@ -30,13 +32,21 @@ def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions are
     meaningless). The torch twin of ``zepp.routing.position_in_group`` (a stable sort)."""
     n = key.shape[0]
-    sorted_key, order = torch.sort(key, stable=True)
+    order = sort_order(key, num_keys)
+    sorted_key = key[order]
     c = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
     c.scatter_add_(0, key, torch.ones_like(key))
     starts = torch.cumsum(c, 0) - c
     pos = torch.empty_like(key)
     pos[order] = arange(n, key.device) - starts[sorted_key]
     return pos
+
+
+def sort_order(key: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Stable ascending order of ``key [n]`` (values in ``[0, num_keys]``), sorted in the
+    narrowest integer type that holds ``num_keys`` (int16 keys sort several times faster)."""
+    dtype = torch.int16 if num_keys < 1 << 15 else torch.int32 if num_keys < 1 << 31 else I64
+    return torch.sort(key.to(dtype), stable=True).indices
 
 
 def first_in_row(sorted_rows: torch.Tensor) -> torch.Tensor:

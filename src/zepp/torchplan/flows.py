@@ -83,10 +83,15 @@ class Grid:
 
 
 def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: str | None = None,
-                coalesce: bool = True) -> TorchFlowPlan:
-    """The device FlowPlan of ``routing`` (see ``zepp.flows.build_flows``): hop tables in
-    fixed-capacity buffers (``TorchHops``), equal after ``to_numpy()`` to the numpy planner's."""
+                coalesce: bool = True, *, sync: bool | None = None) -> TorchFlowPlan:
+    """The device FlowPlan of ``routing`` (see ``zepp.flows.build_flows``), equal after
+    ``to_numpy()`` to the numpy planner's. ``sync=False`` (default while a CUDA graph is being
+    captured): hop tables in fixed-capacity buffers, no host read (capturable); ``sync=True``: tables
+    of exactly ``count`` rows (``nonzero``; its output size is a host read)."""
+    from zepp.torchplan.routing import default_sync
+
     dispatch, combine = check_transports(dispatch, combine)
+    exact = default_sync(routing.slot) if sync is None else bool(sync)
     x = Grid(routing)
     rr = None
     d = HopParts(x.device)
@@ -108,7 +113,7 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
         c.add(away, 0, x.comp, x.owner, x.owner, x.token)
     else:
         _reduce_combine(c, x, rr, direct=combine == "reduce-direct")
-    return TorchFlowPlan(routing, d.pack(), c.pack(), x.L, int(row_bytes), dispatch, combine)
+    return TorchFlowPlan(routing, d.pack(exact), c.pack(exact), x.L, int(row_bytes), dispatch, combine)
 
 
 class _RemoteRows:

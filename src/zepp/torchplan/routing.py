@@ -16,14 +16,16 @@ What runs where:
 
 ``sync`` chooses whether the planner may read a value back to the host:
 
-- ``sync=False`` (the default for CUDA tensors): no host read at all, so the routing can be
+- ``sync=False`` (the default while a CUDA graph is being captured): no host read at all, so the routing can be
   captured in a CUDA graph for a fixed batch shape. The water-fill runs its full fixed number of
   steps; steps after the demand is placed take nothing (proved: ``take <= remaining = 0``), and
   a vacate round after the numpy planner would have stopped is masked off by a device flag, so
   the result is the same as the numpy planner's early-exiting loops.
-- ``sync=True`` (the default for CPU tensors, where a "host read" is free): the same loops
-  stop as soon as the numpy planner's would (nothing left to place, no vacate move left), and
-  the batch is checked like ``zepp.routing.check_batch`` (ids in ``[-1, E)``).
+- ``sync=True`` (the default, except while a CUDA graph is being captured): the same loops stop
+  as soon as the numpy planner's would (nothing left to place, no vacate move left; a few host
+  reads, free on the CPU and a few tens of microseconds each on a GPU, much less than the
+  kernel launches of the steps they skip), the vacate pass compacts its candidates like the
+  numpy planner, and the batch is checked like ``zepp.routing.check_batch`` (ids in ``[-1, E)``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 from zepp.errors import ZeppInputError
 from zepp.plan import Placement, relaxation_fraction
 from zepp.registry import ROUTINGS
-from zepp.torchplan._ops import I64, arange, counts, position_in_group
+from zepp.torchplan._ops import I64, arange, counts, position_in_group, sort_order
 from zepp.torchplan.tables import TorchRouting
 
 TORCH_ROUTINGS = ("home", "replica-rr", "locality", "dynamic", "random", "zepp")
@@ -113,8 +115,8 @@ def device_placement(placement: Placement, device) -> DevicePlacement:
 
 
 def default_sync(t: torch.Tensor) -> bool:
-    """Host reads are allowed by default on CPU tensors only."""
-    return t.device.type == "cpu"
+    """Host reads are allowed unless a CUDA graph is being captured on the current stream."""
+    return not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
 def check_batch(topk_ids: torch.Tensor, placement: Placement, read_values: bool) -> torch.Tensor:
@@ -140,11 +142,15 @@ def check_batch(topk_ids: torch.Tensor, placement: Placement, read_values: bool)
 
 
 def route(name: str, topk_ids: torch.Tensor, placement: Placement, relaxation: float = 0.25,
-          vacate_rounds: int = 3, *, sync: bool | None = None) -> TorchRouting:
+          vacate_rounds: int = 3, *, sync: bool | None = None, sweeps: int | None = None) -> TorchRouting:
     """Route ``topk_ids [R, T, k]`` (integer tensor, any device) with routing ``name``;
     ``slot [R, T, k]`` int32 on the same device equals ``zepp.routing.route(name, ...)``'s.
 
-    ``sync``: see the module docstring (default: True on CPU, False elsewhere).
+    ``sync``: see the module docstring (default: True, except while a CUDA graph is being
+    captured on the current stream). ``sweeps``: water-fill sweeps to run without host reads
+    (default and maximum: the numpy planner's bound ``4C+4``). Every recorded batch we tried
+    needs one; with fewer than the bound, check ``unplaced`` (a device scalar, 0 when complete)
+    and re-plan with the default when it is not 0 (``plan_batch`` does).
     """
     if name not in ROUTINGS:
         raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTINGS)}")
@@ -166,7 +172,7 @@ def route(name: str, topk_ids: torch.Tensor, placement: Placement, relaxation: f
     elif name in ("dynamic", "random"):
         slot = _hashed_choice(e, dp, prefer_local=name == "dynamic")
     else:
-        slot, unplaced = _water_fill(ids, dp, relaxation, sync)
+        slot, unplaced = _water_fill(ids, dp, relaxation, sync, sweeps)
         slot = _vacate(ids, slot, dp, relaxation, vacate_rounds, sync)
     slot = torch.where(missing, -1, slot).to(torch.int32)
     return TorchRouting(ids.to(torch.int32), slot, placement, relaxation if name == "zepp" else None, unplaced)
@@ -230,7 +236,7 @@ def _rank_demand(ids: torch.Tensor, E: int) -> torch.Tensor:
     return counts(key.reshape(-1), R * (E + 1)).reshape(R, E + 1)[:, :E]
 
 
-def _water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool):
+def _water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None = None):
     """Rotation water-fill (``zepp.routing._water_fill``). Returns ``(slot [R, T, k] int64,
     unplaced 0-d int64)``. ``(4C+4) * C`` fixed visit steps over ``[R, M]`` tensors; the
     segmented prefix sums of the numpy planner (sources reaching one replica, in rank order) are
@@ -247,7 +253,7 @@ def _water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync:
     upper = -((-(den + num) * total) // (den * c))
     lower = ((den - num) * total // (den * c)).clamp_min(0)
     valid = dp.valid_multi.reshape(-1)  # [M*C]
-    lower_flat = lower.repeat_interleave(C)  # [M*C]
+    lower_flat = lower[:, None].expand(M, C).reshape(-1)  # [M*C]
     upper_rm = upper[None, :]
     load = torch.zeros(M * C, dtype=I64, device=dev)
     unassigned = total.clone()
@@ -260,7 +266,8 @@ def _water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync:
         scratch.scatter_(1, tf, amount)
         return (torch.cumsum(scratch, 0) - scratch).gather(1, tf)
 
-    for _ in range(4 * C + 4):
+    bound = 4 * C + 4
+    for _ in range(bound if sweeps is None else max(0, min(int(sweeps), bound))):
         if sync and not bool(remaining.any()):
             break
         for v in range(C):
@@ -281,26 +288,26 @@ def _water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync:
             remaining = remaining - take
             unassigned = unassigned - take.sum(0)
     unplaced = remaining.sum()
-    if sync and int(unplaced):
+    if sync and sweeps is None and int(unplaced):
         r, m = (int(v) for v in torch.nonzero(remaining)[0])
         raise AssertionError(f"water-fill left demand of expert {int(dp.multi[m])} on rank {r} unplaced")
 
-    # Entries of (rank r, expert m), in batch order, fill r's assignments in replica order: the
-    # i-th entry in group order takes the replica whose cumulative assignment first exceeds i.
+    # Entries of (rank r, expert m), in batch order, fill r's assignments in replica order.
     flat = ids.reshape(R, -1)
-    n_rank = flat.shape[1]
     mi = dp.multi_index[torch.where(flat >= 0, flat, dp.E)]  # [R, T*k]
     is_multi = mi >= 0
     group = torch.where(is_multi, arange(R, dev)[:, None] * M + mi, R * M).reshape(-1)
-    order = torch.sort(group, stable=True).indices
-    ends = torch.cumsum(assigned.reshape(-1), 0)  # [R*M*C], group-major, replica-minor
-    rank_in_order = torch.searchsorted(ends, arange(group.shape[0], dev), right=True)
-    rep_sorted = rank_in_order.clamp_max(R * M * C - 1) % C
+    order = sort_order(group, R * M)
+    # The assignments laid end to end (the numpy planner's np.repeat), padded by one group for
+    # the entries of single-replica experts (sorted last) so the output size is static.
+    n = group.shape[0]
+    reps_ext = torch.cat([assigned.reshape(-1), (n - assigned.sum()).reshape(1)])
+    which = torch.cat([arange(R * M * C, dev) % C, torch.zeros(1, dtype=I64, device=dev)])
+    rep_sorted = torch.repeat_interleave(which, reps_ext, output_size=n)
     rep_idx = torch.empty_like(rep_sorted)
     rep_idx[order] = rep_sorted
     mslot = dp.reps_multi[mi.clamp_min(0).reshape(-1), rep_idx]
     out = torch.where(is_multi.reshape(-1), mslot, slot.reshape(-1))
-    del n_rank
     return out.reshape(ids.shape), unplaced
 
 
@@ -387,7 +394,10 @@ def _vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxati
         pos_out = position_in_group(torch.where(mmask, src, n_slots).reshape(-1), n_slots).reshape(dst.shape)
         fits = feasible & (pos_in < room_in) & (pos_out < room_out)
         # A token moves only if all its entries on that node can move.
-        rejected = counts(torch.where(mmask & ~fits, gi, g).reshape(-1), g) > 0
+        if sync:
+            rejected = counts(torch.where(fits, g, gi), g) > 0
+        else:
+            rejected = (mmask & ~fits).any(1)
         accept = mmask & ~rejected[gi]
         if sync:
             if not bool(accept.any()):
@@ -397,12 +407,16 @@ def _vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxati
             live = live & m_any & accept.any()
             accept = accept & live
             slot = torch.where(accept, dst, slot)
-        a = accept.to(I64)
-        load = load + counts(dst.reshape(-1), n_slots, a.reshape(-1)) - counts(src.reshape(-1), n_slots, a.reshape(-1))
+        load = load + counts(torch.where(accept, dst, n_slots).reshape(-1), n_slots) \
+            - counts(torch.where(accept, src, n_slots).reshape(-1), n_slots)
         # Next round: tokens that moved (another node may now drop) and tokens that only lost
         # because rejected moves of other tokens held the room.
-        infeasible = counts(torch.where(mmask & ~feasible, gi, g).reshape(-1), g) > 0
-        proposed = counts(torch.where(mmask, gi, g).reshape(-1), g) > 0
+        if sync:
+            infeasible = counts(torch.where(feasible, g, gi), g) > 0
+            proposed = counts(gi, g) > 0
+        else:
+            infeasible = (mmask & ~feasible).any(1)
+            proposed = mmask.any(1)
         new_cand = proposed & ~infeasible
         if sync:
             cand = torch.zeros_like(cand)

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zepp.plan import FlowPlan, Hops, Placement, Routing
+from zepp.plan import FlowPlan, Hops, PlanInvariantError, Placement, Routing
+
+
+class IncompletePlan(PlanInvariantError):
+    """A water-fill run with fewer sweeps than its bound left entries unplaced: re-plan with
+    the default ``sweeps=None``."""
 
 _COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
 _NP_DTYPES = {"stage": np.int8, "src": np.int32, "dst": np.int32, "owner": np.int32, "token": np.int32,
@@ -43,10 +48,13 @@ class TorchRouting:
         s = self.slot.to(torch.int64)
         return torch.where(s >= 0, s // self.placement.slots_per_rank, -1)
 
-    def to_numpy(self) -> Routing:
-        """The numpy ``Routing`` (one device-to-host copy of ``topk_ids`` and ``slot``)."""
-        if self.unplaced is not None and int(self.unplaced) != 0:
-            raise AssertionError(f"water-fill left {int(self.unplaced)} entries unplaced")
+    def to_numpy(self, unplaced: int | None = None) -> Routing:
+        """The numpy ``Routing`` (one device-to-host copy of ``topk_ids`` and ``slot``).
+        Raises ``IncompletePlan`` when the water-fill left entries unplaced."""
+        if unplaced is None and self.unplaced is not None:
+            unplaced = int(self.unplaced)
+        if unplaced:
+            raise IncompletePlan(f"water-fill left {unplaced} entries unplaced (too few sweeps); re-plan")
         return Routing(self.topk_ids.cpu().numpy().astype(np.int32), self.slot.cpu().numpy().astype(np.int32),
                        self.placement, relaxation=self.relaxation)
 
@@ -72,9 +80,9 @@ class TorchHops:
     def capacity(self) -> int:
         return int(self.src.shape[0])
 
-    def to_numpy(self) -> Hops:
-        """``zepp.plan.Hops`` of the first ``count`` rows (one host read: the count)."""
-        n = int(self.count)
+    def to_numpy(self, count: int | None = None) -> Hops:
+        """``zepp.plan.Hops`` of the first ``count`` rows (one host read: the count, unless given)."""
+        n = int(self.count) if count is None else int(count)
         return Hops(**{c: getattr(self, c)[:n].cpu().numpy().astype(_NP_DTYPES[c], copy=False) for c in _COLS})
 
     def trimmed(self) -> dict:
@@ -86,43 +94,63 @@ class TorchHops:
 class HopParts:
     """Collects hop groups as masked candidate lists and packs them into one ``TorchHops``.
 
-    ``add(mask [n], stage, src, dst, owner, token, msg=0, entry=-1)``: the candidates of one
-    group in table order (all ``[n]`` tensors or Python ints); the kept ones are those where
-    ``mask`` is True. ``pack()`` concatenates the groups in the order added and compacts the
-    kept rows to the front (prefix sum + scatter; no host read).
+    ``add(mask, stage, src, dst, owner, token, msg=0, entry=-1)``: the candidates of one group
+    in table order (tensors broadcastable to ``mask``'s shape, or Python ints); the kept ones are
+    those where ``mask`` is True. ``pack(exact)`` concatenates the groups in the order added:
+
+    - ``exact=False``: into a fixed-capacity buffer (capacity = all candidates), kept rows
+      compacted to the front by a prefix sum and a scatter; no host read (capturable).
+    - ``exact=True``: only the kept rows (``nonzero``, whose output size is read on the
+      host), so ``capacity == count``; for CPU tensors, where that read is free and the smaller
+      tables are faster.
     """
 
     def __init__(self, device):
         self.device = device
-        self.masks: list[torch.Tensor] = []
-        self.cols: dict[str, list[torch.Tensor]] = {c: [] for c in _COLS}
+        self.groups: list[tuple[torch.Tensor, tuple]] = []
 
     def add(self, mask, stage, src, dst, owner, token, msg=0, entry=-1) -> None:
-        shape = mask.shape
-        mask = mask.reshape(-1)
-        n = mask.shape[0]
-        self.masks.append(mask)
-        for c, v in zip(_COLS, (stage, src, dst, owner, token, msg, entry)):
-            if isinstance(v, torch.Tensor):
-                v = v.expand(shape).reshape(-1)
-            else:
-                v = torch.full((n,), int(v), dtype=torch.int64, device=self.device)
-            self.cols[c].append(v)
+        self.groups.append((mask, (stage, src, dst, owner, token, msg, entry)))
 
-    def pack(self) -> TorchHops:
-        if not self.masks:
-            z = {c: torch.zeros(0, dtype=_T_DTYPES[c], device=self.device) for c in _COLS}
-            return TorchHops(**z, count=torch.zeros((), dtype=torch.int64, device=self.device))
-        mask = torch.cat(self.masks)
-        cap = mask.shape[0]
-        m64 = mask.to(torch.int64)
-        dest = torch.where(mask, torch.cumsum(m64, 0) - 1, cap)
-        out = {}
-        for c in _COLS:
-            buf = torch.zeros(cap + 1, dtype=_T_DTYPES[c], device=self.device)
-            buf.scatter_(0, dest, torch.cat(self.cols[c]).to(_T_DTYPES[c]))
-            out[c] = buf[:cap]
-        return TorchHops(**out, count=m64.sum())
+    def _col(self, v, shape, c) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):
+            return v.to(_T_DTYPES[c]).expand(shape)
+        return torch.full((1,) * len(shape), int(v), dtype=_T_DTYPES[c], device=self.device).expand(shape)
+
+    def _flat(self, v, shape, c) -> torch.Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        if isinstance(v, torch.Tensor):
+            return v.to(_T_DTYPES[c]).expand(shape).reshape(-1)
+        return torch.full((1,), int(v), dtype=_T_DTYPES[c], device=self.device).expand(n)
+
+    def pack(self, exact: bool = False) -> TorchHops:
+        dev = self.device
+        if exact:
+            out = {c: [] for c in _COLS}
+            for mask, vals in self.groups:
+                where = tuple(torch.nonzero(mask).T)  # coordinates of the kept rows, row-major
+                for c, v in zip(_COLS, vals):
+                    if isinstance(v, torch.Tensor):
+                        out[c].append(v.expand(mask.shape)[where].to(_T_DTYPES[c]))
+                    else:
+                        out[c].append(torch.full(where[0].shape, int(v), dtype=_T_DTYPES[c], device=dev))
+            cols = {c: (torch.cat(v) if v else torch.zeros(0, dtype=_T_DTYPES[c], device=dev)) for c, v in out.items()}
+            n = cols["src"].shape[0]
+            return TorchHops(**cols, count=torch.tensor(n, dtype=torch.int64, device=dev))
+        cap = sum(m.numel() for m, _ in self.groups)
+        bufs = {c: torch.zeros(cap + 1, dtype=_T_DTYPES[c], device=dev) for c in _COLS}
+        offset = torch.zeros((), dtype=torch.int64, device=dev)
+        for mask, vals in self.groups:
+            m = mask.reshape(-1)
+            within = torch.cumsum(m, 0, dtype=torch.int64)
+            dest = torch.where(m, offset + within - 1, cap)
+            if m.numel():
+                offset = offset + within[-1]
+            for c, v in zip(_COLS, vals):
+                bufs[c].scatter_(0, dest, self._flat(v, mask.shape, c))
+        return TorchHops(**{c: b[:cap] for c, b in bufs.items()}, count=offset)
 
 
 @dataclass(frozen=True)
@@ -142,6 +170,15 @@ class TorchFlowPlan:
     def transport(self) -> str:
         return f"{self.dispatch_transport}/{self.combine_transport}"
 
+    def sizes(self) -> tuple[int, int, int]:
+        """``(dispatch hops, combine hops, unplaced entries)`` in one device-to-host read."""
+        u = self.routing.unplaced if self.routing.unplaced is not None else torch.zeros_like(self.dispatch.count)
+        d, c, n = torch.stack([self.dispatch.count, self.combine.count, u.to(torch.int64)]).tolist()
+        return d, c, n
+
     def to_numpy(self) -> FlowPlan:
-        return FlowPlan(self.routing.to_numpy(), self.dispatch.to_numpy(), self.combine.to_numpy(),
+        """The numpy ``zepp.plan.FlowPlan`` (one host read of the sizes, then the copies); raises
+        ``IncompletePlan`` when the water-fill left entries unplaced."""
+        d, c, unplaced = self.sizes()
+        return FlowPlan(self.routing.to_numpy(unplaced), self.dispatch.to_numpy(d), self.combine.to_numpy(c),
                         self.gpus_per_node, self.row_bytes, self.dispatch_transport, self.combine_transport)
