@@ -1,4 +1,5 @@
-"""Expert weights and the grouped expert computation (GELU MLP ``H -> FFN -> H``).
+"""Expert weights and the grouped expert computation: the layer benchmark's GELU MLP ``H -> FFN -> H``
+and, for served checkpoints (``zepp.serve``), gated experts (``grouped_gated_up`` / ``grouped_linear_down``).
 
 Weights are a deterministic function of ``(seed, expert)``, so every rank can create any
 expert's weights and replicas are identical without a broadcast (in production they come from
@@ -71,3 +72,22 @@ def _segments(slot: np.ndarray):
     starts = np.r_[0, cut]
     ends = np.r_[cut, slot.size]
     return zip(slot[starts].tolist(), starts.tolist(), ends.tolist())
+
+
+def grouped_gated_up(rows: torch.Tensor, slot: np.ndarray, gate_up: torch.Tensor, act) -> torch.Tensor:
+    """Gated first GEMM (SwiGLU and kin): ``rows [n, H]`` sorted by ``slot [n]``, ``gate_up [S, 2F, H]``
+    (a Hugging Face expert's ``gate_proj`` rows, then ``up_proj`` rows) -> ``act(x W_g^T) * (x W_u^T)``
+    ``[n, F]``, the same ops per expert as the model's own expert module."""
+    out = rows.new_empty(rows.shape[0], gate_up.shape[1] // 2)
+    for s, a, b in _segments(slot):
+        g, u = F.linear(rows[a:b], gate_up[s]).chunk(2, dim=-1)
+        out[a:b] = act(g) * u
+    return out
+
+
+def grouped_linear_down(inter: torch.Tensor, slot: np.ndarray, down: torch.Tensor) -> torch.Tensor:
+    """Second GEMM: ``inter [n, F]`` sorted by ``slot [n]``, ``down [S, H, F]`` -> ``[n, H]``."""
+    out = inter.new_empty(inter.shape[0], down.shape[1])
+    for s, a, b in _segments(slot):
+        out[a:b] = F.linear(inter[a:b], down[s])
+    return out

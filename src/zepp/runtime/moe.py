@@ -148,3 +148,49 @@ class MoELayer(torch.nn.Module):
                                                                                         w2.to(self.w2.dtype))):
                 return False
         return True
+
+
+@torch.no_grad()
+def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.ndarray, new_slot_expert: np.ndarray,
+                      dispatcher: Dispatcher, tag_base: int = 1 << 14) -> int:
+    """Apply swap weight copies to any per-slot weight tensors of this rank.
+
+    ``weights``: tensors ``[S, ...]`` (slot-major: e.g. ``gate_up [S, 2F, H]`` and ``down [S, H, F]``);
+    ``copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)`` from ``zepp.swap.plan_swaps``;
+    ``old_slot_expert`` / ``new_slot_expert [R, S]``: the placements before and after. Copies read the
+    old weights (staged first), stay inside a node (``SwapError`` otherwise), and go point-to-point
+    over the dispatcher's group; slots emptied by the swap become zero. Every rank calls this with
+    the same arguments. Returns the weight bytes this rank sent.
+    """
+    d = dispatcher
+    S, L, r = old_slot_expert.shape[1], d.gpus_per_node, d.rank
+    copies = check_swap_copies(copies, S, L)
+    if np.any(np.asarray(old_slot_expert).ravel()[copies[:, 0]] != copies[:, 2]):
+        raise SwapError("a swap copy reads a slot that does not hold its expert")
+    sizes = [w[0].numel() for w in weights]
+    ops, staged, sent = [], [], 0
+    for i, (a, b, e) in enumerate(copies.tolist()):
+        ra, rb = a // S, b // S
+        if ra == r:
+            buf = torch.cat([w[a - r * S].reshape(-1) for w in weights])
+        if rb == r:
+            if ra != r:
+                buf = weights[0].new_empty(sum(sizes), device="cpu" if d.host_p2p else None)
+                ops.append(dist.P2POp(dist.irecv, buf, ra, d.group, tag_base + i))
+            staged.append((b - r * S, buf))
+        elif ra == r:
+            buf = buf.cpu() if d.host_p2p else buf
+            ops.append(dist.P2POp(dist.isend, buf, rb, d.group, tag_base + i))
+            sent += buf.numel() * buf.element_size()
+    for w in dist.batch_isend_irecv(ops) if ops else []:
+        w.wait()
+    for s, buf in staged:
+        buf, off = buf.to(weights[0].device), 0
+        for w, n in zip(weights, sizes):
+            w[s].copy_(buf[off: off + n].view(w[s].shape))
+            off += n
+    emptied = np.flatnonzero((np.asarray(new_slot_expert)[r] < 0) & (np.asarray(old_slot_expert)[r] >= 0))
+    for s in emptied.tolist():
+        for w in weights:
+            w[s].zero_()
+    return sent

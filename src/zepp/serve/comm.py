@@ -1,0 +1,121 @@
+"""``ExpertParallel``: the one communication object of a serving process, shared by every layer.
+
+It owns one ``zepp.runtime.Dispatcher`` (one set of staging buffers, allocated once and grown
+when a step needs more) and one ``Placement`` per MoE layer; before each layer it switches the
+dispatcher to that layer's placement. Per layer it keeps the recent per-slot loads (for swaps),
+optionally the recorded top-k ids of every rank (``record=True``: rank 0 writes them as traces),
+and byte counters per phase.
+
+Per step (one model forward over this rank's live rows) the engine calls ``begin_step(rows)``:
+one all-gather of every rank's live-row count, handed to the dispatcher (``expect_tokens``), so
+the layers of the step skip their own count exchange; ``counts`` tells every rank whether any
+rank still has work.
+
+Expert compute is the model's own: ``act(x W_g^T) * (x W_u^T)`` then ``W_d``, per local slot
+(``zepp.runtime.experts.grouped_gated_up`` / ``grouped_linear_down``); with an overlapping system
+(``overlap = "zepp"``) the first GEMM runs on each arrival group and the second in combine waves.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zepp.model import MoESpec
+from zepp.plan import Placement
+from zepp.runtime.dispatcher import Dispatcher
+from zepp.runtime.experts import grouped_gated_up, grouped_linear_down
+
+
+class ExpertParallel:
+    """Process-wide expert-parallel communication (see module docstring).
+
+    ``system``: a ``zepp.registry.System`` the runtime supports; ``placements``: one per MoE
+    layer (same ranks, GPUs per node and slot count); ``spec``: the layers' shape (experts, top-k,
+    hidden, ffn); ``window``: how many recent steps of loads the swaps look at.
+    """
+
+    def __init__(self, system, placements: list[Placement], spec: MoESpec, relaxation: float = 0.25,
+                 device=None, record: bool = False, window: int = 4, group=None):
+        self.system = system
+        self.placements = list(placements)
+        self.spec = spec
+        self.relaxation = relaxation
+        self.dispatcher = Dispatcher.for_system(spec, self.placements[0], system, relaxation=relaxation,
+                                                gpus_per_node=self.placements[0].gpus_per_node, device=device,
+                                                group=group)
+        self.rank, self.world = self.dispatcher.rank, self.dispatcher.world
+        self.device = self.dispatcher.device
+        self.rows: torch.Tensor | None = None
+        self.counts: np.ndarray | None = None
+        self.record = record
+        self.recorded: list[list[np.ndarray]] = [[] for _ in self.placements]
+        self.window = window
+        self.recent: list[list[np.ndarray]] = [[] for _ in self.placements]
+        self.expert_load = np.zeros((len(self.placements), spec.num_experts), np.int64)
+        self.on_layer = None  # test hook: called with (layer) before each layer's dispatch (fault injection)
+        self.moe_seconds = 0.0
+
+    @property
+    def layers(self) -> int:
+        return len(self.placements)
+
+    def begin_step(self, rows: torch.Tensor | None, tokens: int) -> np.ndarray:
+        """Start a step: ``rows [T_r]`` live rows of the flattened hidden states (``None``: all),
+        ``tokens = T_r``. Returns every rank's ``counts [R]`` (one all-gather)."""
+        self.rows = rows
+        c = torch.tensor([int(tokens)], dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(c) for _ in range(self.world)]
+        dist.all_gather(out, c, group=self.dispatcher.group)
+        self.counts = torch.cat(out).cpu().numpy()
+        self.dispatcher.expect_tokens(self.counts)
+        return self.counts
+
+    def moe(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, block) -> torch.Tensor:
+        """One layer: ``x [T_r, H]``, the router's ``ids``/``w [T_r, k]`` -> ``y [T_r, H]`` (fp32 sum)."""
+        if self.on_layer is not None:
+            self.on_layer(layer)
+        t0 = time.perf_counter()
+        d = self.dispatcher
+        d.set_placement(self.placements[layer])
+        act = block.act_fn
+        if not d.overlap:
+            inputs, h = d.dispatch(x, ids, w)
+            inter = grouped_gated_up(inputs.rows, inputs.slot, block.gate_up, act)
+            y = d.combine(grouped_linear_down(inter, inputs.slot, block.down), h)
+        else:
+            h = d.dispatch_begin(x, ids, w)
+            rows, slot = h.inputs.rows, h.prog.e_slot
+            inter = rows.new_empty(rows.shape[0], block.ffn)
+            for grp in d.arrivals(h):
+                ti = d._idx(grp)
+                inter[ti] = grouped_gated_up(rows[ti], slot[grp], block.gate_up, act)
+            cs = d.combine_begin(h)
+            for grp in cs.waves():
+                cs.submit(grp, grouped_linear_down(inter[d._idx(grp)], slot[grp], block.down))
+            y = cs.finish()
+        self._note(layer, h)
+        self.moe_seconds += time.perf_counter() - t0
+        return y
+
+    def _note(self, layer: int, h) -> None:
+        """Per-slot loads of this batch (for swaps), expert loads, recorded ids."""
+        slot = h.plan.routing.slot
+        s = slot[slot >= 0]
+        loads = np.bincount(s, minlength=self.placements[layer].slot_expert.size).astype(np.int64)
+        rec = self.recent[layer]
+        rec.append(loads)
+        del rec[:-self.window]
+        ids = h.plan.routing.topk_ids
+        live = ids[ids[..., 0] >= 0]  # [n, k] rows of present tokens, rank-major
+        self.expert_load[layer] += np.bincount(live.ravel(), minlength=self.spec.num_experts)
+        if self.record:
+            self.recorded[layer].append(live.astype(np.int32))
+
+    def recent_loads(self, layer: int) -> np.ndarray:
+        """``[R * S]`` entries per global slot over the last ``window`` steps of ``layer``."""
+        rec = self.recent[layer]
+        return np.sum(rec, axis=0) if rec else np.zeros(self.placements[layer].slot_expert.size, np.int64)

@@ -1,0 +1,171 @@
+"""Generation on one rank: data-parallel attention, expert-parallel MoE, greedy decoding.
+
+``deal(lengths, ranks)`` deals requests to ranks (longest first, to the rank with the fewest
+prompt tokens so far). Each rank batches its own requests (left padding, an attention mask and
+position ids as ``generate`` builds them, the model's own ``DynamicCache``) and runs:
+
+- step 0, prefill: every prompt token of its requests;
+- then decode steps: one token per unfinished request, until each has its ``max_new_tokens``
+  or emitted an end-of-sequence id (that token is kept, as ``generate`` keeps it).
+
+Only live rows enter the MoE layers: padding and finished requests never reach routing or the
+wire, so every rank holds its own ragged ``T_r`` per step. A rank with no live rows (no requests,
+or all finished) still takes part in every MoE layer of every step with zero rows
+(``ExpertParallelMoE.idle``), until the count all-gather of ``begin_step`` shows every rank done.
+
+Between steps, systems with ``adaptation == "zepp-swap"`` plan intra-node swaps per layer from
+that layer's recent slot loads (``zepp.swap.plan_swaps``) and move the weights inside the node
+(``zepp.runtime.moe.swap_slot_weights``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from zepp.serve.loader import ep_blocks
+
+
+def deal(lengths: list[int], ranks: int) -> list[list[int]]:
+    """Request indices per rank: longest prompt first, to the least-loaded rank (ties: lowest rank);
+    each rank's list in input order."""
+    load = [0] * ranks
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(ranks), key=lambda q: (load[q], len(out[q]), q))
+        out[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(o) for o in out]
+
+
+@dataclass
+class StepLog:
+    """What one rank saw: per step wall time, live rows and swap activity."""
+
+    seconds: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    all_rows: list[int] = field(default_factory=list)  # live rows over all ranks
+    swapped_slots: list[int] = field(default_factory=list)
+    swap_bytes: list[int] = field(default_factory=list)
+    swap_seconds: list[float] = field(default_factory=list)
+    bytes_after_prefill: dict | None = None
+
+
+def _eos_set(config) -> set[int]:
+    gc = getattr(config, "eos_token_id", None)
+    if gc is None:
+        return set()
+    return {int(gc)} if isinstance(gc, int) else {int(x) for x in gc}
+
+
+@torch.no_grad()
+def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos: set[int] | None = None,
+                  keep_logits: bool = False, adapt=None, fault=None):
+    """Generate for this rank's ``prompts`` (token-id lists); every rank calls this together.
+
+    ``max_new [n]`` new tokens per prompt; ``eos``: end-of-sequence ids (default: the config's);
+    ``adapt``: called between steps (swaps); ``fault``: test hook ``{"step", "mode"}``.
+    Returns ``(new_tokens [n][...], logits [n][steps, V] or None, StepLog)``.
+    """
+    from transformers import DynamicCache
+
+    dev = comm.device
+    eos = _eos_set(model.config) if eos is None else set(eos)
+    blocks = ep_blocks(model)
+    n = len(prompts)
+    out: list[list[int]] = [[] for _ in range(n)]
+    logits_out: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    done = np.array([m <= 0 for m in max_new], bool)
+    log = StepLog()
+    if n:
+        Lmax = max(len(p) for p in prompts)
+        ids = torch.zeros(n, Lmax, dtype=torch.int64)
+        mask = torch.zeros(n, Lmax, dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            ids[i, Lmax - len(p):] = torch.as_tensor(p, dtype=torch.int64)
+            mask[i, Lmax - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache(config=model.config)
+        live = mask.reshape(-1).bool()
+    step = 0
+    while True:
+        t0 = time.perf_counter()
+        if fault and fault.get("step") == step:
+            _inject(fault)
+        if step == 0 and n:
+            rows = torch.nonzero(live).squeeze(1)
+        elif n:
+            rows = torch.nonzero(torch.as_tensor(~done, device=dev)).squeeze(1)
+        else:
+            rows = torch.zeros(0, dtype=torch.int64, device=dev)
+        counts = comm.begin_step(rows, int(rows.numel()))
+        if int(counts.sum()) == 0:
+            break
+        if rows.numel():
+            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+            last = res.logits[:, -1, :].float()
+            nxt = last.argmax(-1)
+            for i in np.flatnonzero(~done).tolist():
+                tok = int(nxt[i])
+                out[i].append(tok)
+                if keep_logits:
+                    logits_out[i].append(last[i].cpu())
+                if tok in eos or len(out[i]) >= max_new[i]:
+                    done[i] = True
+            ids = nxt[:, None]
+            mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=dev)], dim=1)
+            pos = pos[:, -1:] + 1
+        else:
+            for b in blocks:
+                b.idle()
+        log.seconds.append(time.perf_counter() - t0)
+        log.rows.append(int(rows.numel()))
+        log.all_rows.append(int(counts.sum()))
+        if step == 0:
+            log.bytes_after_prefill = {p: v.copy() for p, v in comm.dispatcher.counter.by_dst.items()}
+        if adapt is not None:
+            adapt(log)
+        step += 1
+    logits = [torch.stack(x) if x else torch.zeros(0) for x in logits_out] if keep_logits else None
+    return out, logits, log
+
+
+def _inject(fault: dict) -> None:
+    import os
+
+    if fault.get("mode", "die") == "die":
+        os._exit(17)
+    time.sleep(3600)
+
+
+def make_swapper(model, comm):
+    """``adapt(log)`` for ``zepp-swap``: per layer, plan intra-node swaps from its recent slot loads
+    and move the weights (inside nodes only); appends swaps and bytes to the step log."""
+    from zepp.runtime.moe import swap_slot_weights
+    from zepp.swap import plan_swaps
+
+    blocks = ep_blocks(model)
+
+    def adapt(log: StepLog) -> None:
+        t0 = time.perf_counter()
+        slots, sent = 0, 0
+        for b in blocks:
+            old = comm.placements[b.layer]
+            sp = plan_swaps(old, comm.recent_loads(b.layer), comm.relaxation)
+            if not sp.num_swapped_slots:
+                continue
+            comm.dispatcher.set_placement(old)
+            sent += swap_slot_weights([b.gate_up, b.down], sp.copies, old.slot_expert, sp.placement.slot_expert,
+                                      comm.dispatcher)
+            comm.placements[b.layer] = sp.placement
+            comm.recent[b.layer] = [np.asarray(sp.slot_load, np.int64)]
+            slots += sp.num_swapped_slots
+        log.swapped_slots.append(slots)
+        log.swap_bytes.append(sent)
+        log.swap_seconds.append(time.perf_counter() - t0)
+
+    return adapt

@@ -1,0 +1,250 @@
+"""One rank of ``zepp generate``: ``python -m zepp.serve.rank CONFIG.json``.
+
+Driven by the usual torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``; ``LOCAL_RANK`` picks the GPU with ``device = "cuda"``). The JSON config (written
+by ``zepp.serve.cli``; see ``default_config``): ``checkpoint`` folder, ``nodes``,
+``gpus_per_node``, ``systems`` (registry names the runtime runs, each in turn in the same
+process group), ``requests`` (token-id lists), ``max_new`` (per request), ``eos`` (ids, or null
+for the config's), ``history`` (folder of ``layer_{i:03d}.txt`` traces, or null: home placement),
+``record`` (folder: rank 0 writes the first system's per-layer traces and ``load.json``),
+``relaxation``, ``extra`` slots, ``device``, ``backend``, ``timeout`` seconds, ``keep_logits``,
+``fault`` (tests: ``{"rank", "system", "step", "mode": "die"|"hang"}``), ``out`` (report JSON
+written by rank 0).
+
+Exit codes as ``zepp.runtime.worker``: 0 fine; 3 a collective failed or timed out (a peer died or
+hung); 4 bad input; 5 internal error.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zepp.errors import ZeppInputError
+
+
+def default_config() -> dict:
+    return dict(checkpoint=None, nodes=1, gpus_per_node=2, systems=["a2av"], requests=[], max_new=[], eos=None,
+                history=None, record=None, relaxation=0.25, extra=2, device="cpu", backend="gloo", timeout=60.0,
+                keep_logits=False, fault=None, out=None, dtype="float32")
+
+
+def layer_placements(cfg: dict, system, shape: dict, world: int) -> list:
+    """One placement per MoE layer: from ``cfg["history"]`` (``layer_{i:03d}.txt``) with the
+    system's placement choice, else home."""
+    from zepp.placement import make_placement
+    from zepp.trace import node_demand, read_trace
+
+    E, k, L = shape["experts"], shape["top_k"], cfg["gpus_per_node"]
+    out = []
+    for i in range(shape["layers"]):
+        if cfg.get("history"):
+            tr = read_trace(os.path.join(cfg["history"], f"layer_{i:03d}.txt"), num_experts=E, top_k=k)
+            hist = node_demand(tr, cfg["nodes"], L)
+            out.append(make_placement(system.placement, hist, E, world, L, extra=cfg["extra"]))
+        else:
+            out.append(make_placement("home", None, E, world, L))
+    return out
+
+
+def write_record(folder: str, recorded: list[list[np.ndarray]], expert_load: np.ndarray, meta: dict) -> None:
+    """``folder/layer_{i:03d}.txt`` (one token per line, its k ids, the ``../shared/traces`` format)
+    and ``folder/load.json`` (``{"logical_count": [layers][E], ...}``, readable by
+    ``zepp.trace.read_load_histogram``)."""
+    os.makedirs(folder, exist_ok=True)
+    for i, parts in enumerate(recorded):
+        ids = np.concatenate(parts) if parts else np.zeros((0, 1), np.int32)
+        with open(os.path.join(folder, f"layer_{i:03d}.txt"), "w") as f:
+            f.write("\n".join(" ".join(map(str, row)) for row in ids.tolist()) + ("\n" if len(ids) else ""))
+    with open(os.path.join(folder, "load.json"), "w") as f:
+        json.dump({"logical_count": expert_load.tolist(), **meta}, f)
+
+
+def _param_bytes(model) -> int:
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
+    """Load the model for system ``name``, generate, and (rank 0) return its report."""
+    from zepp.model import MoESpec
+    from zepp.registry import system as lookup
+    from zepp.serve.comm import ExpertParallel
+    from zepp.serve.engine import deal, generate_rank, make_swapper
+    from zepp.serve.loader import load_expert_parallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    L = cfg["gpus_per_node"]
+    sysd = lookup(name)
+    spec = MoESpec("served", shape["experts"], shape["top_k"], shape["hidden"], shape["ffn"], 4)
+    device = torch.device(cfg["device"])
+    record = bool(cfg.get("record")) and name == cfg["systems"][0]
+    comm = ExpertParallel(sysd, layer_placements(cfg, sysd, shape, world), spec, cfg["relaxation"], device,
+                          record=record)
+    t_load = time.perf_counter()
+    model = load_expert_parallel(cfg["checkpoint"], comm, rank, device)
+    t_load = time.perf_counter() - t_load
+    reqs = cfg["requests"]
+    mine = deal([len(p) for p in reqs], world)[rank]
+    fault = cfg.get("fault") or {}
+    my_fault = fault if fault.get("rank") == rank and fault.get("system", name) == name else None
+    adapt = make_swapper(model, comm) if sysd.swaps else None
+    comm.dispatcher.counter.reset()
+    dist.barrier()
+    t0 = time.perf_counter()
+    new, logits, log = generate_rank(model, comm, [reqs[i] for i in mine], [cfg["max_new"][i] for i in mine],
+                                     eos=cfg.get("eos"), keep_logits=cfg.get("keep_logits", False), adapt=adapt,
+                                     fault=my_fault)
+    wall = time.perf_counter() - t0
+    counter = comm.dispatcher.counter
+    same = (np.arange(world) // L) == rank // L
+    pre = log.bytes_after_prefill or {p: np.zeros(world, np.int64) for p in counter.by_dst}
+    nbytes = {}
+    for phase, b in counter.by_dst.items():
+        for part, v in (("prefill", pre[phase]), ("decode", b - pre[phase])):
+            nbytes[f"{part}_{phase}_nic"] = int(v[~same].sum())
+            nbytes[f"{part}_{phase}_nvlink"] = int(v[same].sum())
+    mine_rec = {"mine": mine, "new": new, "logits": [x.tolist() for x in logits] if logits is not None else None,
+                "seconds": log.seconds, "rows": log.rows, "all_rows": log.all_rows, "bytes": nbytes,
+                "swapped_slots": log.swapped_slots, "swap_bytes": log.swap_bytes, "swap_seconds": log.swap_seconds,
+                "param_bytes": _param_bytes(model), "bytes_read": model.zepp_bytes_read,
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": t_load,
+                "wall_s": wall, "moe_s": comm.moe_seconds}
+    everything = [None] * world
+    dist.all_gather_object(everything, mine_rec)
+    if rank == 0 and record:
+        write_record(cfg["record"], comm.recorded, comm.expert_load,
+                     {"experts": shape["experts"], "top_k": shape["top_k"], "layers": shape["layers"],
+                      "system": name, "nodes": cfg["nodes"], "gpus_per_node": L})
+    rep = summarize(cfg, name, shape, everything, comm.expert_load, model.zepp_checkpoint_bytes)
+    del model, comm
+    gc.collect()
+    return rep if rank == 0 else None
+
+
+def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_load: np.ndarray,
+              ckpt_bytes: int) -> dict:
+    """Rank 0's report of one system: outputs in input order, throughput, bytes, swaps, memory."""
+    n = len(cfg["requests"])
+    output_ids: list = [None] * n
+    logits: list = [None] * n
+    for pr in per_rank:
+        for j, i in enumerate(pr["mine"]):
+            output_ids[i] = pr["new"][j]
+            if pr["logits"] is not None:
+                logits[i] = pr["logits"][j]
+    secs = np.max(np.array([pr["seconds"] for pr in per_rank]), axis=0)  # every rank runs the same steps
+    rows = np.array(per_rank[0]["all_rows"])
+    prompt_tokens = sum(len(p) for p in cfg["requests"])
+    decode = secs[1:]
+    byt = {k: sum(pr["bytes"][k] for pr in per_rank) for k in per_rank[0]["bytes"]}
+    nic = {part: byt[f"{part}_dispatch_nic"] + byt[f"{part}_combine_nic"] for part in ("prefill", "decode")}
+    load = expert_load.astype(np.float64)
+    mm = (load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-9)).tolist()
+    swaps = np.sum([pr["swapped_slots"] for pr in per_rank[:1]], axis=0) if per_rank[0]["swapped_slots"] else []
+    return {
+        "system": name, "output_ids": output_ids, "logits": logits if cfg.get("keep_logits") else None,
+        "steps": int(secs.size), "prefill_tokens": prompt_tokens,
+        "prefill_s": float(secs[0]) if secs.size else 0.0,
+        "prefill_tokens_per_s": prompt_tokens / float(secs[0]) if secs.size and secs[0] > 0 else None,
+        "decode_steps": int(decode.size),
+        "decode_ms_per_step": float(np.mean(decode) * 1e3) if decode.size else None,
+        "decode_ms_median": float(np.median(decode) * 1e3) if decode.size else None,
+        "rows_per_step": rows.tolist(),
+        "nic_bytes": nic["prefill"] + nic["decode"], "nic_bytes_prefill": nic["prefill"],
+        "nic_bytes_decode": nic["decode"], "bytes": byt,
+        "expert_load_max_over_mean": mm,
+        "swaps_per_step": [int(x) for x in swaps],
+        "swap_bytes_per_step": [int(sum(pr["swap_bytes"][i] for pr in per_rank))
+                                for i in range(len(per_rank[0]["swap_bytes"]))],
+        "swap_ms_per_step": [float(max(pr["swap_seconds"][i] for pr in per_rank) * 1e3)
+                             for i in range(len(per_rank[0]["swap_seconds"]))],
+        "memory": {"checkpoint_bytes": int(ckpt_bytes),
+                   "param_bytes_per_rank": [int(pr["param_bytes"]) for pr in per_rank],
+                   "checkpoint_bytes_read_per_rank": [int(pr["bytes_read"]) for pr in per_rank],
+                   "peak_rss_bytes_per_rank": [int(pr["peak_rss_bytes"]) for pr in per_rank]},
+        "load_s": max(pr["load_s"] for pr in per_rank), "wall_s": max(pr["wall_s"] for pr in per_rank),
+        "moe_s_max": max(pr["moe_s"] for pr in per_rank),
+    }
+
+
+def run_rank(cfg: dict) -> dict | None:
+    """Every system of ``cfg`` on this rank; rank 0 returns ``{"systems": {name: report}, ...}``."""
+    from transformers.utils import logging as hf_logging
+
+    from zepp.serve.loader import moe_shape, read_config
+
+    hf_logging.set_verbosity_error()
+    world = dist.get_world_size()
+    if world != cfg["nodes"] * cfg["gpus_per_node"]:
+        raise ZeppInputError(f"WORLD_SIZE={world} but the config asks for {cfg['nodes']} nodes x "
+                             f"{cfg['gpus_per_node']} GPUs")
+    shape = moe_shape(read_config(cfg["checkpoint"]))
+    reports = {}
+    for name in cfg["systems"]:
+        reports[name] = run_system(cfg, name, shape)
+    if dist.get_rank() != 0:
+        return None
+    return {"systems": reports, "model": {k: v for k, v in shape.items() if k != "paths"},
+            "config": {k: v for k, v in cfg.items() if k not in ("requests", "out")}}
+
+
+def run_in_process(cfg: dict) -> int:
+    """Join the process group named by the environment, run, write ``cfg["out"]`` on rank 0."""
+    from zepp.runtime.worker import _is_comm_error, init_distributed
+
+    torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        init_distributed(cfg)
+        report = run_rank(cfg)
+        if report is not None and cfg.get("out"):
+            tmp = cfg["out"] + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(report, f)
+            os.replace(tmp, cfg["out"])
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except ZeppInputError as exc:
+        print(f"zepp generate rank {rank}: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(4)
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        if not _is_comm_error(exc):
+            print(f"zepp generate rank {rank}: internal error ({type(exc).__name__}: {msg})", file=sys.stderr,
+                  flush=True)
+            traceback.print_exc()
+            os._exit(5)
+        print(f"zepp generate rank {rank}: communication failed ({type(exc).__name__}: {msg}); a peer rank died, "
+              f"hung or timed out (timeout {cfg.get('timeout')} s). Ending this rank.", file=sys.stderr, flush=True)
+        os._exit(3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m zepp.serve.rank CONFIG.json  (env RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
+              file=sys.stderr)
+        return 2
+    cfg = default_config()
+    with open(argv[0]) as f:
+        cfg.update(json.load(f))
+    return run_in_process(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
