@@ -14,6 +14,8 @@ from zepp.synth import (
     SynthParams, distinct_nodes, fit_synth, load_params, merge_saving, pair_concentration, popularity_tv,
     sample_window, synthetic_traces, trace_statistics,
 )
+from zepp.model import PRESET_NAMES, model_preset
+from zepp.synth import PROFILES, default_profile, synthetic_history
 from zepp.trace import Trace, load_model_traces
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -57,8 +59,12 @@ def test_seeded(synth):
 
 
 def test_unknown_model_and_bad_file(tmp_path):
-    with pytest.raises(ZeppInputError, match="no built-in synthetic traces for model 'mixtral'"):
-        synthetic_traces("mixtral")
+    with pytest.raises(ZeppInputError, match="unknown model preset 'gpt'"):
+        synthetic_traces("gpt")
+    with pytest.raises(ZeppInputError, match="unknown skew profile 'olmoe'; choose one of k2, qwen"):
+        synthetic_traces("mixtral", profile="olmoe")
+    with pytest.raises(ZeppInputError, match="no fitted skew profile 'mixtral'"):
+        load_params("mixtral")
     (tmp_path / "p.json").write_text(json.dumps({"model": "x"}))
     with pytest.raises(ZeppInputError, match="not a synthetic-trace parameter file"):
         load_params("x", tmp_path / "p.json")
@@ -148,3 +154,38 @@ def test_independent_experts_would_fail_the_check(real):
     ids = sample_window(flat, "eval", len(ev), seed=0)
     gaps = [abs(distinct_nodes(ids, 384, n) / distinct_nodes(ev.topk_ids, 384, n) - 1) for n in (8, 16)]
     assert max(gaps) > TOLERANCE["nodes"][0]
+
+
+@pytest.mark.parametrize("model", PRESET_NAMES)
+def test_every_preset_has_builtin_traces(model):
+    """Every preset gets traces of its own shape, named after the profile they come from, skewed
+    (hot experts well above the mean), with distinct ids per token."""
+    spec = model_preset(model)
+    pool, ev = synthetic_traces(model, seed=0)
+    prof = default_profile(model)
+    assert prof == (model if model in PROFILES else ("k2" if spec.num_experts > 128 else "qwen"))
+    for t in (pool, ev):
+        assert t.topk_ids.shape[1] == spec.top_k and t.num_experts == spec.num_experts
+        assert (model == prof) == ("profile=" not in t.source) and (model == prof or f"profile={prof}" in t.source)
+        s = np.sort(t.topk_ids, axis=1)
+        assert not (s[:, 1:] == s[:, :-1]).any()
+        load = t.expert_load()
+        assert load.max() > 1.5 * load.mean()
+    other, _ = synthetic_traces(model, seed=0, profile="k2" if prof == "qwen" else "qwen")
+    assert not np.array_equal(other.topk_ids, pool.topk_ids)
+
+
+def test_shipped_profiles_unchanged_by_adaptation():
+    """k2 and qwen draw from their own fit, exactly as before the profiles existed."""
+    for m in PROFILES:
+        p = load_params(m)
+        pool, _ = synthetic_traces(m, seed=3)
+        assert np.array_equal(pool.topk_ids, sample_window(p, "pool", p.rows[0], seed=[3, 0]))
+
+
+def test_synthetic_history_layers_differ():
+    h = synthetic_history("deepseek-v3", seed=0)
+    spec = model_preset("deepseek-v3")
+    assert h.layers == spec.moe_layers and h.form == "tokens"
+    hot = [int(np.argmax(t.expert_load())) for t in h.tokens]
+    assert len(set(hot)) > len(hot) // 2  # hot experts move between layers

@@ -17,6 +17,8 @@ _COMMANDS = {
     "timeline": ("zepp.bench", "timeline"),
     "run": ("zepp.runtime.launch", "run"),
     "cluster": ("zepp.emulate.cli", "cluster"),
+    "place": ("zepp.cli_place", "place"),
+    "systems": ("zepp.cli_systems", "systems"),
 }
 
 

@@ -4,7 +4,10 @@ A cluster is ``nodes`` nodes of ``gpus_per_node`` GPUs. Ranks are numbered node-
 rank ``r`` lives on node ``r // gpus_per_node`` at local index ``r % gpus_per_node``.
 Every GPU has its own NIC; NVLink connects every pair of GPUs inside a node.
 
-The presets take their figures from PAPER.md sections 3, 5 and 7. The GEMM efficiency curve
+The presets take their figures from PAPER.md sections 3, 5 and 7 (``a100``, ``h100``: the
+paper's 4-GPU testbeds) and section 5 for today's 8-GPU NVSwitch nodes (``h100-8``, ``h200-8``)
+and GB200 NVL72 (``gb200-nvl72``, one 72-GPU NVLink domain); :func:`load_cluster_file` reads a
+user's own from YAML or JSON. The GEMM efficiency curve
 defaults (``gemm_eff_max`` 0.5, ``gemm_rows_half`` 64) are the simulator's hardware choice from
 PAPER.md section 5 (``zepp.calibrate.HARDWARE``); a measured H200 curve is in
 ``benchmarks/results/gpu_gemm_h200.md``. The network costs the paper-testbed simulation fits
@@ -86,15 +89,105 @@ _PRESETS: dict[str, dict] = {
     # 4x H100-96GB (GH200) per node, NVLink4; the same Slingshot-11 NICs.
     # 370 GB/s per GPU in NCCL on NVSwitch boards; on a 4-GPU board a GPU talks to 3 peers.
     "h100": dict(nvlink_bw=370e9 / 3, nic_bw=25e9, peak_flops=989e12, hbm_bw=4.0e12),
+    # Today's hardware. 8-GPU NVSwitch nodes with one NDR 400 Gb/s NIC per GPU:
+    # PAPER.md section 5: "NDR 400 Gb/s NIC: about 45-48 GB/s achieved" (46 GB/s here) and
+    # "H100 NVLink4: about 370 GB/s effective per GPU in NCCL on 8-GPU NVSwitch boards", shared by
+    # a GPU's 7 peers when all talk at once (nvlink_bw is per pair, as for the 4-GPU presets).
+    # Peak BF16 and HBM bandwidth: the vendors' public specifications (not in PAPER.md).
+    "h100-8": dict(gpus_per_node=8, nvlink_bw=370e9 / 7, nic_bw=46e9, peak_flops=989e12, hbm_bw=3.35e12),
+    # H200: the same NVLink4 / NVSwitch board and NICs as H100; HBM3e 4.8 TB/s.
+    "h200-8": dict(gpus_per_node=8, nvlink_bw=370e9 / 7, nic_bw=46e9, peak_flops=989e12, hbm_bw=4.8e12),
+    # GB200 NVL72: 72 GPUs in one NVLink domain (one "node" of 72 GPUs), NVLink5 at 1.8 TB/s per GPU
+    # nominal, twice NVLink4's 900 GB/s: we assume twice NVLink4's achieved 370 GB/s (740 GB/s per GPU,
+    # shared by 71 peers); an NDR 400 Gb/s NIC per GPU between racks (PAPER.md section 5, 46 GB/s).
+    # PAPER.md has no measured GB200 figure: these are assumptions, override them with --cluster-file.
+    "gb200-nvl72": dict(gpus_per_node=72, nvlink_bw=740e9 / 71, nic_bw=46e9, peak_flops=2.5e15, hbm_bw=8.0e12),
 }
+_DEFAULT_GPUS_PER_NODE = 4
 
 PRESET_NAMES = tuple(_PRESETS)
 
+_FIELDS = {f.name: f for f in dataclasses.fields(Cluster)}
 
-def cluster_preset(name: str, nodes: int, gpus_per_node: int = 4, **overrides) -> Cluster:
-    """The named hardware preset (``a100`` or ``h100``) at ``nodes`` nodes."""
+
+def cluster_preset(name: str, nodes: int, gpus_per_node: int | None = None, **overrides) -> Cluster:
+    """The named hardware preset at ``nodes`` nodes. ``gpus_per_node`` defaults to the preset's
+    board (4 for ``a100``/``h100``, 8 for ``h100-8``/``h200-8``, 72 for ``gb200-nvl72``)."""
     if name not in _PRESETS:
         raise ZeppInputError(f"unknown cluster preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
     fields = dict(_PRESETS[name])
+    default_l = fields.pop("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
     fields.update(overrides)
-    return Cluster(name=name, nodes=nodes, gpus_per_node=gpus_per_node, **fields)
+    return Cluster(name=name, nodes=nodes, gpus_per_node=default_l if gpus_per_node is None else gpus_per_node,
+                   **fields)
+
+
+def preset_gpus_per_node(name: str) -> int:
+    """The GPUs per node of preset ``name``'s board."""
+    if name not in _PRESETS:
+        raise ZeppInputError(f"unknown cluster preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
+    return int(_PRESETS[name].get("gpus_per_node", _DEFAULT_GPUS_PER_NODE))
+
+
+def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
+    """A :class:`Cluster` from a YAML or JSON file holding the preset's fields.
+
+    Fields are those of :class:`Cluster` (``nvlink_bw``, ``nic_bw``, ``peak_flops``, ...; rates
+    in bytes/s, times in seconds), plus optional ``base`` (a preset whose figures the file
+    overrides) and ``name``. ``nodes`` / ``gpus_per_node`` given here win over the file's.
+    An unknown field, a wrong type or a bad value is one error naming the field.
+    """
+    from pathlib import Path
+
+    from zepp.formats.files import input_file, read_bytes
+
+    p = input_file(Path(path), "cluster file", ".yaml, .yml or .json")
+    raw = read_bytes(p)
+    try:
+        if p.suffix.lower() == ".json":
+            import json
+
+            obj = json.loads(raw)
+        else:
+            import yaml
+
+            obj = yaml.safe_load(raw)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ZeppInputError(f"{p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'} ({first})") from None
+    if not isinstance(obj, dict):
+        raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}")
+    fields: dict = {}
+    base = obj.get("base")
+    if base is not None:
+        if base not in _PRESETS:
+            raise ZeppInputError(f"{p}: field 'base': unknown preset {base!r}; choose one of {', '.join(PRESET_NAMES)}")
+        fields.update(_PRESETS[base])
+        fields.setdefault("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
+    for key, value in obj.items():
+        if key == "base":
+            continue
+        if key not in _FIELDS:
+            raise ZeppInputError(f"{p}: unknown field {key!r}; cluster fields are {', '.join(_FIELDS)} (and base)")
+        if key == "name":
+            if not isinstance(value, str) or not value:
+                raise ZeppInputError(f"{p}: field 'name' must be a non-empty string, got {value!r}")
+        elif key in ("nodes", "gpus_per_node"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ZeppInputError(f"{p}: field {key!r} must be a positive integer, got {value!r}")
+        elif value is None and key == "weight_copy_bw":
+            pass
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
+        fields[key] = value
+    for key in ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max"):
+        if key in fields and not fields[key] > 0:
+            raise ZeppInputError(f"{p}: field {key!r} must be positive, got {fields[key]!r}")
+    if nodes is not None:
+        fields["nodes"] = nodes
+    if gpus_per_node is not None:
+        fields["gpus_per_node"] = gpus_per_node
+    if "nodes" not in fields:
+        raise ZeppInputError(f"{p}: field 'nodes' is missing (or pass --nodes)")
+    fields.setdefault("name", str(base or p.stem))
+    return Cluster(**fields)

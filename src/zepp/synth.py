@@ -43,7 +43,11 @@ import numpy as np
 from zepp.errors import ZeppInputError
 from zepp.trace import Trace
 
-__all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_params", "sample_window"]
+__all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_params", "sample_window",
+           "PROFILES", "default_profile", "adapt_params", "synthetic_history"]
+
+# Skew profiles: the generators fitted to recorded traces (zepp/data/synth_<profile>.json).
+PROFILES = ("k2", "qwen")
 
 WINDOWS = ("pool", "eval")
 _NEG = -30.0  # logit of an expert a window never selects (exp(-30) ~ 1e-13)
@@ -152,11 +156,9 @@ def load_params(model: str, path=None) -> SynthParams:
     if path is None:
         f = _data_file(model)
         if not f.is_file():
-            from zepp.model import TRACE_DIR_OF
-
             raise ZeppInputError(
-                f"no built-in synthetic traces for model {model!r}; they exist for "
-                f"{', '.join(sorted(TRACE_DIR_OF))} (or pass --traces DIR with recorded traces)"
+                f"no fitted skew profile {model!r}; profiles: {', '.join(PROFILES)} (every model preset draws "
+                f"its built-in traces from one of them: synthetic_traces(model, profile=...))"
             )
         text, source = f.read_text(), f"zepp/data/synth_{model}.json"
     else:
@@ -168,22 +170,102 @@ def save_params(params: SynthParams, path) -> None:
     Path(path).write_text(json.dumps(params.to_json(), separators=(",", ":")) + "\n")
 
 
-def synthetic_traces(model_name: str, seed: int = 0, params: SynthParams | None = None) -> tuple[Trace, Trace]:
+def default_profile(model_name: str) -> str:
+    """The skew profile a preset's built-in traces come from: its own fit where one exists
+    (``k2``, ``qwen``), else ``k2`` for models with more than 128 experts and ``qwen`` otherwise
+    (the fitted model closest in expert count)."""
+    from zepp.model import model_preset
+
+    if model_name in PROFILES:
+        return model_name
+    return "k2" if model_preset(model_name).num_experts > 128 else "qwen"
+
+
+def _live_columns(p: SynthParams, n: int) -> np.ndarray:
+    """``n`` evenly spaced expert ids among those both windows select (tilt above the floor)."""
+    live = np.flatnonzero((p.tilt > _NEG / 2).all(axis=0))
+    if live.size < n:
+        live = np.arange(p.num_experts)
+    return live[(np.arange(n) * live.size) // n]
+
+
+def adapt_params(src: SynthParams, num_experts: int, top_k: int, model: str) -> SynthParams:
+    """A generator for ``num_experts`` / ``top_k`` with the skew of ``src``.
+
+    Fewer experts: evenly spaced live experts of ``src`` keep their per-type logits and tilts
+    (so popularity skew, drift between windows and token types carry over). More experts: each
+    source expert is split into equal parts (logit minus ``log(parts)``: the group keeps its
+    share). The co-selection kernel is rescaled in id distance (``d -> d * E_src / E``).
+    """
+    e_s, e_t = src.num_experts, int(num_experts)
+    if e_t <= e_s:
+        cols = _live_columns(src, e_t)
+        logits, tilt = src.logits[:, cols], src.tilt[:, cols]
+    else:
+        cols = (np.arange(e_t) * e_s) // e_t
+        parts = np.bincount(cols, minlength=e_s)[cols]
+        logits, tilt = src.logits[:, cols] - np.log(parts), src.tilt[:, cols]
+    d_s = src.kernel.size - 1
+    d_t = max(1, min(e_t - 1, e_t // 4))
+    idx = np.minimum(np.rint(np.arange(d_t + 1) * e_s / e_t).astype(int), d_s)
+    kernel = src.kernel[idx].copy()
+    kernel[0] = 0.0
+    if top_k > e_t:
+        raise ZeppInputError(f"model {model!r}: top-{top_k} exceeds its {e_t} experts")
+    return SynthParams(model, e_t, int(top_k), logits, src.weights.copy(), tilt, kernel, src.rows, src.fit_seed)
+
+
+def synthetic_traces(model_name: str, seed: int = 0, params: SynthParams | None = None,
+                     profile: str | None = None) -> tuple[Trace, Trace]:
     """``(pool, eval)`` synthetic traces of ``model_name``, with the real windows' row counts.
 
-    The same ``seed`` gives the same rows. ``params`` overrides the shipped parameters.
-    Shipped-parameter draws are cached per ``(model, seed)``; each call returns fresh copies.
+    Every model preset has them: drawn from skew ``profile`` (``k2`` or ``qwen``, default
+    :func:`default_profile`) adapted to the preset's experts and top-k (:func:`adapt_params`);
+    the traces' ``source`` names the profile. The same ``seed`` gives the same rows.
+    ``params`` overrides the generator. Shipped-profile draws are cached per
+    ``(model, profile, seed)``; each call returns fresh copies.
     """
     if params is None:
-        p = load_params(model_name)
-        ids = _cached_windows(model_name, int(seed))
+        from zepp.model import model_preset
+
+        spec = model_preset(model_name)
+        prof = default_profile(model_name) if profile is None else profile
+        if prof not in PROFILES:
+            raise ZeppInputError(f"unknown skew profile {prof!r}; choose one of {', '.join(PROFILES)}")
+        ids = _cached_windows(spec.name, prof, int(seed))
+        e = spec.num_experts
+        tag = f"synthetic:{spec.name}/{{w}}(seed={seed})" if prof == spec.name else \
+            f"synthetic:{spec.name}/{{w}}(profile={prof},seed={seed})"
     else:
-        p = params
-        ids = _windows(p, int(seed))
+        ids = _windows(params, int(seed))
+        e = params.num_experts
+        tag = f"synthetic:{params.model}/{{w}}(seed={seed})"
     return tuple(  # type: ignore[return-value]
-        Trace(a.copy(), p.num_experts, f"synthetic:{p.model}/{window}(seed={seed})")
-        for a, window in zip(ids, WINDOWS)
+        Trace(a.copy(), e, tag.format(w=window)) for a, window in zip(ids, WINDOWS)
     )
+
+
+def synthetic_history(model_name: str, profile: str | None = None, seed: int = 0, window: str = "pool",
+                      layers: tuple[int, ...] | None = None):
+    """A multi-layer :class:`~zepp.history.LayerHistory` of built-in synthetic traces: MoE layer
+    ``j`` (of ``M``) is ``window``'s rows with expert ids rotated by ``j * E // M`` (the hot
+    experts move from layer to layer, as in real models), each layer's rows in an order of its
+    own (seeded). ``layers``: model layer indices (default every MoE layer of the preset)."""
+    from zepp.history import history_from_traces
+    from zepp.model import model_preset
+
+    spec = model_preset(model_name)
+    pool, ev = synthetic_traces(model_name, seed=seed, profile=profile)
+    base = pool if window == "pool" else ev
+    layers = tuple(spec.moe_layers if layers is None else layers)
+    m = len(layers)
+    e = spec.num_experts
+    traces = []
+    for j, layer in enumerate(layers):
+        order = np.random.default_rng([seed, 7, j]).permutation(len(base))
+        ids = (base.topk_ids[order] + (j * e) // m) % e
+        traces.append(Trace(ids.astype(np.int32), e, f"{base.source}:layer{layer}"))
+    return history_from_traces(traces, layers, base.source.split("(")[0] + f"(layers={m})", "synthetic")
 
 
 def _windows(p: SynthParams, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,8 +274,14 @@ def _windows(p: SynthParams, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_windows(model_name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    return _windows(load_params(model_name), seed)
+def _cached_windows(model_name: str, profile: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from zepp.model import model_preset
+
+    p = load_params(profile)
+    spec = model_preset(model_name)
+    if model_name != profile or (spec.num_experts, spec.top_k) != (p.num_experts, p.top_k):
+        p = adapt_params(p, spec.num_experts, spec.top_k, model_name)
+    return _windows(p, seed)
 
 
 # ---------------------------------------------------------------- fitting

@@ -98,8 +98,8 @@ def int_array(x, where: str, what: str = "expert ids", lo: int = 0, hi: int | No
             if nonint.any():
                 idx = _first(nonint)
                 raise ZeppInputError(
-                    f"{where}: {what} must be integers, found {a[idx]!r} at index {list(idx)} (dtype {a.dtype}); "
-                    f"refused rather than truncated: save the ids as an integer array")
+                    f"{where}: {what} must be integers, found {a[idx].item()!r} at index {list(idx)} (dtype "
+                    f"{a.dtype}); refused rather than truncated: save them as an integer array")
         raise ZeppInputError(
             f"{where}: {what} are stored as floating point (dtype {a.dtype}); refused rather than converted: "
             f"save them as an integer array")
@@ -132,7 +132,7 @@ def weights_array(x, where: str, shape: tuple[int, ...]) -> np.ndarray:
         raise ZeppInputError(f"{where}: topk_weights has shape {a.shape}, topk_ids has {shape}; they must match")
     if a.size and not np.all(np.isfinite(a)):
         idx = _first(~np.isfinite(a))
-        raise ZeppInputError(f"{where}: topk_weights holds {a[idx]!r} at row {idx[0]}, position {idx[1] + 1}; "
+        raise ZeppInputError(f"{where}: topk_weights holds {a[idx].item()!r} at row {idx[0]}, position {idx[1] + 1}; "
                              f"gate weights must be finite")
     return a.astype(np.float32)
 
