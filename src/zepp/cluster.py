@@ -108,6 +108,7 @@ _DEFAULT_GPUS_PER_NODE = 4
 PRESET_NAMES = tuple(_PRESETS)
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Cluster)}
+_NUMBER = __import__("re").compile(r"[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def cluster_preset(name: str, nodes: int, gpus_per_node: int | None = None, **overrides) -> Cluster:
@@ -177,6 +178,10 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
                 raise ZeppInputError(f"{p}: field {key!r} must be a positive integer, got {value!r}")
         elif value is None and key == "weight_copy_bw":
             pass
+        elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 5.0e10 (no exponent sign) as a string
+            if not np.isfinite(value) or value < 0:
+                raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
             raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
         fields[key] = value
