@@ -1,0 +1,43 @@
+"""Session-wide check: the suite leaves the temp folder (``/tmp``) as it found it.
+
+Every temp folder zepp makes goes through ``tempfile`` (``$TMPDIR``), also in the rank and
+launcher processes the tests start (they inherit the environment). The session points
+``TMPDIR`` at a folder of its own, so other users of ``/tmp`` on the same machine cannot make
+the check fail or pass by chance; at the end every ``zepp-*`` entry left in it fails the
+session, and the folder itself is removed. pytest's own ``tmp_path`` folders stay where pytest
+keeps them (``PYTEST_DEBUG_TEMPROOT``, the original temp folder).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+_ORIGINAL_TMP = tempfile.gettempdir()
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _ORIGINAL_TMP)
+SESSION_TMP = tempfile.mkdtemp(prefix="zepp-tests-", dir=_ORIGINAL_TMP)
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = None  # re-read TMPDIR
+
+
+def zepp_leftovers(folder: str = SESSION_TMP) -> list[str]:
+    """``zepp-*`` entries in ``folder`` (temp folders of launchers, ranks, clusters)."""
+    try:
+        return sorted(n for n in os.listdir(folder) if n.startswith("zepp-"))
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_leaves_tmp_as_it_found_it():
+    yield
+    left = zepp_leftovers()
+    if left:  # a killed launcher's watchdog may still be finishing; give it a moment
+        time.sleep(2.0)
+        left = zepp_leftovers()
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    assert not left, f"the test suite left temp folders behind: {left}"
