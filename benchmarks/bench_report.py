@@ -12,7 +12,10 @@ import sys
 import numpy as np
 
 from zepp.bench import format_table
-from zepp.systems import BASELINES, ZEPP_VARIANTS
+from zepp.registry import PAPER_BASELINES as BASELINES
+from zepp.registry import SYSTEMS
+
+ZEPP_VARIANTS = SYSTEMS["zepp"].best_of
 
 
 def report(path: str, title: str) -> str:
@@ -34,7 +37,7 @@ def report(path: str, title: str) -> str:
     except OSError:
         pass
     out += ["## Zepp's variants (ms)", "",
-            "Planning = modelled GPU time of our planner (`zepp.systems.planner_gpu_seconds`), on every rank's "
+            "Planning = modelled GPU time of our planner (`zepp.sim.planning`, a deterministic model), on every rank's "
             "critical path. `zepp @5%` re-states the best variant with planning at the paper's ~5% of the "
             "iteration instead (a sensitivity, not the reported number).", "",
             "| nodes | model | MB | zepp-a2av | zepp-overlap | zepp-swap | chosen | its planning ms | zepp @5% | speedup @5% |",

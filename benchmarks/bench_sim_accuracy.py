@@ -1,4 +1,4 @@
-"""Accuracy and speed of the engine's event coarsening (``zepp.systems.SIM_OPTS``) against the
+"""Accuracy and speed of the engine's event coarsening (``zepp.sim.layer.SIM_OPTS``) against the
 exact engine (every event, exact max-min levels), on real traces, one batch per configuration.
 
     python benchmarks/bench_sim_accuracy.py > benchmarks/results/bench_sim_accuracy.md
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-import zepp.systems as systems
+import zepp.sim.layer as layer
+import zepp.sim.run as simrun
 from zepp.calibrate import calibrated
 from zepp.model import model_preset
-from zepp.systems import Config, run_system
+from zepp.sim.run import Config, run_system
 from zepp.trace import load_model_traces, node_demand, sample_batches
 
 CASES = [(4, "k2", 16.0), (16, "k2", 16.0), (16, "qwen", 4.0)]
@@ -23,9 +24,7 @@ if len(sys.argv) > 1:
 
 print("| nodes | model | MB | system | exact ms | coarse ms | rel diff | exact s | coarse s |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-coarse = dict(systems.SIM_OPTS)
-# Zepp's planning cost is measured on this CPU each run; pin it so only the engine differs.
-systems.planner_gpu_seconds = lambda cpu, a, b: 1e-3
+coarse = dict(layer.SIM_OPTS)
 for n, m, mb in CASES:
     pool, ev = load_model_traces(Path(__file__).resolve().parents[2] / "shared" / "traces", m)
     cl, net = calibrated("a100", n)
@@ -35,10 +34,10 @@ for n, m, mb in CASES:
     for s in SYS:
         out = []
         for opts in ({"rel_quantum": 0.0, "rate_tol": 1e-9}, coarse):
-            systems.SIM_OPTS = opts
+            simrun.SIM_OPTS = opts  # the options run.simulate_plan passes to the engine
             t = time.time()
             r = run_system(s, cfg)
             out.append((r.median * 1e3, time.time() - t))
-        systems.SIM_OPTS = coarse
+        simrun.SIM_OPTS = coarse
         (e, te), (c, tc) = out
         print(f"| {n} | {m} | {mb:g} | {s} | {e:.3f} | {c:.3f} | {(c / e - 1) * 100:+.2f}% | {te:.1f} | {tc:.1f} |", flush=True)

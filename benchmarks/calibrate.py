@@ -21,7 +21,7 @@ import numpy as np
 
 from zepp.calibrate import FITTED, HARDWARE, calibrated, fit_a2av, fit_cells
 from zepp.model import model_preset
-from zepp.systems import Config, run_system
+from zepp.sim.run import Config, run_system
 from zepp.trace import load_model_traces, node_demand, sample_batches
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

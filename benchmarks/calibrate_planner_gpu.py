@@ -1,4 +1,4 @@
-"""CPU -> GPU scale of planner-like array work, measured (for ``zepp.systems.planner_gpu_seconds``).
+"""CPU -> GPU scale of planner-like array work, measured (the GPU op mix of ``zepp.sim.planning``).
 
     python benchmarks/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
     python benchmarks/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)

@@ -1,18 +1,22 @@
-"""``zepp bench --json`` writes the documented schema; bad options fail with one clear error."""
+"""``zepp bench``: the documented JSON schema, written as configurations finish, ``--resume``,
+bit-identical repeats, and one clear error per bad option."""
 
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
+from zepp import registry
 from zepp.bench import bench
-from zepp.calibrate import measured_ms
 from zepp.cli import main
-from zepp.systems import SYSTEMS
+from zepp.measured import measured_ms
+
+SMALL = ["--nodes", "1", "--models", "k2", "--budgets", "1", "--iters", "2", "--warmup", "1", "--jobs", "1"]
 
 
-def write_traces(root, rng):
-    for sub, experts in (("k2", 384), ("qwen3", 128)):
+def write_traces(root, rng, dirs=(("k2", 384), ("qwen3", 128))):
+    for sub, experts in dirs:
         d = root / sub
         d.mkdir(parents=True)
         for window in ("pool", "eval"):
@@ -24,25 +28,47 @@ def write_traces(root, rng):
 def test_bench_json_schema(tmp_path):
     write_traces(tmp_path / "traces", np.random.default_rng(0))
     out = tmp_path / "b.json"
-    res = CliRunner().invoke(bench, ["--traces", str(tmp_path / "traces"), "--nodes", "1", "--models", "k2",
-                                     "--budgets", "1", "--iters", "2", "--warmup", "1", "--jobs", "1",
-                                     "--json", str(out), "--plot", str(tmp_path / "b.png")])
+    res = CliRunner().invoke(bench, ["--traces", str(tmp_path / "traces"), *SMALL, "--json", str(out),
+                                     "--plot", str(tmp_path / "b.png")])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert set(data) == {"rows", "geomean_speedup"}
     assert len(data["rows"]) == 1
     row = data["rows"][0]
-    assert set(row) == {"cluster", "nodes", "model", "budget_mb", "latency_ms", "lower_bound_ms", "measured_ms"}
+    assert set(row) == {"cluster", "nodes", "gpus_per_node", "model", "budget_mb", "latency_ms", "lower_bound_ms",
+                        "measured_ms", "variant", "run"}
     assert (row["cluster"], row["nodes"], row["model"], row["budget_mb"]) == ("a100", 1, "k2", 1.0)
-    assert set(row["latency_ms"]) == set(SYSTEMS) | {"zepp"}
-    assert row["latency_ms"]["zepp"] == min(row["latency_ms"][s] for s in ("zepp-a2av", "zepp-overlap", "zepp-swap"))
+    variants = registry.SYSTEMS["zepp"].best_of
+    assert set(row["latency_ms"]) == set(registry.PAPER_BASELINES) | {"zepp", *variants}
+    best_variant = min(variants, key=lambda s: row["latency_ms"][s])
+    assert row["latency_ms"]["zepp"] == row["latency_ms"][best_variant] and row["variant"]["zepp"] == best_variant
     assert all(v >= row["lower_bound_ms"] for v in row["latency_ms"].values())
-    assert set(row["measured_ms"]) == {"a2av", "fast", "comet", "eplb", "epic", "moonep", "comet+eplb"}
+    assert set(row["measured_ms"]) == set(registry.PAPER_BASELINES)
     assert all(v is None for v in row["measured_ms"].values())
-    best = min(row["latency_ms"][s] for s in SYSTEMS[:7])
+    best = min(row["latency_ms"][s] for s in registry.PAPER_BASELINES)
     assert data["geomean_speedup"] == best / row["latency_ms"]["zepp"]
     assert (tmp_path / "b.png").stat().st_size > 0
-    assert "speedup" in res.output
+    assert "speedup" in res.output and "1 configuration," in res.output
+
+
+def test_repeat_is_bit_identical_and_resume_skips_stored_rows(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["--nodes", "1", "--models", "qwen", "--budgets", "1,2", "--iters", "2", "--warmup", "1",
+            "--systems", "a2av,zepp-overlap"]
+    r1 = CliRunner().invoke(bench, [*args, "--json", str(a), "--jobs", "1"])
+    r2 = CliRunner().invoke(bench, [*args, "--json", str(b), "--jobs", "2"])
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    la = [r["latency_ms"] for r in json.loads(a.read_text())["rows"]]
+    assert la == [r["latency_ms"] for r in json.loads(b.read_text())["rows"]]  # every digit, any worker count
+    # keep only the first configuration, as if the run had been killed after it
+    data = json.loads(a.read_text())
+    data["rows"] = data["rows"][:1]
+    a.write_text(json.dumps(data))
+    a.with_name("a.detail.json").unlink()
+    r3 = CliRunner().invoke(bench, [*args, "--json", str(a), "--jobs", "1", "--resume"])
+    assert r3.exit_code == 0, r3.output
+    assert "1 of 2 configurations already" in r3.output
+    assert [r["latency_ms"] for r in json.loads(a.read_text())["rows"]] == la
 
 
 def test_measured_cells_come_from_the_paper():
@@ -52,11 +78,30 @@ def test_measured_cells_come_from_the_paper():
     assert measured_ms("h100", 4, "qwen", 1)["a2av"] is None
 
 
-def test_bad_options_fail_clearly(tmp_path, capsys):
-    for args, word in ((["--systems", "nope"], "nope"), (["--nodes", "5", "--models", "k2"], "divide"),
-                       (["--traces", str(tmp_path / "missing")], "not a directory")):
-        try:
-            main(["bench", *args])
-        except SystemExit as e:
-            assert e.code == 2
-        assert word in capsys.readouterr().err
+@pytest.mark.parametrize("args,word", [
+    (["--systems", "nope"], "unknown system(s) nope"),
+    (["--systems", "zepp-p2p"], "not supported by this command"),
+    (["--nodes", "5", "--models", "k2"], "divide"),
+    (["--budgets", "inf"], "budget"),
+    (["--jobs", "0"], "--jobs"),
+    (["--resume"], "--resume needs --json"),
+    (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+])
+def test_bad_options_fail_clearly(tmp_path, capsys, args, word):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_traces_folder_names_what_it_looked_for(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--traces", str(tmp_path / "missing")])
+    assert info.value.code == 2
+    assert "not a directory" in capsys.readouterr().err
+    write_traces(tmp_path / "t", np.random.default_rng(1), dirs=(("k2", 384),))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--traces", str(tmp_path / "t"), "--models", "qwen", "--nodes", "1"])
+    assert info.value.code == 2
+    assert "pool.txt" in capsys.readouterr().err

@@ -6,8 +6,9 @@ import pytest
 from zepp.cluster import cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.model import model_preset
-from zepp.schedule import LayerBuilder, Mechanics, Net
-from zepp.simulate import TaskGraph, maxmin_rates, simulate
+from zepp.sim.layer import LayerBuilder
+from zepp.sim.mechanics import Mechanics, Net
+from zepp.sim.engine import SimulationError, TaskGraph, maxmin_rates, simulate
 
 BW = 25e9
 
@@ -102,13 +103,16 @@ def test_stream_runs_lowest_priority_ready_task_first():
     assert tl.start[late] == pytest.approx(1e-3)
 
 
-def test_cycle_is_reported():
+def test_cycle_is_an_engine_error_not_bad_input():
     g = TaskGraph(cl())
     a = g.add_fixed(0, 1e-3)
     b = g.add_fixed(1, 1e-3, deps=a)
     g.after(b, a)
-    with pytest.raises(ZeppInputError):
+    with pytest.raises(SimulationError, match="cycle") as info:
         simulate(g)
+    assert not isinstance(info.value, ZeppInputError)  # a bug in a graph builder, never the user's input
+    with pytest.raises(SimulationError, match="different GPUs"):
+        g.add_transfer(2, 2, 1.0, 0.0)
 
 
 def test_gemm_roofline_switches_from_weights_to_flops():

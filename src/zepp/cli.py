@@ -16,6 +16,7 @@ _COMMANDS = {
     "bench": ("zepp.bench", "bench"),
     "timeline": ("zepp.bench", "timeline"),
     "run": ("zepp.runtime.launch", "run"),
+    "generate": ("zepp.serve.cli", "generate"),
     "cluster": ("zepp.emulate.cli", "cluster"),
     "place": ("zepp.cli_place", "place"),
     "systems": ("zepp.cli_systems", "systems"),

@@ -1,13 +1,15 @@
-"""Figures: grouped latency bars of a benchmark and a per-resource Gantt chart of a Timeline."""
+"""Figures: the benchmark's bars (one panel per model, normalised to each row's fastest
+baseline) and per-resource Gantt charts of simulated layers."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from zepp.simulate import Timeline
+from zepp.sim.engine import Timeline
 
+# one colour per kind of work; planning and the all-gather apart
 COLORS = {"gemm": "tab:green", "dispatch": "tab:blue", "combine": "tab:orange", "copy": "tab:purple",
-          "plan": "tab:gray", "barrier": "black", "reduce": "tab:olive", "allgather": "tab:gray",
+          "plan": "tab:gray", "allgather": "tab:pink", "barrier": "black", "reduce": "tab:olive",
           "proxy": "tab:cyan", "other": "tab:brown"}
 
 
@@ -21,67 +23,100 @@ def _plt():
 
 
 def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> None:
-    """Grouped bars: one group per row (``nodes/model/MB``), one bar per system (ms, log scale)."""
+    """One panel per model; per configuration a group of bars, each system's latency divided by
+    the row's fastest baseline (1.0 = that baseline; lower is faster), Zepp's bar outlined and
+    labelled with its speedup."""
     plt = _plt()
-    n, m = len(rows), len(systems)
-    fig, ax = plt.subplots(figsize=(min(20.0, max(8.0, 0.12 * n * (m + 1))), 5))
-    width = 0.8 / m
-    x = np.arange(n)
-    cmap = plt.get_cmap("tab10" if m <= 10 else "tab20")
-    for j, s in enumerate(systems):
-        vals = [r["latency_ms"].get(s) or np.nan for r in rows]
-        ax.bar(x + (j - (m - 1) / 2) * width, vals, width, label=s, color=cmap(j % cmap.N),
-               edgecolor="black" if s == "zepp" else None)
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{r['nodes']}n {r['model']}\n{r['budget_mb']:g} MB" for r in rows], fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("simulated latency per MoE layer (ms)")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=min(m, 6))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    base_names = [s for s in systems if s != "zepp"]
+    fig, axes = plt.subplots(len(models), 1, figsize=(max(9.0, 0.9 * max(
+        sum(r["model"] == m for r in rows) for m in models) * (len(systems) + 1) / 4), 4.2 * len(models)),
+        squeeze=False)
+    cmap = plt.get_cmap("tab10" if len(systems) <= 10 else "tab20")
+    width = 0.8 / len(systems)
+    for ax, model in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == model]
+        x = np.arange(len(mine))
+        for j, s in enumerate(systems):
+            vals = []
+            for r in mine:
+                base = min(r["latency_ms"][b] for b in base_names if b in r["latency_ms"])
+                vals.append(r["latency_ms"].get(s, np.nan) / base)
+            pos = x + (j - (len(systems) - 1) / 2) * width
+            is_zepp = s == "zepp"
+            ax.bar(pos, vals, width, label=s, color="tab:red" if is_zepp else cmap(j % cmap.N),
+                   edgecolor="black" if is_zepp else "none", linewidth=1.2)
+            if is_zepp:
+                for p, v in zip(pos, vals):
+                    if np.isfinite(v) and v > 0:
+                        ax.text(p, v * 1.03, f"{1 / v:.2f}x", ha="center", va="bottom", fontsize=8, rotation=90)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['nodes']} nodes\n{r['budget_mb']:g} MB" for r in mine], fontsize=9)
+        ax.set_yscale("log")
+        ax.set_ylabel("latency / fastest baseline", fontsize=10)
+        ax.set_title(f"{model}" + (f": {title}" if title else ""), fontsize=11)
+        ax.legend(fontsize=8, ncol=min(len(systems), 8), loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def gantt(tl: Timeline, path: str, title: str = "", ranks: list[int] | None = None, max_rows: int = 48) -> None:
-    """Per-resource Gantt chart of ``tl`` (tasks of ``ranks`` only when given: their streams,
-    their NIC sends and their NVLink sends). Pure delays (``-``) are left out."""
+def _rank_of(resource: str) -> int:
+    if resource.startswith("gpu") or resource.startswith("nic"):
+        return int(resource[3:].split(".")[0])
+    return int(resource[3:].split(">")[0])
+
+
+def _sort_key(res: str):
+    kind = 0 if res.startswith("gpu") else (1 if res.startswith("nic") else 2)
+    return (_rank_of(res), kind, res)
+
+
+def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None, max_rows: int = 48) -> None:
+    """Per-resource Gantt chart of one ``Timeline`` or of several ``(label, Timeline)`` drawn
+    one above the other on a shared time axis (tasks of ``ranks`` only when given: their
+    streams, their NIC sends and their NVLink sends). Every task is its own bar, so each
+    dispatch group and combine wave shows apart (GEMM tasks alternate shades); one colour per
+    kind of work; only the kinds that occur are in the legend."""
     plt = _plt()
-    keep = []
-    for i, res in enumerate(tl.resource):
-        if res == "-" or tl.end[i] <= tl.start[i]:
-            continue
-        if ranks is not None:
-            if res.startswith("gpu"):
-                r = int(res[3:].split(".")[0])
-            elif res.startswith("nic"):
-                r = int(res[3:].split(".")[0])
-            else:
-                r = int(res[3:].split(">")[0])
-            if r not in ranks:
+    if isinstance(timelines, Timeline):
+        timelines = [("", timelines)]
+    panels = []
+    for label, tl in timelines:
+        keep = [i for i, res in enumerate(tl.resource)
+                if res != "-" and tl.end[i] > tl.start[i] and (ranks is None or _rank_of(res) in ranks)]
+        names = sorted({tl.resource[i] for i in keep}, key=_sort_key)[:max_rows]
+        panels.append((label, tl, keep, names))
+    heights = [max(2.0, 0.26 * len(p[3]) + 0.8) for p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, sum(heights) + 0.8), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    seen = set()
+    for ax, (label, tl, keep, names) in zip(axes[:, 0], panels):
+        row = {n: j for j, n in enumerate(names)}
+        shade: dict[str, int] = {}
+        for i in keep:
+            res = tl.resource[i]
+            if res not in row:
                 continue
-        keep.append(i)
-
-    def sort_key(res):
-        kind = 0 if res.startswith("gpu") else (1 if res.startswith("nic") else 2)
-        num = int("".join(ch for ch in res.split(".")[0].split(">")[0] if ch.isdigit()) or 0)
-        return (num, kind, res)
-
-    names = sorted({tl.resource[i] for i in keep}, key=sort_key)[:max_rows]
-    row = {n: j for j, n in enumerate(names)}
-    fig, ax = plt.subplots(figsize=(12, max(3, 0.28 * len(names) + 1)))
-    for i in keep:
-        if tl.resource[i] not in row:
-            continue
-        ax.barh(row[tl.resource[i]], (tl.end[i] - tl.start[i]) * 1e3, left=tl.start[i] * 1e3, height=0.8,
-                color=COLORS.get(tl.kind[i], "gray"), linewidth=0)
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("time (ms)")
-    ax.set_title(title or f"latency {tl.latency * 1e3:.2f} ms")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), fontsize=7, ncol=5, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+            kind = tl.kind[i]
+            seen.add(kind)
+            alpha = 1.0
+            if kind == "gemm":  # alternate shades per GEMM task on a stream: groups and waves apart
+                shade[res] = shade.get(res, 0) + 1
+                alpha = 1.0 if shade[res] % 2 else 0.55
+            ax.barh(row[res], (tl.end[i] - tl.start[i]) * 1e3, left=tl.start[i] * 1e3, height=0.8,
+                    color=COLORS.get(kind, "gray"), alpha=alpha, edgecolor="white", linewidth=0.3)
+        ax.set_yticks(range(len(names)))
+        ax.set_yticklabels(names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title((f"{label}: " if label else "") + f"{tl.latency * 1e3:.2f} ms", fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("time (ms)")
+    kinds = [k for k in COLORS if k in seen]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds]
+    fig.legend(handles, kinds, fontsize=8, ncol=len(kinds), loc="lower center")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
     plt.close(fig)

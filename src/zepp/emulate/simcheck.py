@@ -13,7 +13,7 @@ Three parts:
    runtime's own ``grouped_up``/``grouped_down`` on ``rows`` rows spread over ``groups`` slots,
    fitted by least squares to ``t = c_group * groups + c_row * rows``.
 3. ``layer_graph`` / ``simulate_system``: a task graph of the runtime's executor (not of the paper's GPU baselines)
-   for ``zepp.simulate.simulate``:
+   for ``zepp.sim.engine.simulate``:
 
    - per rank: metadata all-gather + planning (a fixed task: the worker's own measured median
      ``plan`` time of that system in the same run: planning is CPU time the model does not try
@@ -196,7 +196,7 @@ def layer_graph(plan, cal: dict, overlap: bool, plan_s: float, params: dict):
     seconds per byte a rank sends plus receives in a collective, on one core; multiplied by the
     ranks per core, ``max(1, R / cores)``), ``bw_scale`` (multiplies both link rates)."""
     from zepp.runtime.program import compile_rank
-    from zepp.simulate import TaskGraph
+    from zepp.sim.engine import TaskGraph
 
     R, L = plan.ranks, plan.gpus_per_node
     cl = _cluster(cal, R // L, L, params.get("bw_scale", 1.0))
@@ -306,7 +306,7 @@ def layer_graph(plan, cal: dict, overlap: bool, plan_s: float, params: dict):
 
 def simulate_layer(plan, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
     """Simulated layer latency (seconds, slowest rank) of one plan."""
-    from zepp.simulate import simulate
+    from zepp.sim.engine import simulate
 
     return simulate(layer_graph(plan, cal, overlap, plan_s, params), labels=False).latency
 

@@ -6,7 +6,12 @@ destination) and what every incoming row is, so receivers never need headers.
 
 Buffer layouts (``r`` = this rank, ``T`` tokens per rank, ``k`` top-k, ``H`` hidden):
 
-- **Dispatch "held" buffer** ``[T + received, H]``: rows ``0..T-1`` are ``r``'s own tokens; then,
+Ragged batches: ranks may hold different numbers of tokens. The plan's ``topk_ids [R, Tmax, k]``
+then marks missing entries with ``-1`` (their slot is ``-1`` and no hop moves them); rank ``r``'s
+present tokens are a prefix ``0..T_r-1`` of its ``Tmax`` rows (a token of all ``-1`` is absent)
+and only they take buffer rows. Keys of token rows stay ``owner * Tmax + token``.
+
+- **Dispatch "held" buffer** ``[T_r + received, H]``: rows ``0..T_r-1`` are ``r``'s own tokens; then,
   stage by stage, the rows received in that stage, ordered by source rank, then hop-table order
   (exactly the layout ``all_to_all_single`` produces when every sender orders its rows by
   destination, then table order). With ``waves`` (see below) the same rows are grouped by wave.
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zepp.grouping import combine_wave
 from zepp.plan import FlowPlan, PlanInvariantError
 
 
@@ -66,7 +72,7 @@ class RankProgram:
     rank: int
     ranks: int
     gpus_per_node: int
-    tokens: int
+    tokens: int  # T_r: this rank's present tokens (rows of its x and y)
     top_k: int
     slots: int
     dispatch: list[Stage]
@@ -128,15 +134,25 @@ def arrival_event(stage, remote) -> np.ndarray:
 
 
 def wave_of(owner_rank: np.ndarray, src_rank: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
-    """Combine wave index: ring offset of the owner's node from the source's node, own node last
-    (offset 1 -> wave 0, ..., offset 0 -> wave N-1). At wave ``i`` every rank sends to node
-    ``node + i + 1`` and receives from node ``node - i - 1`` (a ring shift), so the waves pair up."""
-    d = (owner_rank // gpus_per_node - src_rank // gpus_per_node) % nodes
-    return (d - 1) % nodes
+    """Combine wave index (``zepp.grouping.combine_wave``: the simulator uses the same one)."""
+    return combine_wave(owner_rank, src_rank, gpus_per_node, nodes)
+
+
+def present_tokens(topk_ids: np.ndarray, rank: int) -> int:
+    """``T_r``: tokens rank ``rank`` holds in a batch ``topk_ids [R, Tmax, k]`` (``-1`` = missing
+    entry, a token of all ``-1`` is absent). Present tokens must be a prefix of the rank's rows."""
+    present = np.any(np.asarray(topk_ids[rank]) >= 0, axis=1)
+    n = int(present.sum())
+    if not present[:n].all():
+        raise PlanInvariantError(f"rank {rank}: absent (all -1) tokens must follow the present ones")
+    return n
 
 
 def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
-    """This rank's program for ``plan``; ``waves`` groups combine stage 0 into per-node waves."""
+    """This rank's program for ``plan``; ``waves`` groups combine stage 0 into per-node waves.
+
+    Padded entries (``topk_ids == -1``, slot ``-1``) are skipped; ``tokens`` of the program is
+    this rank's present-token count ``T_r`` (see the module docstring)."""
     routing = plan.routing
     p = routing.placement
     R, T, k = routing.topk_ids.shape
@@ -144,15 +160,16 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
     N = R // L
     r = rank
     node_rank = lambda x: (np.asarray(x) // L - r // L) % N  # noqa: E731  ring distance of a node
+    T_own = present_tokens(routing.topk_ids, r) if routing.topk_ids.size else 0
 
     # ---------------------------------------------------------------- dispatch
     d = plan.dispatch
     n_d = d.num_stages
-    held_keys = [np.arange(T, dtype=np.int64) + r * T]
-    held_event = [np.zeros(T, np.int64)]
+    held_keys = [np.arange(T_own, dtype=np.int64) + r * T]
+    held_event = [np.zeros(T_own, np.int64)]
     events: list[tuple[int, int]] = []
     stages: list[Stage] = []
-    off = T
+    off = T_own
     for s in range(n_d):
         keys_so_far = np.concatenate(held_keys)
         order = np.argsort(keys_so_far, kind="stable")
@@ -177,8 +194,8 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
     keys = np.concatenate(held_keys)
     held_ev = np.concatenate(held_event)
 
-    # entries computed here, sorted by (slot, owner, token, j)
-    cr = routing.slot // S
+    # entries computed here, sorted by (slot, owner, token, j); padded entries (slot -1) never are
+    cr = np.where(routing.slot >= 0, routing.slot // S, -1)
     o_idx, t_idx, j_idx = np.nonzero(cr == r)
     slot = (routing.slot[o_idx, t_idx, j_idx] - r * S).astype(np.int64)
     srt = np.lexsort((j_idx, t_idx, o_idx, slot))
@@ -187,7 +204,7 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
     # first arrival of each token row in wait order (event, then position)
     order = np.lexsort((np.arange(keys.size), held_ev, keys))
     sk = keys[order]
-    first = np.r_[True, sk[1:] != sk[:-1]]
+    first = np.r_[True, sk[1:] != sk[:-1]] if sk.size else np.zeros(0, bool)
     e_pos = _lookup(sk[first], order[first], ekey, "token row to compute", r)
     counts = np.bincount(slot, minlength=S)
 
@@ -240,7 +257,7 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
     unit = fk % K1
     final_rounds = [((fk[unit == u] // K1) % T, fidx[unit == u]) for u in range(K1) if np.any(unit == u)]
     return RankProgram(
-        rank=r, ranks=R, gpus_per_node=L, tokens=T, top_k=k, slots=S, dispatch=stages, held_size=int(off),
+        rank=r, ranks=R, gpus_per_node=L, tokens=T_own, top_k=k, slots=S, dispatch=stages, held_size=int(off),
         held_event=held_ev, events=events, e_owner=o_idx, e_token=t_idx, e_j=j_idx, e_slot=slot,
         e_pos=e_pos.astype(np.int64), e_event=held_ev[e_pos], e_wave=e_wave, e_unit=e_unit.astype(np.int64),
         counts=counts, combine=cstages, store_size=int(store_keys.size), final_rounds=final_rounds, num_waves=n_w,

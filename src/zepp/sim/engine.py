@@ -24,15 +24,16 @@ Coarsening (what keeps it fast, and why it does not change the answer)
 - One task per *message* (all rows between two GPUs in one stage share one transfer), never one
   per row: rows of one message share their links and their fixed cost, so they finish together.
 - Completions closer than ``max(quantum, rel_quantum * now)`` (defaults 0.5 us and 0; the
-  systems use 0.05% of the elapsed time, ``zepp.systems.SIM_OPTS``) are processed as one event:
-  a flow that would finish within that window is retired now and its end time is recorded
-  exactly (``now + remaining / rate``); the error is that its bandwidth is released up to one
-  window early (at 0.5 us and 25 GB/s, at most 12.5 kB per flow per event), and flow starts
-  inside the window begin with it.
+  simulator's layers use 0.05% of the elapsed time, ``zepp.sim.layer.SIM_OPTS``) are processed as
+  one event: a flow that would finish within that window is retired now and its end time is
+  recorded exactly (``now + remaining / rate``); the error is that its bandwidth is released up
+  to one window early, and flow starts inside the window begin with it.
 - Rates are recomputed with a vectorised progressive filling whose loop runs once per distinct
-  bottleneck level, not once per flow; with ``rate_tol`` (systems: 0.1%) nearly equal levels
-  merge. ``benchmarks/results/bench_sim_accuracy.md`` compares the coarsened engine with the
-  exact one (every event, exact levels).
+  bottleneck level, not once per flow; with ``rate_tol`` nearly equal levels merge.
+
+The engine is deterministic: the same graph gives bit-identical times on any machine and load.
+A graph that cannot finish (a dependency cycle) or a malformed task is a ``SimulationError``:
+graphs are built by zepp, so these are bugs, never bad user input.
 """
 
 from __future__ import annotations
@@ -43,13 +44,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zepp.cluster import Cluster
-from zepp.errors import ZeppInputError
 
 # task kinds (Timeline.kind holds these names)
 KINDS = ("gemm", "dispatch", "combine", "copy", "plan", "barrier", "reduce", "allgather", "proxy", "other")
 _KIND_ID = {k: i for i, k in enumerate(KINDS)}
 STREAMS = ("compute", "copy", "proxy", "host")
 _STREAM_ID = {s: i for i, s in enumerate(STREAMS)}
+
+
+class SimulationError(RuntimeError):
+    """The simulator met a graph it cannot run (a cycle, a transfer from a GPU to itself): a bug
+    in whatever built the graph, never bad user input."""
 
 
 @dataclass
@@ -129,7 +134,7 @@ class TaskGraph:
                         prio=np.arange(self._n, self._n + n) if prio is None else prio,
                         dur=duration, fixed=0.0, bytes=0.0, src=-1, dst=-1, label=label)
         if deps is not None:
-            self.after(deps, ids if not scalar else ids)
+            self.after(deps, ids)
         return int(ids[0]) if scalar else ids
 
     def add_transfer(self, src, dst, nbytes, fixed, kind="dispatch", stream: str | None = None,
@@ -138,7 +143,7 @@ class TaskGraph:
         seconds. ``stream`` (for example ``"copy"``) makes it occupy that stream of ``dst``."""
         n, scalar = self._len(src, dst, nbytes, fixed)
         if np.any(np.asarray(src) == np.asarray(dst)):
-            raise ZeppInputError("a transfer needs two different GPUs (src == dst)")
+            raise SimulationError("a transfer needs two different GPUs (src == dst)")
         ids = self._add(n, kind=_KIND_ID[kind], rank=dst,
                         stream=-1 if stream is None else _STREAM_ID[stream],
                         prio=np.arange(self._n, self._n + n) if prio is None else prio,
@@ -159,7 +164,7 @@ class TaskGraph:
         elif post.size == 1:
             post = np.broadcast_to(post, pre.shape)
         elif pre.shape != post.shape:
-            raise ValueError("after(pre, post): arrays must have equal length or one be a scalar")
+            raise SimulationError("after(pre, post): arrays must have equal length or one be a scalar")
         self._dep_pre.append(np.asarray(pre, np.int64).ravel())
         self._dep_post.append(np.asarray(post, np.int64).ravel())
 
@@ -192,32 +197,33 @@ def maxmin_rates(res_a: np.ndarray, res_b: np.ndarray, cap: np.ndarray, tol: flo
     """Max-min fair rates of flows over shared links (progressive filling).
 
     ``res_a``/``res_b [F]``: the (at most two) links each flow holds (``res_b`` may point at a
-    dummy link of infinite capacity); ``cap [K]`` link capacities. Returns ``rate [F]``.
+    dummy link of infinite capacity, the last one); no link appears in both arrays. ``cap [K]``
+    link capacities. Returns ``rate [F]``.
 
-    Progressive filling raises all unfrozen flows together and freezes a link's flows when the
-    link saturates. Each pass here freezes, at once, every link whose fair share (remaining
-    capacity / unfrozen flows) is no larger than the share of any link it shares a flow with
-    (a local minimum): such a link saturates exactly at its share whatever happens elsewhere,
-    because its neighbours' shares can only grow as their other flows freeze. This gives the
-    same rates as freezing one global minimum per pass, in far fewer passes. ``tol``: links
-    whose shares differ by less than this fraction count as equal (a flow's rate is then at
-    most ``tol`` below its exact max-min rate), which merges nearly equal levels.
+    Each pass freezes, at once, every link whose fair share (remaining capacity / unfrozen flows)
+    is no larger than the share of any link it shares a flow with (a local minimum): such a link
+    saturates exactly at its share whatever happens elsewhere, because its neighbours' shares can
+    only grow as their other flows freeze. This gives the same rates as freezing one global
+    minimum per pass, in far fewer passes. ``tol``: links whose shares differ by less than this
+    fraction count as equal (a flow's rate is then at most ``tol`` below its exact max-min rate).
+    A link is a local minimum when no flow through it has its other link's share more than
+    ``tol`` below its own.
     """
     n = res_a.size
-    rate = np.zeros(n)
     if n == 0:
-        return rate
+        return np.zeros(0)
     k = cap.size
     cnt = np.bincount(res_a, minlength=k) + np.bincount(res_b, minlength=k)
     if cnt[:-1].max(initial=0) <= 1 and np.isinf(cap[-1]):
         # no link shared (the last link is the infinite dummy): every flow runs at its slower link
         return np.minimum(cap[res_a], cap[res_b]).astype(np.float64)
+    rate = np.zeros(n)
     rem = cap.astype(np.float64).copy()
     idx = np.arange(n)
     a, b = res_a, res_b
     share = np.empty(k)
+    grow = 1.0 + tol
     while idx.size:
-        cnt = np.bincount(a, minlength=k) + np.bincount(b, minlength=k)
         share.fill(np.inf)
         np.divide(rem, cnt, out=share, where=cnt > 0)
         sa, sb = share[a], share[b]
@@ -225,15 +231,16 @@ def maxmin_rates(res_a: np.ndarray, res_b: np.ndarray, cap: np.ndarray, tol: flo
         if not np.isfinite(m).any():
             rate[idx] = np.inf
             break
-        rmin = np.full(k, np.inf)
-        np.minimum.at(rmin, a, m)
-        np.minimum.at(rmin, b, m)
-        local = share <= rmin * (1 + tol)
-        hit = (local[a] & (sa <= m * (1 + tol))) | (local[b] & (sb <= m * (1 + tol)))
+        a_bad = sa > sb * grow  # this flow's other link is lower: its a-link is not a local minimum
+        b_bad = sb > sa * grow
+        nonlocal_ = (np.bincount(a[a_bad], minlength=k) + np.bincount(b[b_bad], minlength=k)) > 0
+        hit = (~nonlocal_[a] & ~a_bad) | (~nonlocal_[b] & ~b_bad)
         lvl = m[hit]
         rate[idx[hit]] = lvl
-        rem -= np.bincount(a[hit], weights=lvl, minlength=k) + np.bincount(b[hit], weights=lvl, minlength=k)
+        ah, bh = a[hit], b[hit]
+        rem -= np.bincount(ah, weights=lvl, minlength=k) + np.bincount(bh, weights=lvl, minlength=k)
         np.maximum(rem, 0.0, out=rem)
+        cnt -= np.bincount(ah, minlength=k) + np.bincount(bh, minlength=k)
         keep = ~hit
         idx, a, b = idx[keep], a[keep], b[keep]
     return rate
@@ -257,157 +264,194 @@ class _Links:
         return a.astype(np.int64), b.astype(np.int64)
 
 
+class _Flows:
+    """The transfers currently moving bytes: ids, remaining bytes, links, rates (``[F]`` each)."""
+
+    def __init__(self):
+        self.id = np.zeros(0, np.int64)
+        self.rem = np.zeros(0)
+        self.a = np.zeros(0, np.int64)
+        self.b = np.zeros(0, np.int64)
+        self.rate = np.zeros(0)
+
+    def add(self, ids: np.ndarray, nbytes: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        self.id = np.concatenate([self.id, ids])
+        self.rem = np.concatenate([self.rem, nbytes])
+        self.a = np.concatenate([self.a, a])
+        self.b = np.concatenate([self.b, b])
+
+    def next_end(self, now: float) -> float:
+        if not self.id.size:
+            return np.inf
+        with np.errstate(divide="ignore"):
+            return now + float((self.rem / self.rate).min())
+
+    def advance(self, dt: float, window: float) -> tuple[np.ndarray, np.ndarray]:
+        """Move every flow ``dt`` seconds on; retire those within ``window`` of their end.
+        Returns ``(ids, seconds after the new time at which each retired flow ends)``."""
+        self.rem = self.rem - self.rate * dt
+        fin = self.rem <= self.rate * window + 1e-6
+        if not fin.any():
+            return np.zeros(0, np.int64), np.zeros(0)
+        tail = np.maximum(self.rem[fin], 0) / self.rate[fin]
+        ids = self.id[fin]
+        keep = ~fin
+        self.id, self.rem, self.a, self.b, self.rate = self.id[keep], self.rem[keep], self.a[keep], self.b[keep], \
+            self.rate[keep]
+        return ids, tail
+
+
+class Engine:
+    """Runs one ``TaskGraph`` (see the module notes); ``run()`` returns its ``Timeline``.
+
+    ``nic_bw`` / ``nvlink_bw`` override the cluster's link rates (bytes/s per direction), for
+    example with a calibrated effective NIC rate. ``quantum`` / ``rel_quantum``: completions and
+    flow starts within ``max(quantum, rel_quantum * now)`` of the next event are one event;
+    ``rate_tol``: level tolerance of ``maxmin_rates``; ``labels``: name each task's resource.
+    """
+
+    def __init__(self, graph: TaskGraph, nic_bw: float | None = None, nvlink_bw: float | None = None,
+                 quantum: float = 0.5e-6, rel_quantum: float = 0.0, rate_tol: float = 1e-9, labels: bool = True):
+        self.graph, self.cluster = graph, graph.cluster
+        self.quantum, self.rel_quantum, self.rate_tol, self.labels = quantum, rel_quantum, rate_tol, labels
+        cl = self.cluster
+        self.links = _Links(cl, cl.nic_bw if nic_bw is None else nic_bw, cl.nvlink_bw if nvlink_bw is None else nvlink_bw)
+        c = self.cols = graph.columns()
+        self.n = n = len(graph)
+        self.nbytes = c["bytes"].astype(float)
+        src, dst = c["src"].astype(np.int64), c["dst"].astype(np.int64)
+        self.la = np.full(n, -1, np.int64)
+        self.lb = np.full(n, -1, np.int64)
+        is_xfer = src >= 0
+        if is_xfer.any():
+            self.la[is_xfer], self.lb[is_xfer] = self.links.of(src[is_xfer], dst[is_xfer])
+        self._dependencies()
+        rank, stream = c["rank"].astype(np.int64), c["stream"].astype(np.int64)
+        self.stream_key = np.where(stream >= 0, rank * len(STREAMS) + stream, -1).tolist()
+        self.prio = np.asarray(c["prio"]).tolist()
+        self.dur = c["dur"].astype(float).tolist()
+        self.fixed = c["fixed"].astype(float).tolist()
+        self.bytes_l = self.nbytes.tolist()
+        self.xfer = is_xfer.tolist()
+        self.start = np.full(n, np.nan)
+        self.end = np.full(n, np.nan)
+        self.ready_at = [0.0] * n
+        self.queues: dict[int, list] = {}
+        self.busy: dict[int, bool] = {}
+        self.heap: list = []  # (time, seq, task, phase) phase 0 = finish, 1 = start flowing
+        self.seq = 0
+        self.flows = _Flows()
+        self.new_flows: list[int] = []
+        self.dirty = False
+        self.now = 0.0
+        self.done = 0
+        self.events = 0
+
+    def _dependencies(self) -> None:
+        n = self.n
+        pre, post = self.graph.deps()
+        keep = pre != post
+        pre, post = pre[keep], post[keep]
+        if pre.size:
+            pair = np.unique(pre * n + post)
+            pre, post = pair // n, pair % n
+        order = np.argsort(pre, kind="stable")
+        self.succ_ptr = np.concatenate(([0], np.cumsum(np.bincount(pre, minlength=n)))).tolist()
+        self.succ = post[order].tolist()
+        indeg = np.bincount(post, minlength=n).astype(np.int64)
+        self.indeg = indeg.tolist()
+        self.roots = np.flatnonzero(indeg == 0).tolist()
+
+    # ------------------------------------------------------------------ task life cycle
+    def _begin(self, t: int, at: float) -> None:
+        self.start[t] = at
+        if self.xfer[t]:
+            heapq.heappush(self.heap, (at + self.fixed[t], self.seq, t, 1))
+        else:
+            heapq.heappush(self.heap, (at + self.dur[t], self.seq, t, 0))
+        self.seq += 1
+
+    def _make_ready(self, t: int, at: float) -> None:
+        sk = self.stream_key[t]
+        if sk < 0:
+            self._begin(t, at)
+        elif not self.busy.get(sk, False):
+            self.busy[sk] = True
+            self._begin(t, at)
+        else:
+            heapq.heappush(self.queues.setdefault(sk, []), (self.prio[t], at, t))
+
+    def _finish(self, t: int, at: float) -> None:
+        self.end[t] = at
+        self.done += 1
+        sk = self.stream_key[t]
+        if sk >= 0:
+            q = self.queues.get(sk)
+            if q:
+                self._begin(heapq.heappop(q)[2], at)
+            else:
+                self.busy[sk] = False
+        ready_at, indeg, succ = self.ready_at, self.indeg, self.succ
+        for i in range(self.succ_ptr[t], self.succ_ptr[t + 1]):
+            s = succ[i]
+            if ready_at[s] < at:
+                ready_at[s] = at
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                self._make_ready(s, ready_at[s])
+
+    # ------------------------------------------------------------------ the event loop
+    def _refresh_rates(self) -> None:
+        if self.new_flows:
+            nf = np.asarray(self.new_flows, np.int64)
+            self.flows.add(nf, self.nbytes[nf], self.la[nf], self.lb[nf])
+            self.new_flows = []
+        self.flows.rate = maxmin_rates(self.flows.a, self.flows.b, self.links.cap, self.rate_tol)
+        self.dirty = False
+
+    def _step(self) -> None:
+        """One event: advance to the next completion, retire flows and tasks due by then."""
+        self.events += 1
+        if self.dirty:
+            self._refresh_rates()
+        t_next = min(self.heap[0][0] if self.heap else np.inf, self.flows.next_end(self.now))
+        if not np.isfinite(t_next):
+            raise SimulationError(f"task graph is stuck after {self.done} of {self.n} tasks (a dependency cycle?)")
+        window = max(self.quantum, self.rel_quantum * t_next)
+        if self.flows.id.size:
+            ids, tail = self.flows.advance(t_next - self.now, window)
+            if ids.size:
+                self.dirty = True
+                for t, e in zip(ids.tolist(), (t_next + tail).tolist()):
+                    self._finish(t, e)
+        self.now = t_next
+        heap = self.heap
+        while heap and heap[0][0] <= t_next + (window if heap[0][3] == 1 else 0.0):
+            at, _, t, phase = heapq.heappop(heap)
+            if phase == 1 and self.bytes_l[t] > 0:
+                self.new_flows.append(t)
+                self.dirty = True
+            else:
+                self._finish(t, at)
+
+    def run(self) -> Timeline:
+        for t in self.roots:
+            self._make_ready(t, 0.0)
+        while self.done < self.n:
+            self._step()
+        c = self.cols
+        latency = float(np.nanmax(self.end)) if self.n else 0.0
+        res = _resource_names(c, self.la, self.cluster) if self.labels else [""] * self.n
+        return Timeline(start=self.start, end=self.end, kind=[KINDS[i] for i in c["kind"].astype(np.int64).tolist()],
+                        resource=res, label=c["label"], rank=c["rank"].astype(np.int64), bytes=self.nbytes,
+                        latency=latency, events=self.events)
+
+
 def simulate(graph: TaskGraph, nic_bw: float | None = None, nvlink_bw: float | None = None,
              quantum: float = 0.5e-6, rel_quantum: float = 0.0, rate_tol: float = 1e-9,
              labels: bool = True) -> Timeline:
-    """Run ``graph`` to completion and return its ``Timeline``.
-
-    ``nic_bw`` / ``nvlink_bw`` override the cluster's link rates (bytes/s per direction), for
-    example with a calibrated effective NIC rate. Raises ``ZeppInputError`` on a cyclic graph.
-    ``quantum`` / ``rel_quantum``: completions and flow starts within ``max(quantum,
-    rel_quantum * now)`` of the next event are handled as one event (see the module notes);
-    ``rate_tol``: level tolerance of ``maxmin_rates``.
-    """
-    cl = graph.cluster
-    c = graph.columns()
-    n = len(graph)
-    links = _Links(cl, cl.nic_bw if nic_bw is None else nic_bw, cl.nvlink_bw if nvlink_bw is None else nvlink_bw)
-    kind, rank, stream, prio = c["kind"].astype(np.int64), c["rank"].astype(np.int64), c["stream"].astype(np.int64), c["prio"]
-    dur, fixed, nbytes = c["dur"].astype(float), c["fixed"].astype(float), c["bytes"].astype(float)
-    src, dst = c["src"].astype(np.int64), c["dst"].astype(np.int64)
-    is_xfer = src >= 0
-    la = np.full(n, -1, np.int64)
-    lb = np.full(n, -1, np.int64)
-    if is_xfer.any():
-        la[is_xfer], lb[is_xfer] = links.of(src[is_xfer], dst[is_xfer])
-
-    pre, post = graph.deps()
-    keep = pre != post
-    pre, post = pre[keep], post[keep]
-    if pre.size:
-        pair = np.unique(pre * n + post)
-        pre, post = pair // n, pair % n
-    indeg = np.bincount(post, minlength=n).astype(np.int64)
-    order = np.argsort(pre, kind="stable")
-    succ_ptr = np.concatenate(([0], np.cumsum(np.bincount(pre, minlength=n))))
-    succ = post[order]
-    succ_ptr_l = succ_ptr.tolist()
-    succ_l = succ.tolist()
-    indeg_l = indeg.tolist()
-
-    start = np.full(n, np.nan)
-    end = np.full(n, np.nan)
-    ready_at = [0.0] * n
-    stream_key = np.where(stream >= 0, rank * len(STREAMS) + stream, -1).tolist()
-    prio_l = np.asarray(prio).tolist()
-    dur_l, fixed_l, bytes_l = dur.tolist(), fixed.tolist(), nbytes.tolist()
-    xfer_l = is_xfer.tolist()
-    queues: dict[int, list] = {}
-    busy: dict[int, bool] = {}
-    heap: list = []  # (time, seq, task, phase) phase 0 = finish, 1 = start flowing
-    seq = 0
-
-    # active flows
-    f_id = np.zeros(0, np.int64)
-    f_rem = np.zeros(0)
-    f_a = np.zeros(0, np.int64)
-    f_b = np.zeros(0, np.int64)
-    f_rate = np.zeros(0)
-    dirty = False
-    now = 0.0
-    done = 0
-    events = 0
-    new_flows: list[int] = []
-
-    def begin(t: int, at: float) -> None:
-        nonlocal seq
-        start[t] = at
-        if xfer_l[t]:
-            heapq.heappush(heap, (at + fixed_l[t], seq, t, 1))
-        else:
-            heapq.heappush(heap, (at + dur_l[t], seq, t, 0))
-        seq += 1
-
-    def make_ready(t: int, at: float) -> None:
-        sk = stream_key[t]
-        if sk < 0:
-            begin(t, at)
-            return
-        if not busy.get(sk, False):
-            busy[sk] = True
-            begin(t, at)
-        else:
-            heapq.heappush(queues.setdefault(sk, []), (prio_l[t], at, t))
-
-    for t in np.flatnonzero(indeg == 0).tolist():
-        make_ready(t, 0.0)
-
-    def finish(t: int, at: float) -> None:
-        nonlocal done
-        end[t] = at
-        done += 1
-        sk = stream_key[t]
-        if sk >= 0:
-            q = queues.get(sk)
-            if q:
-                _, _, nxt = heapq.heappop(q)
-                begin(nxt, at)
-            else:
-                busy[sk] = False
-        for i in range(succ_ptr_l[t], succ_ptr_l[t + 1]):
-            s = succ_l[i]
-            if ready_at[s] < at:
-                ready_at[s] = at
-            indeg_l[s] -= 1
-            if indeg_l[s] == 0:
-                make_ready(s, ready_at[s])
-
-    while done < n:
-        events += 1
-        if dirty:
-            if new_flows:
-                nf = np.asarray(new_flows, np.int64)
-                f_id = np.concatenate([f_id, nf])
-                f_rem = np.concatenate([f_rem, nbytes[nf]])
-                f_a = np.concatenate([f_a, la[nf]])
-                f_b = np.concatenate([f_b, lb[nf]])
-                new_flows = []
-            f_rate = maxmin_rates(f_a, f_b, links.cap, rate_tol)
-            dirty = False
-        t_heap = heap[0][0] if heap else np.inf
-        if f_id.size:
-            with np.errstate(divide="ignore"):
-                eta = f_rem / f_rate
-            t_flow = now + float(eta.min())
-        else:
-            t_flow = np.inf
-        t_next = min(t_heap, t_flow)
-        if not np.isfinite(t_next):
-            raise ZeppInputError(f"task graph is stuck after {done} of {n} tasks (a dependency cycle?)")
-        q = max(quantum, rel_quantum * t_next)
-        if f_id.size:
-            f_rem = f_rem - f_rate * (t_next - now)
-            fin = f_rem <= f_rate * q + 1e-6
-            if fin.any():
-                ends = t_next + np.maximum(f_rem[fin], 0) / f_rate[fin]
-                ids = f_id[fin]
-                keep = ~fin
-                f_id, f_rem, f_a, f_b, f_rate = f_id[keep], f_rem[keep], f_a[keep], f_b[keep], f_rate[keep]
-                dirty = True
-                for t, e in zip(ids.tolist(), ends.tolist()):
-                    finish(t, e)
-        now = t_next
-        while heap and heap[0][0] <= now + (q if heap[0][3] == 1 else 0.0):
-            at, _, t, phase = heapq.heappop(heap)
-            if phase == 1 and bytes_l[t] > 0:
-                new_flows.append(t)
-                dirty = True
-            else:
-                finish(t, at)
-    latency = float(np.nanmax(end)) if n else 0.0
-    res = _resource_names(c, la, cl) if labels else [""] * n
-    return Timeline(start=start, end=end, kind=[KINDS[i] for i in kind.tolist()], resource=res,
-                    label=c["label"], rank=rank, bytes=nbytes, latency=latency, events=events)
+    """Run ``graph`` to completion and return its ``Timeline`` (see ``Engine``)."""
+    return Engine(graph, nic_bw, nvlink_bw, quantum, rel_quantum, rate_tol, labels).run()
 
 
 def _resource_names(c: dict, la: np.ndarray, cl: Cluster) -> list[str]:

@@ -1,13 +1,16 @@
-"""Task graphs of one MoE layer: prologue, dispatch, expert GEMMs, combine, reduce at home.
+"""Task graphs of one MoE layer from its FlowPlan: prologue, dispatch, expert GEMMs, combine,
+reduce at home.
 
-``build_layer`` turns a plan (the dispatch / combine ``Hops`` tables of a ``FlowPlan`` or of a
-system's own transport, plus the entries' computing ranks) and a ``Mechanics`` record (how a
-system moves its messages, splits its GEMMs and synchronises) into a ``TaskGraph`` that
-``zepp.simulate.simulate`` runs.
+``build_layer`` turns a ``LayerPlan`` (a ``FlowPlan``'s dispatch / combine ``Hops`` plus the
+entries' computing ranks, built by ``LayerPlan.of``) and a ``Mechanics`` record (how a system
+moves its messages, splits its GEMMs and synchronises; ``zepp.sim.mechanics``) into a
+``TaskGraph`` that ``zepp.sim.engine.simulate`` runs. Plug-ins (``zepp.sim.plugins``) may replace a
+phase (COMET's all-gather, FAST's rounds) or add weight copies (MoonEP's pulls, Zepp's swaps).
 
 Granularity and dependencies
 ----------------------------
-- One transfer per message: hops sharing ``(stage, src, dst, msg)`` move together.
+- One transfer per message (``zepp.grouping.messages``): hops sharing ``(stage, src, dst, msg)``
+  move together; dispatch groups and combine waves are ``zepp.grouping``'s, as in the runtime.
 - Row-level dependencies, aggregated to tasks: a message of stage ``s`` waits for every earlier
   message that delivers one of its rows to its source; an expert-GEMM task waits for every
   message that delivers one of its rows; a combine message waits for the second-GEMM tasks
@@ -20,84 +23,21 @@ Granularity and dependencies
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from zepp.cluster import Cluster
+from zepp.grouping import Messages, combine_wave, dispatch_group, messages, split_by_owner_node
 from zepp.model import MoESpec
-from zepp.plan import Hops
-from zepp.simulate import TaskGraph
+from zepp.plan import FlowPlan, Hops
+from zepp.sim.engine import TaskGraph
+from zepp.sim.mechanics import Mechanics, Net
 
-
-@dataclass(frozen=True)
-class Net:
-    """Calibrated implementation figures of the network stack (see ``zepp.calibrate``).
-
-    ``put_c0 + put_c1 * W``: seconds of fixed cost of one cross-node put through the host proxy
-    in a job of ``W`` ranks; ``nic_eff``: fraction of the NIC's nominal rate that bulk puts
-    reach; ``proxy_inflight``: puts one proxy keeps in flight (PAPER.md section 7: 14-15), so a
-    non-blocking put holds the proxy for ``put / proxy_inflight``; ``signal``: a receiver's wait
-    on a flag (2 us).
-    """
-
-    put_c0: float = 50e-6
-    put_c1: float = 2e-6
-    nic_eff: float = 0.7
-    proxy_inflight: float = 14.5
-    signal: float = 2e-6
-
-    def put(self, ranks: int) -> float:
-        return self.put_c0 + self.put_c1 * ranks
-
-    def barrier(self, ranks: int) -> float:
-        """A dissemination barrier over ``ranks``: ``ceil(log2 W)`` rounds of one put each."""
-        return math.ceil(math.log2(ranks)) * self.put(ranks) if ranks > 1 else 0.0
-
-    def node_barrier(self, gpus_per_node: int) -> float:
-        return math.ceil(math.log2(max(gpus_per_node, 2))) * self.signal
-
-    def allgather(self, ranks: int, nbytes_per_rank: float, nic_bw: float) -> float:
-        """Recursive-doubling all-gather: ``ceil(log2 W)`` put rounds plus the bytes."""
-        if ranks <= 1:
-            return 0.0
-        return math.ceil(math.log2(ranks)) * self.put(ranks) + nbytes_per_rank * (ranks - 1) / (nic_bw * self.nic_eff)
-
-
-@dataclass(frozen=True)
-class Mechanics:
-    """How a system executes a layer (one choice per field; see ``zepp.systems``).
-
-    - ``dispatch_puts`` / ``combine_puts``: ``serial`` (one blocking put after another per
-      rank, destinations in ring order) or ``concurrent`` (non-blocking puts issued through the
-      rank's proxy). ``serial_stages``: which stages the ``serial`` rule applies to (others are
-      concurrent).
-    - ``dispatch_barrier`` / ``combine_barrier``: ``world`` (every rank waits for the whole
-      phase plus a barrier), ``None`` (per-message signals only).
-    - ``stage_node_barrier``: a node barrier between dispatch stages (COMET's gets).
-    - ``calls``: all-to-all calls per phase; each adds two world barriers, the second call
-      moves ``extra_call_bytes`` per row (fp32 route weights).
-    - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
-      | ``local-remote``; ``gemm2``: ``single`` | ``waves`` (one wave per destination node,
-      ring order, own node last).
-    - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
-      ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
-    """
-
-    dispatch_puts: str = "serial"
-    combine_puts: str = "serial"
-    serial_stages: tuple[int, ...] = (0, 1, 2)
-    dispatch_barrier: str | None = "world"
-    combine_barrier: str | None = "world"
-    stage_node_barrier: bool = False
-    calls: int = 1
-    extra_call_bytes: int = 4
-    gemm1: str = "single"
-    gemm2: str = "single"
-    gemm_eff_scale: float = 1.0
-    per_expert_gemm: bool = False
-    pad_rows: int = 1
+# Event coarsening used for every simulated layer (see zepp.sim.engine): events closer than a
+# fraction of the elapsed time (0.05%) are merged and link shares within 0.1% count as one level.
+# benchmarks/results/bench_sim_accuracy.md measures what this changes against the exact engine.
+SIM_OPTS = dict(rel_quantum=5e-4, rate_tol=1e-3)
 
 
 @dataclass
@@ -124,12 +64,22 @@ class LayerPlan:
     weight_copies: np.ndarray | None = None
     copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
 
+    @classmethod
+    def of(cls, plan: FlowPlan, **kw) -> "LayerPlan":
+        """The layer plan of a ``FlowPlan`` (its routing's entries, its hop tables)."""
+        r = plan.routing
+        owner, token, comp, slot, entry = entries_of(r)
+        return cls(owner, token, comp, slot, entry, plan.dispatch, plan.combine, r.topk_ids.shape[1],
+                   r.placement.slots_per_rank, **kw)
+
 
 def entries_of(routing) -> tuple[np.ndarray, ...]:
-    """Flat per-entry arrays ``(owner, token, comp, slot, entry)`` of a ``Routing``."""
+    """Flat per-entry arrays ``(owner, token, comp, slot, entry)`` of a ``Routing`` (missing
+    entries left out)."""
     R, T, k = routing.topk_ids.shape
-    idx = np.arange(R * T * k, dtype=np.int64)
     slot = routing.slot.ravel().astype(np.int64)
+    idx = np.flatnonzero(slot >= 0) if (slot < 0).any() else np.arange(R * T * k, dtype=np.int64)
+    slot = slot[idx]
     return (idx // (T * k)), (idx // k) % T, slot // routing.placement.slots_per_rank, slot, idx % k
 
 
@@ -164,33 +114,6 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return u // base, u % base
 
 
-@dataclass
-class _Msgs:
-    """Messages of one phase: per hop its message index; per message stage/src/dst/rows."""
-
-    hop_msg: np.ndarray
-    stage: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    rows: np.ndarray
-    entry_task: np.ndarray = field(default=None)  # task receiving the message's dependencies
-    exit_task: np.ndarray = field(default=None)  # the transfer task
-
-
-def _messages(h: Hops, R: int) -> _Msgs:
-    mmax = int(h.msg.max(initial=0)) + 1
-    key = ((h.stage.astype(np.int64) * R + h.src) * R + h.dst) * mmax + h.msg
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
-    new = np.concatenate(([True], ks[1:] != ks[:-1])) if ks.size else np.zeros(0, bool)
-    uniq = ks[new]
-    inv = np.empty(key.size, np.int64)
-    inv[order] = np.cumsum(new) - 1
-    cnt = np.diff(np.concatenate((np.flatnonzero(new), [ks.size])))
-    sd = uniq // mmax
-    return _Msgs(hop_msg=inv.astype(np.int64), stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt)
-
-
 class LayerBuilder:
     """Builds one layer's tasks into a ``TaskGraph``; see ``build_layer``."""
 
@@ -222,7 +145,7 @@ class LayerBuilder:
             self.g.after(pt, xt[ci])
         return entry, xt
 
-    def chain_serial(self, m: _Msgs, sel: np.ndarray) -> None:
+    def chain_serial(self, m: Messages, sel: np.ndarray) -> None:
         """Blocking puts: per source rank, messages ``sel`` one after another, ring order."""
         if sel.size < 2:
             return
@@ -231,8 +154,8 @@ class LayerBuilder:
         same = m.src[o[1:]] == m.src[o[:-1]]
         self.g.after(m.exit_task[o[:-1][same]], m.entry_task[o[1:][same]])
 
-    def phase_messages(self, h: Hops, mode: str, kind: str, row_bytes: float) -> _Msgs:
-        m = _messages(h, self.R)
+    def phase_messages(self, h: Hops, mode: str, kind: str, row_bytes: float) -> Messages:
+        m = messages(h, self.R)
         m.entry_task = np.zeros(m.rows.size, np.int64)
         m.exit_task = np.zeros(m.rows.size, np.int64)
         serial_stage = np.isin(m.stage, self.mech.serial_stages) if mode == "serial" else np.zeros(m.rows.size, bool)
@@ -247,7 +170,7 @@ class LayerBuilder:
             self.chain_serial(m, np.flatnonzero(serial_stage))
         return m
 
-    def stage_deps(self, h: Hops, m: _Msgs) -> None:
+    def stage_deps(self, h: Hops, m: Messages) -> None:
         """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``."""
         T = self.T
         later = np.flatnonzero(h.stage > 0)
@@ -313,7 +236,8 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     ``prologue [R]``: seconds of per-rank work before dispatch (all-gather + planning), run on
     each rank's host stream. ``custom_dispatch(builder, prologue_tasks) -> (local_done [R], remote_done [R])`` (tasks after
     which a rank's GEMM on rows of its own node / of other nodes may start) /
-    ``custom_combine(builder, gemm2_tasks) -> join task`` replace the Hops-driven phases (FAST's
+    ``custom_combine(builder, ready [R]) -> join task`` (``ready[r]``: the task after which rank
+    ``r``'s partials exist, also for a rank without GEMM work) replace the Hops-driven phases (FAST's
     synchronous rounds).
     """
     b = LayerBuilder(graph, cluster, spec, net, mech)
@@ -331,9 +255,9 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     # carries one source node's rows (it leaves as they arrive), with combine waves a message
     # carries one destination node's partials (it leaves when its wave is done).
     if mech.gemm1 == "arrival":
-        plan.dispatch = _split_by_owner_node(plan.dispatch, L)
+        plan.dispatch = split_by_owner_node(plan.dispatch, L)
     if mech.gemm2 == "waves":
-        plan.combine = _split_by_owner_node(plan.combine, L)
+        plan.combine = split_by_owner_node(plan.combine, L)
 
     # ---- dispatch
     if custom_dispatch is None:
@@ -353,15 +277,14 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
 
     def group_of(own, at):
         if mech.gemm1 == "arrival":
-            on, an = own // L, at // L
-            return np.where(own == at, 0, np.where(on == an, 1, 1 + (on - an) % N))
+            return dispatch_group(own, at, L, N)
         if mech.gemm1 == "local-remote":
             return ((own // L) != (at // L)).astype(np.int64)
         return np.zeros(np.shape(own), np.int64)
 
     def wave_of(own, at):
         if mech.gemm2 == "waves":
-            return ((own // L) - (at // L) - 1) % N  # next node first, own node last
+            return combine_wave(own, at, L, N)
         return np.zeros(np.shape(own), np.int64)
 
     swapped = plan.swapped[slot].astype(np.int64) if plan.swapped is not None else np.zeros(comp.size, np.int64)
@@ -428,7 +351,19 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         red_deps_msgs = cm
         combine_done = _phase_end(g, net, R, mech.combine_barrier, cm, extra_tail)
     else:
-        combine_done = custom_combine(b, all2)
+        # per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
+        # computes nothing) its prologue and dispatch
+        ready = np.empty(R, np.int64)
+        for r in range(R):
+            ready[r] = g.add_fixed(r, 0.0, kind="barrier", stream=None, label="gemm2 done")
+            g.after(tab2[:, r][tab2[:, r] >= 0], ready[r])
+            g.after(pro[r], ready[r])
+            g.after(tab1[:, r][tab1[:, r] >= 0], ready[r])
+            if dispatch_done is not None:
+                g.after(dispatch_done, ready[r])
+            if remote_done is not None:
+                g.after(np.asarray(remote_done)[r], ready[r])
+        combine_done = custom_combine(b, ready)
 
     # ---- weighted reduce at home
     red_bytes = T * spec.top_k * spec.hidden * 4.0  # fp32 partials read once
@@ -445,14 +380,6 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     return out
 
 
-def _split_by_owner_node(h: Hops, L: int) -> Hops:
-    """The same hops with message keys refined by the token owner's node."""
-    if h.size == 0:
-        return h
-    msg = h.msg.astype(np.int64) * (int(h.owner.max()) // L + 1) + h.owner // L
-    return Hops(h.stage, h.src, h.dst, h.owner, h.token, msg.astype(np.int32), h.entry)
-
-
 def _phase_end(g, net, R: int, barrier, msgs, extra_tail: np.ndarray):
     """The task that ends a phase: a world barrier after its messages and extra calls when the
     mechanics ask for one, else its last extra call, else ``None`` (the messages themselves)."""
@@ -464,7 +391,7 @@ def _phase_end(g, net, R: int, barrier, msgs, extra_tail: np.ndarray):
     return int(extra_tail[-1]) if extra_tail.size else None
 
 
-def _extra_calls(b: LayerBuilder, m: _Msgs, pro, phase: str) -> np.ndarray:
+def _extra_calls(b: LayerBuilder, m: Messages, pro, phase: str) -> np.ndarray:
     """EPLB / MoonEP style phases: ``calls`` all-to-all calls, two world barriers per call; the
     second call moves ``extra_call_bytes`` per row with the same pattern, after the first."""
     mech, g, net, R = b.mech, b.g, b.net, b.R

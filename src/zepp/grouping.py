@@ -1,0 +1,79 @@
+"""How a layer's rows group into dispatch groups, combine waves and messages.
+
+One definition for both executors: the simulator (``zepp.sim.layer``) and the runtime's
+per-rank programs (``zepp.runtime.program``) call these functions, so "wave 0" or "dispatch
+group 2" means the same rows in both.
+
+- A *dispatch group* of a computing rank ``at`` is the set of its entries whose token came from
+  one place: ``0`` its own tokens, ``1`` tokens of the other GPUs of its node, ``1 + d`` tokens of
+  the node ``d`` steps behind it in ring order (``d = 1 .. N-1``): GEMM 1 runs per group in
+  arrival order.
+- A *combine wave* of rank ``at`` is the set of its entries whose owner lives on one node: wave
+  ``i`` holds the owners of node ``node(at) + i + 1`` (ring order), the own node last
+  (``i = N-1``). At wave ``i`` every rank sends to node ``node + i + 1`` and receives from node
+  ``node - i - 1`` (a ring shift), so the waves of all ranks pair up.
+- A *message* is every hop of one phase sharing ``(stage, src, dst, msg)``; with groups or waves
+  the message key is refined by the owner's node, so a forwarded message carries one source
+  node's rows and a combine message one destination node's partials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zepp.plan import Hops
+
+
+def dispatch_group(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
+    """``[n]`` dispatch group of entries owned by ``owner [n]`` computed on ``at [n]`` (see above)."""
+    own, at = np.asarray(owner, np.int64), np.asarray(at, np.int64)
+    on, an = own // gpus_per_node, at // gpus_per_node
+    return np.where(own == at, 0, np.where(on == an, 1, 1 + (on - an) % nodes))
+
+
+def combine_wave(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
+    """``[n]`` combine wave of entries owned by ``owner [n]`` computed (or held) on ``at [n]``:
+    the ring offset of the owner's node from ``at``'s node, own node last."""
+    own, at = np.asarray(owner, np.int64), np.asarray(at, np.int64)
+    return ((own // gpus_per_node) - (at // gpus_per_node) - 1) % nodes
+
+
+def split_by_owner_node(h: Hops, gpus_per_node: int) -> Hops:
+    """The same hops with message keys refined by the token owner's node."""
+    if h.size == 0:
+        return h
+    msg = h.msg.astype(np.int64) * (int(h.owner.max()) // gpus_per_node + 1) + h.owner // gpus_per_node
+    return Hops(h.stage, h.src, h.dst, h.owner, h.token, msg.astype(np.int32), h.entry)
+
+
+@dataclass
+class Messages:
+    """The messages of one phase: ``hop_msg [M]`` message index of each hop; per message
+    ``stage``, ``src``, ``dst``, ``rows`` (``[m]`` each). ``entry_task`` / ``exit_task`` are
+    filled by the simulator (the task that receives the message's dependencies, the transfer)."""
+
+    hop_msg: np.ndarray
+    stage: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    rows: np.ndarray
+    entry_task: np.ndarray = field(default=None)
+    exit_task: np.ndarray = field(default=None)
+
+
+def messages(h: Hops, ranks: int) -> Messages:
+    """Group the hops of one phase into messages (see the module notes)."""
+    R = ranks
+    mmax = int(h.msg.max(initial=0)) + 1
+    key = ((h.stage.astype(np.int64) * R + h.src) * R + h.dst) * mmax + h.msg
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    new = np.concatenate(([True], ks[1:] != ks[:-1])) if ks.size else np.zeros(0, bool)
+    uniq = ks[new]
+    inv = np.empty(key.size, np.int64)
+    inv[order] = np.cumsum(new) - 1
+    cnt = np.diff(np.concatenate((np.flatnonzero(new), [ks.size])))
+    sd = uniq // mmax
+    return Messages(hop_msg=inv.astype(np.int64), stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt)

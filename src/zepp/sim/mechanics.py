@@ -1,0 +1,121 @@
+"""How each system executes a layer on the simulated network: the ``Net`` figures of the
+network stack and one ``Mechanics`` record per name of ``zepp.registry`` (``System.mechanics``).
+
+Sources (PAPER.md section 7, "How the baselines were run"):
+
+- ``serial-barrier`` (``a2av``, ``zepp-a2av``): one blocking put per destination rank in ring
+  order (``W-1`` puts in series per rank), then a world barrier; one unfused grouped GEMM; the
+  combine mirrors the dispatch.
+- ``signals`` (``relay``, ``sglang``, ``zepp-relay``, ``zepp-sync``, ``zepp-direct``): non-blocking
+  puts through the proxy with per-message signals, no world barrier; one grouped GEMM.
+- ``zepp-overlap``: ``signals`` plus GEMM 1 in dispatch groups run in arrival order and GEMM 2
+  in waves per destination node (ring order, own node last).
+- ``eplb-staged``: one non-blocking put per destination, two team barriers per call, hidden rows
+  and fp32 route weights as separate calls, one kernel per expert (per-expert GEMM).
+- ``epic-relay``: relay dispatch whose NIC stage runs as serial blocking puts (one per remote
+  node, 0.34-0.45 ms each through the proxy), concurrent combine puts, one GEMM.
+- ``moonep``: two calls (rows, then fp32 weights) with two barriers each, rows per slot padded
+  to 128 (its weight pulls are the ``moonep-pulls`` plug-in).
+- ``comet``: fused tile-gated GEMM at 62.5 / 132.5 TFLOP/s of the unfused one, GEMM 1 in two
+  groups (own node, remote), GEMM 2 in waves (its dense all-gather is the ``comet-allgather``
+  plug-in).
+- ``fast``: synchronous host-driven rounds (the ``fast-rounds`` plug-in), nothing overlaps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zepp.errors import ZeppInputError
+
+
+@dataclass(frozen=True)
+class Net:
+    """Calibrated implementation figures of the network stack (see ``zepp.calibrate``).
+
+    ``put_c0 + put_c1 * W``: seconds of fixed cost of one cross-node put through the host proxy
+    in a job of ``W`` ranks; ``nic_eff``: fraction of the NIC's nominal rate that bulk puts
+    reach; ``proxy_inflight``: puts one proxy keeps in flight (PAPER.md section 7: 14-15), so a
+    non-blocking put holds the proxy for ``put / proxy_inflight``; ``signal``: a receiver's wait
+    on a flag (2 us).
+    """
+
+    put_c0: float = 50e-6
+    put_c1: float = 2e-6
+    nic_eff: float = 0.7
+    proxy_inflight: float = 14.5
+    signal: float = 2e-6
+
+    def put(self, ranks: int) -> float:
+        return self.put_c0 + self.put_c1 * ranks
+
+    def barrier(self, ranks: int) -> float:
+        """A dissemination barrier over ``ranks``: ``ceil(log2 W)`` rounds of one put each."""
+        return math.ceil(math.log2(ranks)) * self.put(ranks) if ranks > 1 else 0.0
+
+    def node_barrier(self, gpus_per_node: int) -> float:
+        return math.ceil(math.log2(max(gpus_per_node, 2))) * self.signal
+
+    def allgather(self, ranks: int, nbytes_per_rank: float, nic_bw: float) -> float:
+        """Recursive-doubling all-gather: ``ceil(log2 W)`` put rounds plus the bytes."""
+        if ranks <= 1:
+            return 0.0
+        return math.ceil(math.log2(ranks)) * self.put(ranks) + nbytes_per_rank * (ranks - 1) / (nic_bw * self.nic_eff)
+
+
+@dataclass(frozen=True)
+class Mechanics:
+    """How a system executes a layer (one choice per field; see ``zepp.sim.mechanics.MECHANICS``).
+
+    - ``dispatch_puts`` / ``combine_puts``: ``serial`` (one blocking put after another per
+      rank, destinations in ring order) or ``concurrent`` (non-blocking puts issued through the
+      rank's proxy). ``serial_stages``: which stages the ``serial`` rule applies to (others are
+      concurrent).
+    - ``dispatch_barrier`` / ``combine_barrier``: ``world`` (every rank waits for the whole
+      phase plus a barrier), ``None`` (per-message signals only).
+    - ``stage_node_barrier``: a node barrier between dispatch stages (COMET's gets).
+    - ``calls``: all-to-all calls per phase; each adds two world barriers, the second call
+      moves ``extra_call_bytes`` per row (fp32 route weights).
+    - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
+      | ``local-remote``; ``gemm2``: ``single`` | ``waves`` (one wave per destination node,
+      ring order, own node last).
+    - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
+      ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
+    """
+
+    dispatch_puts: str = "serial"
+    combine_puts: str = "serial"
+    serial_stages: tuple[int, ...] = (0, 1, 2)
+    dispatch_barrier: str | None = "world"
+    combine_barrier: str | None = "world"
+    stage_node_barrier: bool = False
+    calls: int = 1
+    extra_call_bytes: int = 4
+    gemm1: str = "single"
+    gemm2: str = "single"
+    gemm_eff_scale: float = 1.0
+    per_expert_gemm: bool = False
+    pad_rows: int = 1
+
+
+COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
+_CONCURRENT = dict(dispatch_puts="concurrent", combine_puts="concurrent", dispatch_barrier=None, combine_barrier=None)
+
+MECHANICS: dict[str, Mechanics] = {
+    "serial-barrier": Mechanics(),
+    "signals": Mechanics(**_CONCURRENT),
+    "zepp-overlap": Mechanics(**_CONCURRENT, gemm1="arrival", gemm2="waves"),
+    "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True),
+    "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="concurrent",
+                            dispatch_barrier=None, combine_barrier=None),
+    "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
+    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="waves", gemm_eff_scale=COMET_FUSED_EFF),
+    "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
+}
+
+
+def mechanics(name: str) -> Mechanics:
+    if name not in MECHANICS:
+        raise ZeppInputError(f"unknown simulator mechanics {name!r}; choose one of {', '.join(MECHANICS)}")
+    return MECHANICS[name]

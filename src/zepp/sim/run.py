@@ -1,0 +1,213 @@
+"""Simulate a system's layer, batch by batch, from its registry row and its FlowPlans.
+
+For every system the path is the same (``run_system``): the row's placement (once, from the
+history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
+turned into a ``LayerPlan``, the row's plug-ins (``zepp.sim.plugins``) and its adaptation
+(``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
+does; their weight copies run this batch), the row's planning model (``zepp.sim.planning``) as
+the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
+``simulate``. Latency = max over ranks; the result holds every timed iteration.
+
+A meta-system (``zepp``: ``best_of``) is its variants' best median per configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zepp import registry
+from zepp.cluster import Cluster
+from zepp.errors import ZeppInputError
+from zepp.flows import build_flows
+from zepp.model import MoESpec
+from zepp.placement import make_placement
+from zepp.plan import FlowPlan, Placement
+from zepp.routing import route
+from zepp.sim import plugins
+from zepp.sim.engine import TaskGraph, Timeline, simulate
+from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer
+from zepp.sim.mechanics import Net, mechanics
+from zepp.sim.planning import planning_seconds
+
+
+@dataclass
+class Config:
+    """One benchmark configuration: hardware, model, network calibration, history, batches.
+
+    ``hist [N, E]`` history histogram; ``batches [iters, R, T, k]``; the first ``warmup``
+    batches are not timed (stateful systems still plan them); ``relaxation`` C (default 0.25,
+    0.5 at 16 nodes and more); ``extra`` redundant slots per GPU.
+    """
+
+    cluster: Cluster
+    spec: MoESpec
+    net: Net
+    hist: np.ndarray
+    batches: np.ndarray
+    warmup: int = 5
+    relaxation: float | None = None
+    extra: int = 2
+
+    @property
+    def C(self) -> float:
+        if self.relaxation is not None:
+            return self.relaxation
+        return 0.5 if self.cluster.nodes >= 16 else 0.25
+
+
+@dataclass
+class SystemResult:
+    """Per timed iteration: ``latencies``, modelled ``planning`` and the system's own physical
+    ``lower_bound`` (seconds); ``timeline`` of the last batch when asked; ``variant``: for a
+    meta-system, the variant whose median won; ``swapped_slots`` per timed iteration."""
+
+    name: str
+    latencies: list = field(default_factory=list)
+    planning: list = field(default_factory=list)
+    lower_bound: list = field(default_factory=list)
+    swapped_slots: list = field(default_factory=list)
+    timeline: Timeline | None = None
+    variant: str | None = None
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.latencies))
+
+
+class Shared:
+    """What systems of one configuration share: placements per kind, and FlowPlans per
+    (placement, routing, transports, iteration) for systems whose placement does not change."""
+
+    def __init__(self):
+        self.placements: dict[str, Placement] = {}
+        self.plans: dict[tuple, FlowPlan] = {}
+        self.routings: dict[tuple, object] = {}
+
+    def placement(self, kind: str, cfg: Config) -> Placement:
+        if kind not in self.placements:
+            cl = cfg.cluster
+            self.placements[kind] = make_placement(kind, cfg.hist, cfg.spec.num_experts, cl.ranks, cl.gpus_per_node,
+                                                   extra=cfg.extra)
+        return self.placements[kind]
+
+    def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
+        rkey = (s.placement, s.routing, it)
+        if rkey not in self.routings:
+            self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C)
+        pkey = rkey + (s.dispatch, s.combine)
+        if pkey not in self.plans:
+            self.plans[pkey] = build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
+        return self.plans[pkey]
+
+
+def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None) -> float:
+    """A system's own physical floor: busiest NIC direction's bytes at the nominal NIC rate,
+    busiest GPU's FLOPs at peak, busiest GPU's expert-weight reads at HBM rate."""
+    cl, spec = cfg.cluster, cfg.spec
+    R, L = cl.ranks, cl.gpus_per_node
+    send = np.zeros(R)
+    recv = np.zeros(R)
+    for h in (lp.dispatch, lp.combine):
+        cross = (h.src // L) != (h.dst // L)
+        send += np.bincount(h.src[cross], minlength=R) * spec.row_bytes
+        recv += np.bincount(h.dst[cross], minlength=R) * spec.row_bytes
+    if extra_nic is not None:
+        send += extra_nic[0]
+        recv += extra_nic[1]
+    rows = np.bincount(lp.comp, minlength=R)
+    active = np.bincount(np.unique(lp.slot) // lp.slots_per_rank, minlength=R)
+    return float(max(max(send.max(), recv.max()) / cl.nic_bw, rows.max() * spec.flops_per_row / cl.peak_flops,
+                     active.max() * spec.expert_weight_bytes / cl.hbm_bw))
+
+
+def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = False,
+                  swap_copies: np.ndarray | None = None, swapped: np.ndarray | None = None):
+    """Simulate one batch of system ``s`` from its FlowPlan. Returns ``(Timeline, planning s,
+    floor s)``. ``swap_copies [M, 2]`` (src rank, dst rank) weight copies of this batch's swaps and
+    ``swapped [R*S]`` the slots whose weights arrive with them."""
+    ctx = plugins.Batch(cfg, plan)
+    for name in s.plugins:
+        plugins.apply(name, ctx)
+    kw = {}
+    if swap_copies is not None:
+        kw = dict(weight_copies=swap_copies, swapped=swapped)
+    elif ctx.weight_copies is not None:
+        kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
+    lp = LayerPlan.of(plan, **kw)
+    floor = own_floor(cfg, lp, ctx.extra_nic)
+    T = plan.routing.topk_ids.shape[1]
+    prologue, planning = planning_seconds(s.planning, s, cfg.cluster, cfg.spec, T, cfg.net)
+    g = TaskGraph(cfg.cluster)
+    build_layer(g, cfg.cluster, cfg.spec, lp, mechanics(s.mechanics), cfg.net, np.full(cfg.cluster.ranks, prologue),
+                ctx.custom_dispatch, ctx.custom_combine)
+    tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, labels=keep, **SIM_OPTS)
+    return tl, planning, floor
+
+
+def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shared | None = None) -> SystemResult:
+    """Plan and simulate ``cfg.batches`` with system ``name`` (a registry name the simulator
+    supports); the first ``cfg.warmup`` batches are warm-up. Stateless systems skip them (a
+    deterministic simulator has nothing to warm up); ``zepp-swap`` plans them, since its
+    placement carries over. ``shared``: placements and plans shared with the configuration's
+    other systems."""
+    s = registry.system(name)
+    if not s.supports("sim"):
+        raise ZeppInputError(f"system {name!r} does not run in the simulator (runs in: {', '.join(s.executors)})")
+    shared = Shared() if shared is None else shared
+    if s.best_of:
+        results = [run_system(v, cfg, keep_timeline, shared) for v in registry.variants(name, "sim")]
+        best = min(results, key=lambda r: r.median)
+        return SystemResult(name, best.latencies, best.planning, best.lower_bound, best.swapped_slots, best.timeline,
+                            variant=best.name)
+    res = SystemResult(name)
+    iters = cfg.batches.shape[0]
+    if s.adaptation == "zepp-swap":
+        return _run_swapping(s, cfg, keep_timeline, shared, res)
+    for it in range(cfg.warmup, iters):
+        keep = keep_timeline and it == iters - 1
+        tl, planning, floor = simulate_plan(cfg, s, shared.plan(s, cfg, it), keep)
+        _record(res, tl, planning, floor, keep, 0)
+    return res
+
+
+def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep: bool, swapped: int) -> None:
+    res.latencies.append(tl.latency)
+    res.planning.append(planning)
+    res.lower_bound.append(floor)
+    res.swapped_slots.append(swapped)
+    if keep:
+        res.timeline = tl
+
+
+def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: Shared, res: SystemResult):
+    """``zepp-swap``: before batch ``i``, swaps planned from batch ``i-1``'s slot loads (the
+    runtime's order); their copies run during batch ``i`` and its routing uses the new placement."""
+    from zepp.swap import plan_swaps
+
+    placement = shared.placement(s.placement, cfg)
+    S = placement.slots_per_rank
+    prev_loads = None
+    iters = cfg.batches.shape[0]
+    for it in range(iters):
+        copies = swapped = None
+        n_swapped = 0
+        if prev_loads is not None:
+            sp = plan_swaps(placement, prev_loads, cfg.C)
+            if sp.num_swapped_slots:
+                n_swapped = sp.num_swapped_slots
+                c = np.stack([sp.copies[:, 0] // S, sp.copies[:, 1] // S], 1)
+                swapped = np.zeros(placement.slot_expert.size, bool)
+                swapped[sp.copies[:, 1]] = True
+                copies = c[c[:, 0] != c[:, 1]]  # a copy between two slots of one GPU needs no link
+            placement = sp.placement
+        r = route(s.routing, cfg.batches[it], placement, cfg.C)
+        prev_loads = r.slot_loads()
+        if it < cfg.warmup:
+            continue
+        keep = keep_timeline and it == iters - 1
+        plan = build_flows(r, s.dispatch, cfg.spec.row_bytes, s.combine)
+        tl, planning, floor = simulate_plan(cfg, s, plan, keep, copies, swapped)
+        _record(res, tl, planning, floor, keep, n_swapped)
+    return res
