@@ -52,6 +52,7 @@ class StepLog:
     swap_bytes: list[int] = field(default_factory=list)
     swap_seconds: list[float] = field(default_factory=list)
     bytes_after_prefill: dict | None = None
+    probes: list = field(default_factory=list)
 
 
 def _eos_set(config) -> set[int]:
@@ -63,11 +64,13 @@ def _eos_set(config) -> set[int]:
 
 @torch.no_grad()
 def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos: set[int] | None = None,
-                  keep_logits: bool = False, adapt=None, fault=None):
+                  keep_logits: bool = False, adapt=None, fault=None, probe=None):
     """Generate for this rank's ``prompts`` (token-id lists); every rank calls this together.
 
     ``max_new [n]`` new tokens per prompt; ``eos``: end-of-sequence ids (default: the config's);
-    ``adapt``: called between steps (swaps); ``fault``: test hook ``{"step", "mode"}``.
+    ``adapt``: called between steps (swaps); ``fault``: test hook ``{"step", "mode"}``;
+    ``probe``: a function whose value is kept at the start, after prefill and at the end
+    (``log.probes``; e.g. the emulated NIC counters).
     Returns ``(new_tokens [n][...], logits [n][steps, V] or None, StepLog)``.
     """
     from transformers import DynamicCache
@@ -91,6 +94,8 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache(config=model.config)
         live = mask.reshape(-1).bool()
+    if probe is not None:
+        log.probes.append(probe())
     step = 0
     while True:
         t0 = time.perf_counter()
@@ -127,9 +132,13 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
         log.all_rows.append(int(counts.sum()))
         if step == 0:
             log.bytes_after_prefill = {p: v.copy() for p, v in comm.dispatcher.counter.by_dst.items()}
+            if probe is not None:
+                log.probes.append(probe())
         if adapt is not None:
             adapt(log)
         step += 1
+    if probe is not None:
+        log.probes.append(probe())
     logits = [torch.stack(x) if x else torch.zeros(0) for x in logits_out] if keep_logits else None
     return out, logits, log
 

@@ -105,9 +105,14 @@ def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
     comm.dispatcher.counter.reset()
     dist.barrier()
     t0 = time.perf_counter()
+    probe = None
+    if cfg.get("emulate"):
+        from zepp.emulate.counters import read_own_counters
+
+        probe = read_own_counters
     new, logits, log = generate_rank(model, comm, [reqs[i] for i in mine], [cfg["max_new"][i] for i in mine],
                                      eos=cfg.get("eos"), keep_logits=cfg.get("keep_logits", False), adapt=adapt,
-                                     fault=my_fault)
+                                     fault=my_fault, probe=probe)
     wall = time.perf_counter() - t0
     counter = comm.dispatcher.counter
     same = (np.arange(world) // L) == rank // L
@@ -122,7 +127,7 @@ def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
                 "swapped_slots": log.swapped_slots, "swap_bytes": log.swap_bytes, "swap_seconds": log.swap_seconds,
                 "param_bytes": _param_bytes(model), "bytes_read": model.zepp_bytes_read,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": t_load,
-                "wall_s": wall, "moe_s": comm.moe_seconds}
+                "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes}
     everything = [None] * world
     dist.all_gather_object(everything, mine_rec)
     if rank == 0 and record:
@@ -178,7 +183,18 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
                    "peak_rss_bytes_per_rank": [int(pr["peak_rss_bytes"]) for pr in per_rank]},
         "load_s": max(pr["load_s"] for pr in per_rank), "wall_s": max(pr["wall_s"] for pr in per_rank),
         "moe_s_max": max(pr["moe_s"] for pr in per_rank),
+        "wire_nic_tx_bytes": _wire(per_rank),
     }
+
+
+def _wire(per_rank: list[dict]) -> dict | None:
+    """Emulated cluster: NIC tx bytes per rank from the interface counters (wire bytes: headers,
+    ACKs and every collective included), prefill and decode."""
+    if not per_rank[0]["probes"] or len(per_rank[0]["probes"]) < 3:
+        return None
+    pre = [pr["probes"][1][0] - pr["probes"][0][0] for pr in per_rank]
+    dec = [pr["probes"][2][0] - pr["probes"][1][0] for pr in per_rank]
+    return {"prefill": pre, "decode": dec, "total": int(sum(pre) + sum(dec))}
 
 
 def run_rank(cfg: dict) -> dict | None:
