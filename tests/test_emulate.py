@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from zepp.emulate import inventory as inv
 from zepp.emulate import topology as nx
 from zepp.emulate.topology import EmulatedCluster
 from zepp.errors import EmulationUnavailable
@@ -62,12 +63,12 @@ def test_alltoall_bytes_take_the_right_links():
     prefix = _prefix("ta")
     same, remote = 2 << 20, 128 << 10  # bytes per peer: same node 16x more than remote
     with EmulatedCluster(2, 2, prefix=prefix) as cl:
-        assert nx.list_namespaces(prefix) == sorted([cl.netns(r) for r in range(4)] + [f"{prefix}-sw"])
+        assert inv.list_namespaces(prefix) == sorted([cl.netns(r) for r in range(4)] + [f"{prefix}-sw"])
         before = cl.counters()
         out = cl.call("zepp.emulate.jobs:a2a_check", {"same_node_bytes": same, "remote_bytes": remote},
                       timeout=60)
         moved = cl.counters() - before
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
     assert all(o["ok"] for o in out)
     assert out[0]["sent_bytes"] == [0, same, remote, remote]
     # each NIC sends and receives its rank's 2 remote blocks plus headers and gloo/store chatter
@@ -103,7 +104,7 @@ def test_fault_ends_every_rank_with_a_clear_error(fault):
         # generous grace: on a loaded machine a rank may take long to notice; the point is that
         # every rank ends by itself (none has to be killed), whatever the load
         res = group.wait(timeout=600, grace=120)
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
     assert not res.timed_out and not any(r.hung for r in res.ranks), res.describe()
     for r in survivors:
         assert res.ranks[r].returncode == 3, res.describe()
@@ -134,13 +135,13 @@ def test_signal_tears_down(sig):
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "up"
-        assert len(nx.list_namespaces(prefix)) == 3
+        assert len(inv.list_namespaces(prefix)) == 3
         p.send_signal(sig)
         p.wait(timeout=20)
     finally:
         if p.poll() is None:
             p.kill()
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
 
 
 @needs_netns
@@ -166,7 +167,7 @@ def test_cli_up_status_down_and_leftovers():
         assert res.exit_code == 0 and "removed 3 namespaces" in res.output, res.output
         assert "no emulated cluster" in runner.invoke(cluster, ["status", "--prefix", prefix]).output
     finally:
-        nx.down(prefix)
+        inv.down(prefix)
 
 
 @needs_netns
@@ -175,7 +176,7 @@ def test_exception_inside_context_tears_down():
     with pytest.raises(ZeroDivisionError):
         with EmulatedCluster(1, 2, prefix=prefix):
             1 / 0
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
 
 
 @needs_netns
@@ -209,13 +210,13 @@ def test_kill_9_of_the_launcher_leaves_nothing():
     try:
         logdir, *pids = p.stdout.readline().split()
         pids = [int(x) for x in pids]
-        assert len(pids) == 2 and len(nx.list_namespaces(prefix)) == 3 and os.path.isdir(logdir)
+        assert len(pids) == 2 and len(inv.list_namespaces(prefix)) == 3 and os.path.isdir(logdir)
         p.kill()
         p.wait()
-        while any(_alive(pid) for pid in pids) or nx.list_namespaces(prefix) or os.path.exists(logdir):
+        while any(_alive(pid) for pid in pids) or inv.list_namespaces(prefix) or os.path.exists(logdir):
             time.sleep(0.05)  # pytest's own timeout ends this if the cleanup never comes
-        assert nx.down(prefix).removed == []
+        assert inv.down(prefix).removed == []
     finally:
         if p.poll() is None:
             p.kill()
-        nx.down(prefix)
+        inv.down(prefix)

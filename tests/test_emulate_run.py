@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from zepp.emulate import inventory as inv
 from zepp.emulate import topology as nx
 
 OK, REASON = nx.availability()
@@ -57,7 +58,7 @@ def test_one_zepp_layer_over_the_emulated_cluster(tmp_path):
     assert np.all(tx >= planned), (tx, planned)
     # wire overhead: ~3% headers at MTU 9000, ACKs, one barrier, a few KB of connection noise
     assert np.all(tx <= 1.08 * (planned + meta_per_rank) + 16384), (tx, planned, meta_per_rank)
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
 
 
 @needs_netns
@@ -68,7 +69,7 @@ def test_killed_rank_mid_layer_ends_the_run(tmp_path):
                        "--emulate", "--emulate-prefix", prefix, "--fault", fault])
     assert p.returncode == 3, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     assert "rank 1 died" in p.stderr and "torn down" in p.stderr
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
 
 
 @needs_netns
@@ -87,7 +88,7 @@ def test_node_off_the_network_mid_layer_ends_the_run():
         run_emulated(cfg, rate_mbit=1000, prefix=prefix, nic_fault=(2, 1))
     msg = str(ei.value)
     assert "communication failed" in msg and "NICs of node 1 were taken down" in msg, msg
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
 
 
 def test_emulate_without_netns_is_one_clear_message(monkeypatch):
@@ -112,12 +113,12 @@ def test_ctrl_c_tears_the_cluster_down():
                           "--emulate", "--emulate-prefix", prefix], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
-        while len(nx.list_namespaces(prefix)) < 5:  # 4 ranks + the switch
+        while len(inv.list_namespaces(prefix)) < 5:  # 4 ranks + the switch
             assert p.poll() is None, p.stderr.read()
             time.sleep(0.2)
         pids = []
         while not pids:
-            pids = [int(x) for ns in nx.list_namespaces(prefix) for x in subprocess.run(
+            pids = [int(x) for ns in inv.list_namespaces(prefix) for x in subprocess.run(
                 ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
             time.sleep(0.2)
         assert pids, "no rank process started"
@@ -128,7 +129,7 @@ def test_ctrl_c_tears_the_cluster_down():
             p.kill()
             p.wait()
     assert p.returncode != 0
-    assert nx.list_namespaces(prefix) == []
+    assert inv.list_namespaces(prefix) == []
     time.sleep(0.5)
     assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
                 open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")]

@@ -13,6 +13,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +24,13 @@ import pytest
 from click.testing import CliRunner
 
 from zepp.cli import main as zepp_main
+from zepp.emulate import inventory as inv
 from zepp.emulate import topology as topo
 from zepp.emulate.cli import cluster
 
 OK, REASON = topo.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
+needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to see sockets")
 SRC = Path(__file__).resolve().parents[1] / "src" / "zepp"
 TINY = ["--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--experts", "8", "--topk", "2",
         "--hidden", "16", "--ffn", "8", "--tokens", "8", "--warmup", "0", "--systems", "a2av"]
@@ -127,6 +130,7 @@ def _wait_until(cond) -> None:
 
 
 @needs_netns
+@pytest.mark.netns
 def test_down_leaves_a_namespace_zepp_did_not_make():
     """A namespace made by hand with the prefix (``{prefix}-foreign``, a process inside) keeps its
     process and survives ``zepp cluster down``, which says it skipped it."""
@@ -144,7 +148,7 @@ def test_down_leaves_a_namespace_zepp_did_not_make():
         assert foreign in res.output
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert foreign in names and sleeper.poll() is None
-        assert topo.list_namespaces(prefix) == []
+        assert inv.list_namespaces(prefix) == []
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -152,6 +156,7 @@ def test_down_leaves_a_namespace_zepp_did_not_make():
 
 
 @needs_netns
+@pytest.mark.netns
 def test_two_clusters_coexist_and_up_refuses_a_prefix_in_use():
     """Two prefixes live side by side; ``up`` (and ``run --emulate``) on a prefix in use say so
     and leave the cluster as it was; ``down`` of one leaves the other; ``--replace`` replaces."""
@@ -161,27 +166,28 @@ def test_two_clusters_coexist_and_up_refuses_a_prefix_in_use():
         for p in (a, b):
             res = runner.invoke(cluster, ["up", "--nodes", "1", "--gpus-per-node", "2", "--prefix", p])
             assert res.exit_code == 0, res.output
-        id_a = topo.status(a)["record"]["id"]
-        assert topo.status(a)["complete"] and topo.status(b)["complete"]
+        id_a = inv.status(a)["record"]["id"]
+        assert inv.status(a)["complete"] and inv.status(b)["complete"]
         res = runner.invoke(cluster, ["up", "--nodes", "1", "--gpus-per-node", "2", "--prefix", a])
         assert res.exit_code != 0 and "in use" in res.output and "zepp cluster down" in res.output, res.output
         res = subprocess.run([sys.executable, "-m", "zepp.cli", "run", *TINY_EMU, "--iters", "1", "--emulate",
                               "--emulate-prefix", a], capture_output=True, text=True)
         assert res.returncode == 2 and "in use" in res.stderr, res.stderr
-        st = topo.status(a)
+        st = inv.status(a)
         assert st["complete"] and st["record"]["id"] == id_a, st
         assert runner.invoke(cluster, ["down", "--prefix", a]).exit_code == 0
-        assert topo.list_namespaces(a) == [] and topo.status(b)["complete"]
-        id_b = topo.status(b)["record"]["id"]
+        assert inv.list_namespaces(a) == [] and inv.status(b)["complete"]
+        id_b = inv.status(b)["record"]["id"]
         res = runner.invoke(cluster, ["up", "--nodes", "1", "--gpus-per-node", "2", "--prefix", b, "--replace"])
         assert res.exit_code == 0, res.output
-        assert topo.status(b)["complete"] and topo.status(b)["record"]["id"] != id_b
+        assert inv.status(b)["complete"] and inv.status(b)["record"]["id"] != id_b
     finally:
-        topo.down(a)
-        topo.down(b)
+        inv.down(a)
+        inv.down(b)
 
 
 @needs_netns
+@pytest.mark.netns
 def test_status_does_not_call_a_half_built_cluster_complete():
     prefix = _prefix("hh")
     runner = CliRunner()
@@ -194,7 +200,7 @@ def test_status_does_not_call_a_half_built_cluster_complete():
         res = runner.invoke(cluster, ["check", "--prefix", prefix])
         assert res.exit_code != 0 and "incomplete" in res.output, res.output
     finally:
-        topo.down(prefix)
+        inv.down(prefix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +234,7 @@ def live_run(tmp_path_factory):
             p.wait()
 
 
+@needs_ss
 def test_run_listens_on_loopback_only(live_run):
     """Every listening socket of the run (rendezvous, gloo) is bound to the loopback device."""
     assert live_run["listeners"], "no listening socket seen"
@@ -235,6 +242,7 @@ def test_run_listens_on_loopback_only(live_run):
         assert addr.startswith("127.") or addr.startswith("[::1]"), live_run["listeners"]
 
 
+@needs_ss
 def test_ranks_rendezvous_through_a_file_not_a_port(live_run):
     """No port is chosen ahead and handed to the ranks (the free-port race): the ranks meet
     through a file store in the run's temp folder, gloo binds ports the kernel picks."""
@@ -244,6 +252,7 @@ def test_ranks_rendezvous_through_a_file_not_a_port(live_run):
         assert env.get("GLOO_SOCKET_IFNAME") == "lo"
 
 
+@needs_ss
 def test_sigterm_of_the_launcher_ends_ranks_and_removes_its_temp_folder(live_run):
     assert live_run["returncode"] != 0
     assert live_run["tmp_left"] == []
@@ -299,6 +308,7 @@ def test_kill_9_of_zepp_run_leaves_no_rank_and_no_temp_folder(tmp_path):
             p.kill()
 
 
+@needs_ss
 @pytest.mark.timeout(180)
 def test_rank_killed_from_outside_is_reported_with_its_signal(tmp_path):
     p = _start([*TINY, "--iters", "100000"], tmp_path / "tmp")
@@ -328,16 +338,16 @@ def test_killed_emulate_launcher_leaves_no_namespace_rank_or_temp_folder(tmp_pat
     p = _start([*TINY_EMU, "--iters", "100000", "--emulate", "--emulate-prefix", prefix], tmp_path / "tmp")
     try:
         ranks = _wait_ranks(p, 4, "zepp.emulate.rankrun")
-        assert len(topo.list_namespaces(prefix)) == 5
+        assert len(inv.list_namespaces(prefix)) == 5
         p.send_signal(getattr(signal, how))
         p.wait()
         _wait_until(lambda: not any(_alive(pid) for pid in ranks.values()))
-        _wait_until(lambda: topo.list_namespaces(prefix) == [])
+        _wait_until(lambda: inv.list_namespaces(prefix) == [])
         _wait_until(lambda: os.listdir(tmp_path / "tmp") == [])
     finally:
         if p.poll() is None:
             p.kill()
-        topo.down(prefix)
+        inv.down(prefix)
 
 
 # ---------------------------------------------------------------------------------------------

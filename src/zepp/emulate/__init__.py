@@ -2,7 +2,8 @@
 
 Modules, by what they own:
 
-- ``topology``: ``EmulatedCluster`` (namespaces, links, shaping, faults) and ``down``/``status``;
+- ``topology``: ``EmulatedCluster`` (namespaces, links, shaping, faults, running ranks in it);
+- ``inventory``: what exists for a prefix (``status``), removing it (``down``), ``attach``;
 - ``ownership``: the marks and records that say which namespaces are zepp's and whose;
 - ``processes``: starting, waiting for and ending rank processes (one wait-and-kill loop for
   every launcher in zepp), temp folders, and what is guaranteed when a launcher is killed;
@@ -17,10 +18,11 @@ Modules, by what they own:
 
 from zepp.emulate.counters import LinkCounters
 from zepp.emulate.processes import RankGroup, RunResult
-from zepp.emulate.topology import DEFAULT_PREFIX, DEFAULT_RATE_MBIT, EmulatedCluster, availability, down, status
+from zepp.emulate.inventory import attach, down, status
+from zepp.emulate.topology import DEFAULT_PREFIX, DEFAULT_RATE_MBIT, EmulatedCluster, availability
 from zepp.errors import EmulationError, EmulationUnavailable, RankFailure
 
 __all__ = [
     "DEFAULT_PREFIX", "DEFAULT_RATE_MBIT", "EmulatedCluster", "EmulationError", "EmulationUnavailable",
-    "LinkCounters", "RankFailure", "RankGroup", "RunResult", "availability", "down", "status",
+    "LinkCounters", "RankFailure", "RankGroup", "RunResult", "attach", "availability", "down", "status",
 ]

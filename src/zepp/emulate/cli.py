@@ -14,8 +14,8 @@ import json
 
 import click
 
-from zepp.emulate import ownership
-from zepp.emulate import topology as topo
+import zepp.emulate.inventory as inventory
+import zepp.emulate.ownership as ownership
 from zepp.emulate.topology import (
     DEFAULT_NIC_MTU,
     DEFAULT_NVLINK_MTU,
@@ -77,7 +77,7 @@ def down_cmd(prefix, cluster_id) -> None:
     """Remove zepp's namespaces of the prefix (also leftovers of a crashed run); others stay."""
     ownership.check_prefix(prefix)
     try:
-        res = topo.down(prefix, cluster_id)
+        res = inventory.down(prefix, cluster_id)
     except (EmulationUnavailable, EmulationError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"removed {len(res.removed)} namespaces" + (f": {' '.join(res.removed)}" if res.removed else ""))
@@ -93,7 +93,7 @@ def status_cmd(prefix, as_json) -> None:
     """List the namespaces, NIC addresses, shaping and byte counters, and whether it is complete."""
     ownership.check_prefix(prefix)
     try:
-        st = topo.status(prefix)
+        st = inventory.status(prefix)
     except (EmulationUnavailable, EmulationError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -122,7 +122,7 @@ def check_cmd(prefix, timeout) -> None:
     ownership.check_prefix(prefix)
     _need_support()
     try:
-        cl = EmulatedCluster.existing(prefix)
+        cl = inventory.attach(prefix)
         before = cl.counters()
         cl.call("zepp.emulate.jobs:a2a_check", {"same_node_bytes": 1 << 20, "remote_bytes": 1 << 18},
                 timeout=timeout)
@@ -148,7 +148,7 @@ def calibrate_cmd(prefix, json_path) -> None:
         check_output_path(json_path, "--json")
     _need_support()
     try:
-        cal = calibrate_links(EmulatedCluster.existing(prefix))
+        cal = calibrate_links(inventory.attach(prefix))
     except (EmulationUnavailable, EmulationError, RankFailure) as exc:
         raise click.ClickException(str(exc)) from exc
     f = cal.cluster_fields()

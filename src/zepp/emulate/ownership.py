@@ -14,7 +14,7 @@ A cluster zepp builds gets a random id. Two marks record it:
 ``zepp cluster down/status`` and ``zepp run --emulate`` act only on namespaces whose mark
 names their prefix (``down --id`` only on one cluster's); a namespace with the prefix but
 without the mark (made by hand, say ``zepp-foreign``) is left alone and reported as skipped.
-``prefix_lock`` serialises ``up`` and ``down`` of one prefix between processes (``flock``).
+``prefix_lock`` serialises ``up`` and ``down`` between processes (``flock``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import json
 import os
 import re
 import secrets
+import signal
 from dataclasses import dataclass, field
 
 from zepp.emulate.iproute import sh, tool
 from zepp.emulate.processes import proc_start
-from zepp.errors import ZeppInputError
+from zepp.errors import EmulationError, ZeppInputError
 
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")
 _MARK_RE = re.compile(r"^zepp-cluster prefix=(?P<prefix>[a-z][a-z0-9]*) id=(?P<id>[0-9a-f]+)$")
@@ -110,6 +111,25 @@ def scan(prefix: str) -> Scan:
     return out
 
 
+def remove_marked(prefix: str, cluster_id: str | None) -> list[str]:
+    """Kill the processes in, then delete, the marked namespaces of ``prefix`` (of one cluster
+    when ``cluster_id`` is given). Caller holds the prefix lock."""
+    ip = tool("ip")
+    names = scan(prefix).of(cluster_id)
+    for ns in names:
+        # rank processes orphaned by a crashed launcher may still run in there: end them by pid
+        for pid in sh([ip, "netns", "pids", ns], check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        sh([ip, "netns", "del", ns], check=False)
+    left = scan(prefix).of(cluster_id)
+    if left:
+        raise EmulationError(f"could not delete namespaces {left}")
+    return names
+
+
 # ---------------------------------------------------------------------------------------------
 # records
 
@@ -157,9 +177,12 @@ def owner_fields() -> dict:
 
 @contextlib.contextmanager
 def prefix_lock(prefix: str):
-    """Exclusive lock of ``prefix`` across processes while building or removing its cluster."""
+    """Exclusive lock while building or removing the cluster of ``prefix``, across processes.
+    One lock file for every prefix (``{RECORD_DIR}/clusters.lock``: building takes about a
+    second, and no lock file per prefix is left behind)."""
+    check_prefix(prefix)
     os.makedirs(record_dir(), mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(record_dir(), f"cluster-{check_prefix(prefix)}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(record_dir(), "clusters.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

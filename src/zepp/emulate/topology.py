@@ -32,8 +32,8 @@ needs ``sch_netem``; kernels without it (like the one this was developed on) sup
 ``delay_ms=0`` only and say so.
 
 Ownership (``zepp.emulate.ownership``): every namespace carries the cluster's mark and the
-cluster has a record under ``/run/zepp``; ``down``/``status`` touch only marked namespaces of
-their prefix, ``up`` refuses a prefix that is in use (unless ``replace=True``) and removes only
+cluster has a record under ``/run/zepp``; ``down``/``status`` (``zepp.emulate.inventory``)
+touch only marked namespaces of their prefix, ``up`` refuses a prefix that is in use (unless ``replace=True``) and removes only
 the leftovers of a run whose launcher is gone. A cluster that belongs to one run
 (``keep=False``) is removed when the context exits, at interpreter exit, on SIGTERM, and by the
 launcher's watchdog after ``kill -9`` (``zepp.emulate.processes``).
@@ -70,7 +70,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from zepp.emulate import ownership as own
+import zepp.emulate.ownership as own
 from zepp.emulate.counters import NIC_IF, LinkCounters, read_link_counters
 from zepp.emulate.iproute import sh, tool
 from zepp.emulate.processes import WATCHDOG, RankGroup, RunResult, temp_folder
@@ -266,21 +266,10 @@ class EmulatedCluster:
                 "nic_mtu": self.nic_mtu, "nvlink_mtu": self.nvlink_mtu, "namespaces": self.namespaces(),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **own.owner_fields()}
 
-    @classmethod
-    def existing(cls, prefix: str = DEFAULT_PREFIX) -> "EmulatedCluster":
-        """The complete cluster ``zepp cluster up --prefix prefix`` left running (shape and rate
-        from its record); ``keep=True``, so leaving a context does not remove it."""
-        st = status(prefix)
-        if st["record"] is None and not st["namespaces"]:
-            raise EmulationError(f"no emulated cluster with prefix {prefix!r} is up (zepp cluster up --prefix {prefix})")
-        if not st["complete"]:
-            raise EmulationError(f"emulated cluster {prefix!r} is incomplete: {'; '.join(st['problems'])}; run "
-                                 f"zepp cluster down --prefix {prefix} and up again")
-        rec = st["record"]
-        cl = cls(rec["nodes"], rec["gpus_per_node"], rate_mbit=rec["rate_mbit"], delay_ms=rec["delay_ms"],
-                 prefix=prefix, nic_mtu=rec["nic_mtu"], nvlink_mtu=rec["nvlink_mtu"], keep=True)
-        cl.id, cl._is_up = rec["id"], True
-        return cl
+    def attached(self, cluster_id: str) -> "EmulatedCluster":
+        """Mark this object as the running cluster ``cluster_id`` (``inventory.attach``)."""
+        self.id, self._is_up = cluster_id, True
+        return self
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedCluster":
@@ -329,7 +318,7 @@ class EmulatedCluster:
                     f", id {rec.get('id')}") if rec else f"namespaces {' '.join(sc.of(None))}"
             raise EmulationError(f"prefix {self.prefix!r} is in use by an emulated cluster ({what}); run "
                                  f"`zepp cluster down --prefix {self.prefix}` first, or use another prefix")
-        removed = _remove(self.prefix, None)
+        removed = own.remove_marked(self.prefix, None)
         own.remove_record(self.prefix)
         self.notes.append(f"removed {'the leftovers of a run that is gone' if stale else 'the cluster it replaces'}"
                           f" ({len(removed)} namespaces)")
@@ -401,7 +390,7 @@ class EmulatedCluster:
             self._down_locked()
 
     def _down_locked(self) -> None:
-        _remove(self.prefix, self.id)
+        own.remove_marked(self.prefix, self.id)
         own.remove_record(self.prefix, self.id)
         for ns in self.namespaces():
             WATCHDOG.remove("netns", ns)
@@ -481,127 +470,3 @@ class EmulatedCluster:
                 with open(os.path.join(d, f"result{r}.json")) as f:
                     out.append(json.load(f))
             return out
-
-
-# ---------------------------------------------------------------------------------------------
-# module-level inspection and removal (used by the CLI)
-
-
-def list_namespaces(prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """zepp's namespaces of ``prefix`` (those carrying a mark naming it), sorted."""
-    return own.scan(prefix).of(None)
-
-
-def _remove(prefix: str, cluster_id: str | None) -> list[str]:
-    """Kill the processes in, then delete, the marked namespaces of ``prefix`` (of one cluster
-    when ``cluster_id`` is given). Caller holds the prefix lock."""
-    ip = tool("ip")
-    names = own.scan(prefix).of(cluster_id)
-    for ns in names:
-        # rank processes orphaned by a crashed launcher may still run in there: end them by pid
-        for pid in sh([ip, "netns", "pids", ns], check=False).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        sh([ip, "netns", "del", ns], check=False)
-    left = own.scan(prefix).of(cluster_id)
-    if left:
-        raise EmulationError(f"could not delete namespaces {left}")
-    return names
-
-
-@dataclass
-class DownResult:
-    """What ``down`` removed, and the namespaces with the prefix it left alone (not zepp's)."""
-
-    removed: list[str]
-    skipped: list[str]
-
-
-def down(prefix: str = DEFAULT_PREFIX, cluster_id: str | None = None) -> DownResult:
-    """Remove zepp's emulated cluster(s) of ``prefix``: kill the processes left inside its
-    marked namespaces, delete those namespaces and the record. Namespaces with the prefix that
-    are not zepp's (no mark, or, with ``cluster_id``, another cluster's) are left alone."""
-    own.check_prefix(prefix)
-    if os.geteuid() != 0:
-        raise EmulationUnavailable("removing the emulated cluster needs root")
-    with own.prefix_lock(prefix):
-        sc = own.scan(prefix)
-        removed = _remove(prefix, cluster_id)
-        own.remove_record(prefix, cluster_id)
-    skipped = sc.foreign + [ns for ns in sc.of(None) if ns not in removed]
-    return DownResult(removed, sorted(skipped))
-
-
-def _rank_entry(ip: str, tc: str, ns: str, node: int, local: int) -> dict:
-    entry = {"netns": ns, "node": node, "local": local, "addr": None, "state": None, "qdisc": None,
-             "tx_bytes": None, "rx_bytes": None, "nvlinks": []}
-    links = json.loads(sh([ip, "-j", "-s", "-n", ns, "addr", "show"], check=False).stdout or "[]")
-    stats = json.loads(sh([ip, "-j", "-s", "-n", ns, "link", "show"], check=False).stdout or "[]")
-    for link in links:
-        if link.get("ifname") == NIC_IF:
-            entry["state"] = link.get("operstate")
-            for a in link.get("addr_info", []):
-                if a.get("family") == "inet":
-                    entry["addr"] = f"{a['local']}/{a['prefixlen']}"
-        elif link.get("ifname", "").startswith("nv"):
-            entry["nvlinks"].append(link["ifname"])
-    for link in stats:
-        if link.get("ifname") == NIC_IF:
-            entry["tx_bytes"] = link["stats64"]["tx"]["bytes"]
-            entry["rx_bytes"] = link["stats64"]["rx"]["bytes"]
-    q = sh([tc, "-n", ns, "qdisc", "show", "dev", NIC_IF], check=False).stdout.strip()
-    entry["qdisc"] = " | ".join(line.strip() for line in q.splitlines()) or None
-    return entry
-
-
-def status(prefix: str = DEFAULT_PREFIX) -> dict:
-    """What exists for ``prefix``, and whether it is a complete cluster.
-
-    Returns ``{"prefix", "record" (dict or None), "namespaces" (zepp's), "skipped" (others with
-    the prefix), "ranks": [{"netns", "node", "local", "addr", "state", "qdisc", "tx_bytes",
-    "rx_bytes", "nvlinks"}], "switch": bool, "complete": bool, "problems": [str]}``. Complete
-    means: a record in state ``up``, every namespace of its shape present with its mark, every
-    NIC with its address and shaping, every NVLink veth present.
-    """
-    ip, tc = tool("ip"), tool("tc")
-    sc, rec = own.scan(prefix), own.read_record(prefix)
-    names = sc.of(None)
-    problems: list[str] = []
-    ranks = []
-    for ns in names:
-        rest = ns[len(prefix) + 1:]
-        if rest.startswith("n") and "r" in rest:
-            n, _, i = rest[1:].partition("r")
-            if n.isdigit() and i.isdigit():
-                ranks.append(_rank_entry(ip, tc, ns, int(n), int(i)))
-    ranks.sort(key=lambda e: (e["node"], e["local"]))
-    if rec is None:
-        if names:
-            problems.append("no record of the cluster (made by a crashed or older zepp)")
-    else:
-        if rec.get("state") != "up":
-            who = ("being built by pid " + str(rec.get("owner_pid"))) if own.owner_alive(rec) else \
-                "half-built: the process that was building it is gone"
-            problems.append(f"state {rec.get('state')!r} ({who})")
-        if len(sc.ids) > 1 or (sc.ids and sc.ids != [rec.get("id")]):
-            problems.append(f"namespaces of other clusters with this prefix: ids {', '.join(sc.ids)}")
-        want = EmulatedCluster(rec["nodes"], rec["gpus_per_node"], prefix=prefix)
-        missing = [ns for ns in want.namespaces() if sc.owned.get(ns) != rec.get("id")]
-        if missing:
-            problems.append(f"missing namespaces: {' '.join(missing)}")
-        by_ns = {e["netns"]: e for e in ranks}
-        for r in range(want.ranks):
-            e = by_ns.get(want.netns(r))
-            if e is None:
-                continue
-            if e["addr"] != f"{want.addr(r)}/16":
-                problems.append(f"{e['netns']}: NIC address {e['addr']} (expected {want.addr(r)}/16)")
-            if not e["qdisc"] or "tbf" not in e["qdisc"]:
-                problems.append(f"{e['netns']}: NIC not shaped")
-            if len(e["nvlinks"]) != want.gpus_per_node - 1:
-                problems.append(f"{e['netns']}: {len(e['nvlinks'])} of {want.gpus_per_node - 1} NVLink veths")
-    complete = rec is not None and not problems
-    return {"prefix": prefix, "record": rec, "namespaces": names, "skipped": sc.foreign, "ranks": ranks,
-            "switch": f"{prefix}-sw" in names, "complete": complete, "problems": problems}
