@@ -34,7 +34,7 @@ def _policies():
 def _hint(fmt: str, out: str, ep) -> str:
     if fmt == "sglang":
         return (f"SGLang: --init-expert-location {out} --ep-num-redundant-experts {ep.redundant} "
-                f"(EP size {ep.ranks} = --tp-size {ep.ranks} with --enable-ep-moe / --moe-a2a-backend deepep)")
+                f"(EP size {ep.ranks}; without --enable-eplb, which would re-plan it)")
     if fmt == "trtllm":
         return f"TensorRT-LLM: moe_config: {{backend: WideEP, load_balancer: {out}}} (EP size {ep.ranks})"
     if fmt == "vllm":
@@ -69,7 +69,8 @@ def _rule_lines(zepp_ep, eplb_ep, history) -> list[str]:
     ec = np.bincount(eplb_ep.maps[layer], minlength=zepp_ep.model.num_experts)
     hot = np.argsort(-load, kind="stable")[:5]
     cold = np.argsort(load, kind="stable")[:1]
-    lines.append(f"layer {layer}: expert (share of entries): copies {zepp_ep.policy} / eplb")
+    lines.append(f"layer {layer}, hottest experts and the coldest: expert (share of entries): copies "
+                 f"{zepp_ep.policy} / eplb")
     lines.append("  " + ", ".join(f"{e} ({share[e]:.1%}): {zc[e]}/{ec[e]}" for e in [*hot, *cold]))
     return lines
 
