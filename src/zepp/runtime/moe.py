@@ -152,7 +152,7 @@ class MoELayer(torch.nn.Module):
 
 @torch.no_grad()
 def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.ndarray, new_slot_expert: np.ndarray,
-                      dispatcher: Dispatcher, tag_base: int = 1 << 14) -> int:
+                      dispatcher: Dispatcher, tag_base: int = 1 << 14, sent_to: np.ndarray | None = None) -> int:
     """Apply swap weight copies to any per-slot weight tensors of this rank.
 
     ``weights``: tensors ``[S, ...]`` (slot-major: e.g. ``gate_up [S, 2F, H]`` and ``down [S, H, F]``);
@@ -160,7 +160,8 @@ def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.n
     ``old_slot_expert`` / ``new_slot_expert [R, S]``: the placements before and after. Copies read the
     old weights (staged first), stay inside a node (``SwapError`` otherwise), and go point-to-point
     over the dispatcher's group; slots emptied by the swap become zero. Every rank calls this with
-    the same arguments. Returns the weight bytes this rank sent.
+    the same arguments. Returns the weight bytes this rank sent (``sent_to [R]``, if given, adds
+    them per destination rank).
     """
     d = dispatcher
     S, L, r = old_slot_expert.shape[1], d.gpus_per_node, d.rank
@@ -182,6 +183,8 @@ def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.n
             buf = buf.cpu() if d.host_p2p else buf
             ops.append(dist.P2POp(dist.isend, buf, rb, d.group, tag_base + i))
             sent += buf.numel() * buf.element_size()
+            if sent_to is not None:
+                sent_to[rb] += buf.numel() * buf.element_size()
     for w in dist.batch_isend_irecv(ops) if ops else []:
         w.wait()
     for s, buf in staged:

@@ -158,6 +158,7 @@ def make_swapper(model, comm):
     from zepp.swap import plan_swaps
 
     blocks = ep_blocks(model)
+    adapt_sent = np.zeros(comm.world, np.int64)  # swap weight bytes this rank sent, per destination rank
 
     def adapt(log: StepLog) -> None:
         t0 = time.perf_counter()
@@ -169,7 +170,7 @@ def make_swapper(model, comm):
                 continue
             comm.dispatcher.set_placement(old)
             sent += swap_slot_weights([b.gate_up, b.down], sp.copies, old.slot_expert, sp.placement.slot_expert,
-                                      comm.dispatcher)
+                                      comm.dispatcher, sent_to=adapt_sent)
             comm.placements[b.layer] = sp.placement
             comm.recent[b.layer] = [np.asarray(sp.slot_load, np.int64)]
             slots += sp.num_swapped_slots
@@ -177,4 +178,5 @@ def make_swapper(model, comm):
         log.swap_bytes.append(sent)
         log.swap_seconds.append(time.perf_counter() - t0)
 
+    adapt.sent_to = adapt_sent
     return adapt

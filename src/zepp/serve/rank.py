@@ -127,7 +127,8 @@ def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
                 "swapped_slots": log.swapped_slots, "swap_bytes": log.swap_bytes, "swap_seconds": log.swap_seconds,
                 "param_bytes": _param_bytes(model), "bytes_read": model.zepp_bytes_read,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": t_load,
-                "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes}
+                "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes,
+                "swap_bytes_cross_node": int(adapt.sent_to[~same].sum()) if adapt is not None else 0}
     everything = [None] * world
     dist.all_gather_object(everything, mine_rec)
     if rank == 0 and record:
@@ -175,6 +176,7 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
         "swaps_per_step": [int(x) for x in swaps],
         "swap_bytes_per_step": [int(sum(pr["swap_bytes"][i] for pr in per_rank))
                                 for i in range(len(per_rank[0]["swap_bytes"]))],
+        "swap_bytes_cross_node": int(sum(pr["swap_bytes_cross_node"] for pr in per_rank)),
         "swap_ms_per_step": [float(max(pr["swap_seconds"][i] for pr in per_rank) * 1e3)
                              for i in range(len(per_rank[0]["swap_seconds"]))],
         "memory": {"checkpoint_bytes": int(ckpt_bytes),
