@@ -1,0 +1,239 @@
+"""Planning speed of the torch planner on the CPU against the numpy planner, as ratios from one run.
+
+Per configuration (nodes x 4 GPUs, K2 and Qwen3-235B, MB per GPU), one batch sampled from the
+recorded traces (``../shared/traces``; the built-in synthetic traces when absent) is planned with
+Zepp's pipeline (placement ``zepp``, routing ``zepp``, dispatch ``zepp``, combine ``reduce``) by
+both planners, ``--repeats`` times, interleaved (numpy then torch, then torch then numpy, ...),
+one thread each. Reported: median routing and flows times of each planner and the ratio
+torch / numpy (above 1: torch slower). Every configuration also checks that both planners'
+``slot`` and hop tables are equal (the benchmark fails otherwise). The torch planner runs in
+its default mode on the CPU (``sync=True``: early exits and exact-size tables); ``--capture-safe``
+adds the ``sync=False`` mode (no host read; the mode a CUDA graph captures) for the smaller
+configurations.
+
+    nice python benchmarks/plan_speed_torch.py [--traces ../shared/traces] [--repeats 3]
+        [--nodes 4,8,16,32] [--budgets 1,4,16,64] [--models k2,qwen] [--out benchmarks/results/plan_speed_torch]
+
+Writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zepp.flows import build_flows
+from zepp.model import model_preset
+from zepp.placement import make_placement
+from zepp.routing import route
+from zepp.torchplan import build_flows as t_build_flows
+from zepp.torchplan import device_placement
+from zepp.torchplan import route as t_route
+from zepp.trace import load_model_traces, node_demand, sample_batches
+
+COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
+OTHER_PAIRS = (("a2av", "a2av"), ("relay", "dedup"), ("zepp", "reduce-direct"))
+GPUS_PER_NODE = 4
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _numpy_plan(batch, placement, relaxation, row_bytes):
+    t0 = time.perf_counter()
+    r = route("zepp", batch, placement, relaxation)
+    t1 = time.perf_counter()
+    p = build_flows(r, "zepp", row_bytes, "reduce")
+    t2 = time.perf_counter()
+    return (t1 - t0, t2 - t1), p
+
+
+def _torch_plan(ids, placement, relaxation, row_bytes, sync):
+    t0 = time.perf_counter()
+    r = t_route("zepp", ids, placement, relaxation, sync=sync)
+    t1 = time.perf_counter()
+    p = t_build_flows(r, "zepp", row_bytes, "reduce", sync=sync)
+    p.dispatch.count.item()  # the tables are complete (no-op on the CPU; a sync on a device)
+    t2 = time.perf_counter()
+    return (t1 - t0, t2 - t1), p
+
+
+def _same(numpy_plan, torch_plan) -> bool:
+    tp = torch_plan.to_numpy()
+    if not np.array_equal(tp.routing.slot, numpy_plan.routing.slot):
+        return False
+    return all(np.array_equal(getattr(getattr(tp, ph), c), getattr(getattr(numpy_plan, ph), c))
+               for ph in ("dispatch", "combine") for c in COLS)
+
+
+def _write_data(path: str, info: dict) -> None:
+    """The data file of measured torch planning times (schema in its ``about``)."""
+    record = dict(
+        device="cpu", device_name=info["machine"], platform=info["platform"], threads=1, cuda_graph=False,
+        mode="sync=True (host reads allowed, early exits, exact-size tables)", torch=info["torch"],
+        measured_at=info["measured_at"], where="the project's shared 2-core development VM (loaded by other work)",
+        load_average_end=info["load_average_end"], statistic=f"median of {info['repeats']} interleaved runs",
+        traces=info["traces"], written_by="benchmarks/plan_speed_torch.py --data",
+        rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
+                   entries=r["entries"], relaxation=r["relaxation"],
+                   parts_ms={"route:zepp": round(r["torch_route_ms"], 3),
+                             "flows:zepp/reduce": round(r["torch_flows_ms"], 3),
+                             **{k: round(v, 3) for k, v in r["torch_other_flows_ms"].items()}},
+                   numpy_ms={"route:zepp": round(r["numpy_route_ms"], 3),
+                             "flows:zepp/reduce": round(r["numpy_flows_ms"], 3)})
+              for r in info["rows"]])
+    data = dict(
+        about=("Measured planning times of the torch planner (zepp.torchplan), per part with the part names "
+               "of zepp/data/planner_cost.json ('route:zepp', 'flows:<dispatch>/<combine>'), milliseconds per "
+               "batch for the whole cluster's plan (every rank computes the same plan). One record per device "
+               "and mode; 'cuda_graph' says whether the times are CUDA-graph replays. Device (GPU) records, "
+               "where they exist, are meant to replace the op-mix conversion of zepp.sim.planning for the "
+               "same parts; CPU records are not device figures (no GPU was lent when this file was written)."),
+        records=[record],
+        device_records=[],
+    )
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--traces", default=str(Path(__file__).resolve().parents[2] / "shared" / "traces"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--nodes", default="4,8,16,32")
+    parser.add_argument("--budgets", default="1,4,16,64")
+    parser.add_argument("--models", default="k2,qwen")
+    parser.add_argument("--capture-safe", action="store_true",
+                        help="also time sync=False (no host reads) on configurations up to 1M entries")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_speed_torch"))
+    parser.add_argument("--data", default=None,
+                        help="also write the measured torch planning times as a data file "
+                             "(src/zepp/data/planner_torch_times.json)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows = []
+    source = {}
+    for model in args.models.split(","):
+        spec = model_preset(model)
+        if Path(args.traces).is_dir():
+            pool, evaluation = load_model_traces(args.traces, model)
+            source[model] = f"recorded: {os.path.relpath(args.traces, Path(__file__).resolve().parents[1])}"
+        else:
+            from zepp.synth import synthetic_traces
+
+            pool, evaluation = synthetic_traces(model, seed=0)
+            source[model] = "built-in synthetic traces (zepp.synth)"
+        for nodes in _ints(args.nodes):
+            ranks = nodes * GPUS_PER_NODE
+            placement = make_placement("zepp", node_demand(pool, nodes, GPUS_PER_NODE), spec.num_experts, ranks,
+                                       GPUS_PER_NODE)
+            t0 = time.perf_counter()
+            device_placement(placement, "cpu")
+            prep = time.perf_counter() - t0
+            relaxation = 0.5 if nodes >= 16 else 0.25
+            for mb in _ints(args.budgets):
+                tokens = spec.tokens_for_budget(mb)
+                batch = sample_batches(evaluation, ranks, tokens, 1, seed=nodes * 1000 + mb)[0]
+                ids = torch.as_tensor(batch)
+                modes = [("numpy", None), ("torch", True)]
+                if args.capture_safe and batch.size <= 1 << 20:
+                    modes.append(("torch-capture-safe", False))
+                times = {m: [] for m, _ in modes}
+                same = True
+                for rep in range(args.repeats):
+                    order = modes if rep % 2 == 0 else modes[::-1]
+                    plans = {}
+                    for m, sync in order:
+                        if m == "numpy":
+                            t, plans[m] = _numpy_plan(batch, placement, relaxation, spec.row_bytes)
+                        else:
+                            t, plans[m] = _torch_plan(ids, placement, relaxation, spec.row_bytes, sync)
+                        times[m].append(t)
+                    if rep == 0:
+                        same = all(_same(plans["numpy"], plans[m]) for m, _ in modes if m != "numpy")
+                        routing_t = plans["torch"].routing
+                    del plans
+                # The other transport pairs of the planning-cost model, torch only (for the data file).
+                other = {}
+                for pair in OTHER_PAIRS:
+                    ts = []
+                    for _ in range(args.repeats):
+                        t0 = time.perf_counter()
+                        p = t_build_flows(routing_t, pair[0], spec.row_bytes, pair[1])
+                        p.dispatch.count.item()
+                        ts.append(time.perf_counter() - t0)
+                    other[f"flows:{pair[0]}/{pair[1]}"] = statistics.median(ts) * 1e3
+                del routing_t
+                med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
+                       for m, ts in times.items()}
+                row = dict(model=model, nodes=nodes, ranks=ranks, mb=mb, tokens_per_gpu=tokens, entries=int(batch.size),
+                           relaxation=relaxation, equal=same, placement_tables_ms=prep * 1e3,
+                           numpy_route_ms=med["numpy"][0] * 1e3, numpy_flows_ms=med["numpy"][1] * 1e3,
+                           torch_route_ms=med["torch"][0] * 1e3, torch_flows_ms=med["torch"][1] * 1e3)
+                row["torch_other_flows_ms"] = other
+                row["numpy_ms"] = row["numpy_route_ms"] + row["numpy_flows_ms"]
+                row["torch_ms"] = row["torch_route_ms"] + row["torch_flows_ms"]
+                row["ratio"] = row["torch_ms"] / row["numpy_ms"]
+                if "torch-capture-safe" in med:
+                    row["capture_safe_ms"] = sum(med["torch-capture-safe"]) * 1e3
+                    row["capture_safe_ratio"] = row["capture_safe_ms"] / row["numpy_ms"]
+                rows.append(row)
+                print(f"{model:5s} {nodes:3d}x{GPUS_PER_NODE} {mb:3d} MB {batch.size:>9,} entries  numpy "
+                      f"{row['numpy_ms']:8.1f} ms  torch {row['torch_ms']:8.1f} ms  ratio {row['ratio']:.2f}"
+                      + (f"  capture-safe {row['capture_safe_ratio']:.2f}" if "capture_safe_ratio" in row else "")
+                      + ("" if same else "  NOT EQUAL"), flush=True)
+    ratios = [r["ratio"] for r in rows]
+    info = dict(
+        what="Zepp planning (routing zepp + flows zepp/reduce), numpy planner vs torch planner on the CPU",
+        measured_at=started.isoformat(timespec="seconds"), machine=platform.processor() or platform.machine(),
+        platform=platform.platform(), cpus=os.cpu_count(), threads=1, torch=torch.__version__,
+        numpy=np.__version__, repeats=args.repeats, load_average_end=os.getloadavg(), traces=source,
+        geomean_ratio=float(np.exp(np.mean(np.log(ratios)))) if ratios else None, rows=rows)
+    Path(args.out + ".json").write_text(json.dumps(info, indent=1))
+    lines = [
+        "# Planning speed: torch planner on the CPU vs the numpy planner",
+        "",
+        f"Measured {info['measured_at']} on {info['cpus']} CPUs ({info['platform']}), one thread, torch "
+        f"{info['torch']}, numpy {info['numpy']}; load average at the end "
+        f"{info['load_average_end'][0]:.1f} (the machine is shared). Zepp's pipeline (placement, routing "
+        "`zepp`, dispatch `zepp`, combine `reduce`), one batch per row, median of "
+        f"{args.repeats} interleaved runs. Traces: " + "; ".join(f"{m}: {s}" for m, s in source.items()) + ".",
+        "Every row's torch plan was checked equal to the numpy plan (slot and every hop column).",
+        "",
+        "| model | nodes | MB/GPU | entries | numpy route ms | numpy flows ms | torch route ms | torch flows ms | "
+        "torch / numpy |" + (" capture-safe / numpy |" if args.capture_safe else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if args.capture_safe else ""),
+    ]
+    for r in rows:
+        cs = ""
+        if args.capture_safe:
+            cs = f" {r['capture_safe_ratio']:.2f} |" if "capture_safe_ratio" in r else " - |"
+        lines.append(f"| {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
+                     f"{r['numpy_route_ms']:.1f} | {r['numpy_flows_ms']:.1f} | {r['torch_route_ms']:.1f} | "
+                     f"{r['torch_flows_ms']:.1f} | {r['ratio']:.2f} |" + cs + ("" if r["equal"] else " NOT EQUAL"))
+    if ratios:
+        lines += ["", f"Geometric mean of torch / numpy: {info['geomean_ratio']:.2f}."]
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if args.data:
+        _write_data(args.data, info)
+    if not all(r["equal"] for r in rows):
+        raise SystemExit("torch and numpy plans differ")
+
+
+if __name__ == "__main__":
+    main()
