@@ -265,7 +265,7 @@ def synthetic_history(model_name: str, profile: str | None = None, seed: int = 0
         order = np.random.default_rng([seed, 7, j]).permutation(len(base))
         ids = (base.topk_ids[order] + (j * e) // m) % e
         traces.append(Trace(ids.astype(np.int32), e, f"{base.source}:layer{layer}"))
-    return history_from_traces(traces, layers, base.source.split("(")[0] + f"(layers={m})", "synthetic")
+    return history_from_traces(traces, layers, base.source[:-1] + f",layers={m})", "synthetic")
 
 
 def _windows(p: SynthParams, seed: int) -> tuple[np.ndarray, np.ndarray]:
