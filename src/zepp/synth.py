@@ -1,9 +1,12 @@
 """Built-in synthetic expert-routing traces, fitted to the real ones.
 
 So ``zepp bench`` runs on a machine without ``../shared/traces``, each model with recorded
-traces has a small parameter file ``zepp/data/synth_<model>.json`` and
+traces (K2, Qwen3-235B) has a small parameter file ``zepp/data/synth_<model>.json`` and
 :func:`synthetic_traces` draws a history (``pool``) and an evaluation (``eval``) window
-from it, with the row counts of the real windows.
+from it, with the row counts of the real windows. Every other model preset draws from one of
+these two *skew profiles* adapted to its expert count and top-k (:func:`adapt_params`; the
+profile is chosen by the user or by :func:`default_profile` and named in the traces' source),
+and :func:`synthetic_history` makes a multi-layer history from them.
 
 The model (fitted by :func:`fit_synth`, refitted by ``benchmarks/fit_synth.py``):
 
