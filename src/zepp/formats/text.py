@@ -3,8 +3,8 @@
 This is the format of ``../shared/traces``. Blank lines are skipped; line numbers in messages
 count them. The reader streams the file in chunks of whole lines (``CHUNK_BYTES``) and parses
 each chunk with vectorised numpy over its bytes (no Python loop per line or token), so its
-memory is the ids it returns (4 bytes per id, about 0.9x the file size for 3-digit ids) plus
-about 15x one chunk, and a 200 MB file reads in seconds
+memory is the ids it returns (4 bytes per id, about 0.9x the file size for 3-digit ids, written
+into one buffer that is shrunk in place at the end) plus about 15x one chunk, and a 200 MB file reads in seconds
 (``benchmarks/results/trace_reader.md``).
 
 Strict values: every token must be an integer of at most 10 digits with an optional sign;
@@ -178,7 +178,11 @@ def read_text_ids(p: Path, top_k: int | None, num_experts: int | None, allow_dup
         raise ZeppInputError(f"{source}: the file is empty; give one token per line, k expert ids each")
     check_fits(p, size, PEAK_FACTOR, max_bytes)
     rd = _Reader(source, top_k, num_experts, allow_duplicates)
-    parts: list[np.ndarray] = []
+    # One flat buffer of the largest possible id count (an id takes at least one digit and one
+    # separator): pages never written are never resident, and the buffer is shrunk in place at
+    # the end, so the ids are not copied again.
+    flat = np.empty((size + 1) // 2, dtype=np.int32)
+    n = 0
     line_base = 0
     carry = b""
     try:
@@ -197,8 +201,8 @@ def read_text_ids(p: Path, top_k: int | None, num_experts: int | None, allow_dup
                 piece, carry = block[:cut], block[cut:]
                 if piece:
                     out = rd.chunk(piece, line_base)
-                    if out.size:
-                        parts.append(out)
+                    flat[n:n + out.size] = out.ravel()
+                    n += out.size
                     line_base += piece.count(b"\n")
                 if at_end:
                     break
@@ -206,8 +210,7 @@ def read_text_ids(p: Path, top_k: int | None, num_experts: int | None, allow_dup
         raise ZeppInputError(f"{source}: permission denied; fix the file's permissions") from None
     except OSError as exc:
         raise ZeppInputError(f"{source}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    if not parts:
+    if n == 0:
         raise ZeppInputError(f"{source}: the file has no expert ids (only blank lines)")
-    ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    del parts
-    return ids, int(num_experts) if num_experts is not None else rd.max_id + 1
+    flat.resize(n, refcheck=False)  # shrinks in place (realloc), no copy of the ids
+    return flat.reshape(-1, rd.k), int(num_experts) if num_experts is not None else rd.max_id + 1
