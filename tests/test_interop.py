@@ -203,9 +203,9 @@ def test_zepp_recorder_folder_and_round_trip_every_format(tmp_path):
     rng = np.random.default_rng(5)
     d = tmp_path / "rec"
     d.mkdir()
-    for layer in SPEC.moe_layers[:3]:
+    for i in range(3):  # MoE layer ordinals, as zepp.serve's recorder writes them
         ids = np.argsort(rng.random((200, E)), axis=1)[:, :K]
-        (d / f"layer_{layer:03d}.txt").write_text("\n".join(" ".join(map(str, r)) for r in ids) + "\n")
+        (d / f"layer_{i:03d}.txt").write_text("\n".join(" ".join(map(str, r)) for r in ids) + "\n")
     h = read_history(d, MODEL)
     assert h.format == "zepp-recorder" and h.layers == SPEC.moe_layers[:3]
     ep, _ = plan_layers(h, SPEC, 2, 4, 16, "zepp")
@@ -215,13 +215,17 @@ def test_zepp_recorder_folder_and_round_trip_every_format(tmp_path):
         f = tmp_path / f"p_{fmt}{suffix}"
         write_placement(f, ep, fmt)
         assert read_placement_file(f, fmt, SPEC, 2, 4).same_as(ep), (fmt, suffix)
-    # load.json only (histograms per source rank)
-    d2 = tmp_path / "rec2"
-    d2.mkdir()
-    (d2 / "load.json").write_text(json.dumps({"format": "zepp-load/1", "num_experts": E, "top_k": K, "layers": {
-        str(l): rng.integers(0, 9, (4, E)).tolist() for l in SPEC.moe_layers}}))
-    h2 = read_history(d2, MODEL)
-    assert h2.form == "counts" and h2.sources == "ranks" and h2.num_sources == 4
+    # load.json only, as zepp.serve.rank.write_record writes it
+    from zepp.serve.rank import write_record
+
+    lc = rng.integers(0, 9, (len(SPEC.moe_layers), E))
+    write_record(str(tmp_path / "rec2"), [[] for _ in SPEC.moe_layers], lc,
+                 {"experts": E, "top_k": K, "layers": len(SPEC.moe_layers)})
+    for f in (tmp_path / "rec2").glob("layer_*.txt"):
+        f.unlink()  # empty traces: keep only the histogram
+    h2 = read_history(tmp_path / "rec2", MODEL)
+    assert h2.form == "counts" and h2.sources == "none" and h2.layers == SPEC.moe_layers
+    assert np.array_equal(h2.counts[:, 0, 0], lc)
 
 
 def test_text_trace_is_one_layer_for_every_moe_layer(tmp_path):

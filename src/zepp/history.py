@@ -25,10 +25,10 @@ drawn batches have no co-selection structure.
 Readers (:func:`read_history`; formats in ``../shared/INTEROP.md``):
 
 - ``.txt``: the text format of ``../shared/traces`` (one layer, applied to every MoE layer);
-- a folder written by zepp's recorder (serving): ``DIR/layer_{i:03d}.txt`` (text format, every
-  token of model layer ``i``, in recorded order) and/or ``DIR/load.json``
-  (``{"format": "zepp-load/1", "num_experts": E, "top_k": k, "layers": {"<i>": [[counts per
-  expert] per source rank]}}``);
+- a folder written by zepp's recorder (``zepp generate --record``, ``zepp.serve``):
+  ``DIR/layer_{i:03d}.txt`` (text format, every token of MoE layer ``i``, counted from 0 = the
+  model's first MoE layer, in recorded order) and ``DIR/load.json`` (``{"logical_count":
+  [MoE layers][E], "experts": E, "top_k": k, "layers": M}``; read when there are no layer files);
 - SGLang expert-distribution dumps (``.pt``, or a folder of them): ``stat`` (``logical_count
   [steps, layers, E]``), ``per_pass`` (``records[*].global_physical_count [layers, P]``) and
   ``per_token`` (``records[*].topk_ids_of_layer [layers, T, k]``), physical ids mapped to
@@ -495,54 +495,55 @@ _LAYER_TXT = re.compile(r"^layer_(\d{3,})\.txt$")
 
 
 def _zepp_dir(d: Path, spec, num_experts, top_k, allow_duplicates) -> LayerHistory:
+    """The serving recorder's folder (``zepp generate --record``, ``zepp.serve.rank.write_record``):
+    ``layer_{i:03d}.txt`` per MoE layer ``i`` (ordinal: 0 = the first MoE layer) and
+    ``load.json`` (``{"logical_count": [MoE layers][E], "experts": E, "top_k": k, "layers": M}``)."""
     from zepp.formats import read_trace
 
     files = sorted((int(m.group(1)), f) for f in d.iterdir() if (m := _LAYER_TXT.match(f.name)))
     load_p = d / "load.json"
     e = _spec_e(spec, num_experts)
     k = top_k or (spec.top_k if spec else None)
+
+    def model_layers(ordinals: list[int], what: str) -> tuple[int, ...]:
+        if spec is None:
+            return tuple(ordinals)
+        bad = [i for i in ordinals if i >= len(spec.moe_layers)]
+        if bad:
+            raise ZeppInputError(f"{d}: {what} {bad[0]} but model {spec.name!r} has {len(spec.moe_layers)} MoE layers "
+                                 f"(recorder files count MoE layers from 0)")
+        return tuple(spec.moe_layers[i] for i in ordinals)
+
     if files:
-        traces = tuple(read_trace(f, num_experts=e, top_k=k, allow_duplicates=allow_duplicates) for _, f in files)
-        layers = tuple(i for i, _ in files)
-        if spec is not None:
-            bad = [i for i in layers if i not in spec.moe_layers]
-            if bad:
-                raise ZeppInputError(f"{d}/layer_{bad[0]:03d}.txt: layer {bad[0]} is not a MoE layer of {spec.name!r}")
+        traces = [read_trace(f, num_experts=e, top_k=k, allow_duplicates=allow_duplicates) for _, f in files]
+        layers = model_layers([i for i, _ in files], "layer_NNN.txt index")
         e = e or max(t.num_experts for t in traces)
         traces = tuple(Trace(t.topk_ids, e, t.source) for t in traces)
         return LayerHistory(str(d), "zepp-recorder", e, traces[0].top_k, layers, traces, sources="none",
                             token_ranks=tuple(None for _ in traces))
     if not load_p.exists():
         raise ZeppInputError(f"{d}: no layer_NNN.txt files and no load.json; a zepp recorder folder holds "
-                             f"layer_{{i:03d}}.txt (one per MoE layer) and/or load.json")
+                             f"layer_{{i:03d}}.txt (one per MoE layer) and load.json")
     try:
         obj = json.loads(read_bytes(input_file(load_p, "load.json", ".json")))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ZeppInputError(f"{load_p}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict) or obj.get("format") != "zepp-load/1":
-        raise ZeppInputError(f"{load_p}: field 'format' must be 'zepp-load/1'")
-    fe = obj.get("num_experts")
-    if isinstance(fe, bool) or not isinstance(fe, int) or fe < 1:
-        raise ZeppInputError(f"{load_p}: field 'num_experts' must be a positive integer, got {fe!r}")
+    if not isinstance(obj, dict) or "logical_count" not in obj:
+        raise ZeppInputError(f"{load_p}: field 'logical_count' ([MoE layers][experts] entry counts) is missing")
+    c = _counts(obj["logical_count"], f"{load_p}: logical_count")
+    if c.ndim != 2:
+        raise ZeppInputError(f"{load_p}: field 'logical_count' must be [MoE layers][experts], got shape {c.shape}")
+    fe = obj.get("experts", c.shape[1])
+    if isinstance(fe, bool) or not isinstance(fe, int) or fe != c.shape[1]:
+        raise ZeppInputError(f"{load_p}: field 'experts' is {fe!r}, logical_count has {c.shape[1]} columns")
     if e is not None and fe != e:
-        raise ZeppInputError(f"{load_p}: num_experts {fe}, the model {e}")
-    layers_obj = obj.get("layers")
-    if not isinstance(layers_obj, dict) or not layers_obj:
-        raise ZeppInputError(f"{load_p}: field 'layers' must map layer index to [[counts] per source rank]")
-    keys = []
-    for key in layers_obj:
-        if not str(key).isdigit():
-            raise ZeppInputError(f"{load_p}: layers key {key!r} is not a layer index")
-        keys.append(int(key))
-    keys.sort()
-    arrs = [_counts(layers_obj[str(i)], f"{load_p}: layers['{i}']") for i in keys]
-    shapes = {a.shape for a in arrs}
-    if len(shapes) != 1 or arrs[0].ndim != 2 or arrs[0].shape[1] != fe:
-        raise ZeppInputError(f"{load_p}: every layer must be [source ranks, {fe}]; got shapes {sorted(shapes)}")
-    c = np.stack(arrs)[:, None]  # [M, 1, S, E]
+        raise ZeppInputError(f"{load_p}: {fe} experts, the model {e}")
     fk = obj.get("top_k", k)
-    return LayerHistory(str(d), "zepp-recorder", fe, fk, tuple(keys), counts=c,
-                        sources="ranks" if c.shape[2] > 1 else "none")
+    if fk is not None and (isinstance(fk, bool) or not isinstance(fk, int) or fk < 1):
+        raise ZeppInputError(f"{load_p}: field 'top_k' must be a positive integer, got {fk!r}")
+    layers = model_layers(list(range(c.shape[0])), "logical_count row")
+    return LayerHistory(str(d), "zepp-recorder", fe, fk, layers, counts=c[:, None, None, :], sources="none",
+                        notes=("load.json sums over ranks: no source ranks",))
 
 
 # ---------------------------------------------------------------- entry point
