@@ -100,7 +100,7 @@ def run_unit(unit: dict) -> dict:
         if s not in plain:  # a meta-system: its variants' best, as zepp.sim.run.run_system picks it
             best = min(registry.variants(s, "sim"), key=lambda v: out[v]["median_ms"])
             out[s] = dict(out[best], variant=best)
-    return dict(key=unit["key"], systems=out, cpu_s=time.process_time() - t0)
+    return dict(key=unit["key"], unit=list(unit["systems"]), systems=out, cpu_s=time.process_time() - t0)
 
 
 def unit_weight(job: dict, systems: list[str]) -> float:
@@ -235,22 +235,22 @@ def run_bench(jobs: list[dict], workers: int = 1, progress: bool = True, on_row=
     results: dict[str, dict] = {k: {} for k in pending}
     rows: dict[str, dict] = {}
     bar = tqdm(total=round(sum(u["weight"] for u in units)), desc="zepp bench", unit="work", disable=not progress,
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     weight = {(u["key"], tuple(u["systems"])): u["weight"] for u in units}
     done_configs = [0]
 
     def collect(res):
         results[res["key"]].update(res["systems"])
-        bar.update(round(weight[(res["key"], tuple(res["systems"]))]))
+        bar.update(round(weight[(res["key"], tuple(res["unit"]))]))
         if set(results[res["key"]]) == pending[res["key"]]:
             job = next(j for j in jobs if config_key(j) == res["key"])
             rows[res["key"]] = assemble_row(job, {s: results[res["key"]][s] for s in job["systems"]})
             done_configs[0] += 1
             if on_row is not None:
                 on_row(rows[res["key"]])
-        bar.set_postfix_str(f"{done_configs[0]}/{len(jobs)} configurations")
+        bar.set_description_str(f"zepp bench ({done_configs[0]}/{len(jobs)} configurations)")
 
-    bar.set_postfix_str(f"0/{len(jobs)} configurations")
+    bar.set_description_str(f"zepp bench (0/{len(jobs)} configurations)")
     old_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     try:

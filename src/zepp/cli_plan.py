@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from zepp.cluster import PRESET_NAMES as CLUSTER_PRESETS
 from zepp.cluster import cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.flows import build_flows
@@ -32,11 +33,7 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
     if trace is None and history is None:
         from zepp.synth import synthetic_traces
 
-        try:
-            pool, evaluation = synthetic_traces(spec.name, seed=seed)
-        except ZeppInputError:
-            raise ZeppInputError(f"there is no built-in trace for model {spec.name!r} (only for k2 and qwen); "
-                                 f"pass --history and --trace files") from None
+        pool, evaluation = synthetic_traces(spec.name, seed=seed)
         if pool.num_experts != spec.num_experts or pool.top_k != spec.top_k:
             raise ZeppInputError(
                 f"the built-in trace of {spec.name!r} has {pool.num_experts} experts and top-{pool.top_k}, but "
@@ -48,12 +45,29 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
     return pool, evaluation
 
 
+def simulated_ms(cluster, spec: MoESpec, system: str, plan, relaxation: float, extra: int, hist) -> float | None:
+    """The simulated layer time of ``plan`` on ``cluster`` (``None`` where the simulator has no
+    network calibration for the cluster's preset or does not run the system)."""
+    from zepp.calibrate import FITTED, HARDWARE
+    from zepp.sim.run import Config, simulate_plan
+
+    s = registry.system(system)
+    if cluster.name not in FITTED or not s.supports("sim") or s.adaptation != "none" or s.plugins:
+        return None
+    cl = cluster.with_(**HARDWARE)
+    cfg = Config(cl, spec, FITTED[cluster.name], hist, plan.routing.topk_ids[None], warmup=0, relaxation=relaxation,
+                 extra=extra)
+    tl, _, _ = simulate_plan(cfg, s, plan)
+    return tl.latency * 1e3
+
+
 def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
                systems: list[str], iters: int, seed: int, relaxation: float, extra: int,
-               validate: bool | str = True, dump: Path | None = None) -> list[dict]:
+               validate: bool | str = True, dump: Path | None = None, cluster=None) -> list[dict]:
     """Plan ``iters`` sampled batches with each system; one summary dict per system (means over
-    iterations of bytes, rows and planning seconds). ``validate``: every plan (``True``), the
-    first batch's only (``"first"``) or none (``False``)."""
+    iterations of bytes, rows and planning seconds; ``sim_ms``: the first batch simulated on
+    ``cluster`` where the simulator can). ``validate``: every plan (``True``), the first batch's
+    only (``"first"``) or none (``False``)."""
     ranks = nodes * gpus_per_node
     tokens = spec.tokens_for_budget(budget_mb)
     hist = node_demand(pool, nodes, gpus_per_node)
@@ -74,6 +88,8 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
             if validate is True or (validate == "first" and it == 0):
                 plan.validate()
             stats = plan.stats()
+            if it == 0 and cluster is not None:
+                sim_first = simulated_ms(cluster, spec, name, plan, relaxation, extra, hist)
             per_iter.append(dict(
                 inter_node_bytes=stats.inter_node_bytes,
                 busiest_nic_bytes=stats.busiest_nic_bytes,
@@ -88,25 +104,41 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
                 np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=routing.slot,
                                     slot_expert=placement.slot_expert)
         row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
+        row["sim_ms"] = sim_first if cluster is not None else None
         row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
                    combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
         rows.append(row)
     return rows
 
 
+COLUMNS = (
+    ("inter-node MiB", "bytes crossing any NIC, both phases, mean per batch"),
+    ("busiest NIC MiB", "the most loaded NIC direction (send or receive)"),
+    ("vs a2av", "busiest NIC bytes relative to a2av's"),
+    ("NVLink MiB", "bytes over intra-node links"),
+    ("busiest GPU rows", "GEMM rows of the most loaded GPU"),
+    ("msgs", "messages, both phases"),
+    ("plan ms", "routing + flows on this CPU (numpy), not the simulated GPU planner"),
+    ("sim ms", "the first batch's simulated layer time on the chosen cluster"),
+)
+
+
 def format_table(rows: list[dict]) -> str:
+    """The plan table; units in the headers (MiB = 2**20 bytes); ``COLUMNS`` says what each means."""
+    mib = 2**20
     w = max([len("system")] + [len(r["system"]) for r in rows])
-    head = (f"{'system':<{w}} {'inter-node MB':>13} {'busiest NIC MB':>14} {'vs a2av':>8} {'NVLink MB':>10} "
-            f"{'busiest GPU rows':>16} {'msgs':>7} {'plan ms':>8}")
+    widths = [max(len(c), 9) for c, _ in COLUMNS]
+    head = f"{'system':<{w}} " + " ".join(f"{c:>{n}}" for (c, _), n in zip(COLUMNS, widths))
     base = next((r["busiest_nic_bytes"] for r in rows if r["system"] == "a2av"), None)
     lines = [head, "-" * len(head)]
     for r in rows:
-        ratio = f"{r['busiest_nic_bytes'] / base:.3f}" if base else "-"
-        lines.append(
-            f"{r['system']:<{w}} {r['inter_node_bytes'] / 1e6:>13.2f} {r['busiest_nic_bytes'] / 1e6:>14.3f} "
-            f"{ratio:>8} {r['nvlink_bytes'] / 1e6:>10.2f} {r['busiest_gpu_rows']:>16.0f} {r['messages']:>7.0f} "
-            f"{(r['routing_s'] + r['flows_s']) * 1e3:>8.1f}"
-        )
+        cells = [f"{r['inter_node_bytes'] / mib:.2f}", f"{r['busiest_nic_bytes'] / mib:.3f}",
+                 f"{r['busiest_nic_bytes'] / base:.3f}" if base else "-", f"{r['nvlink_bytes'] / mib:.2f}",
+                 f"{r['busiest_gpu_rows']:.0f}", f"{r['messages']:.0f}", f"{(r['routing_s'] + r['flows_s']) * 1e3:.1f}",
+                 f"{r['sim_ms']:.2f}" if r.get("sim_ms") is not None else "-"]
+        lines.append(f"{r['system']:<{w}} " + " ".join(f"{c:>{n}}" for c, n in zip(cells, widths)))
+    lines.append("")
+    lines.extend(f"  {c}: {m}" for c, m in COLUMNS)
     return "\n".join(lines)
 
 
@@ -116,9 +148,12 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--topk", type=int, default=None, help="Override the preset's top-k.")
 @click.option("--hidden", type=int, default=None, help="Override the preset's hidden size.")
 @click.option("--ffn", type=int, default=None, help="Override the preset's expert FFN size.")
-@click.option("--cluster", "cluster_name", default="a100", show_default=True, type=click.Choice(["a100", "h100"]))
+@click.option("--cluster", "cluster_name", default="a100", show_default=True, type=click.Choice(CLUSTER_PRESETS),
+              help="Cluster preset (the simulated time needs a calibrated one: a100, h100).")
+@click.option("--cluster-file", type=click.Path(dir_okay=False), default=None,
+              help="YAML/JSON file with a cluster's fields (overrides --cluster).")
 @click.option("--nodes", default=4, show_default=True, type=int)
-@click.option("--gpus-per-node", default=4, show_default=True, type=int)
+@click.option("--gpus-per-node", default=None, type=int, help="GPUs per node (default: the preset's board).")
 @click.option("--budget-mb", default=16.0, show_default=True, type=float, help="Message budget per GPU (MB).")
 @click.option("--history", type=click.Path(dir_okay=False), default=None,
               help="Trace the placement is planned from (default: built-in synthetic history).")
@@ -134,19 +169,31 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the table as JSON.")
 @click.option("--dump", type=click.Path(file_okay=False), default=None,
               help="Write DIR/<system>_iter<i>.npz with topk_ids, slot and slot_expert per batch.")
-def plan(model, experts, topk, hidden, ffn, cluster_name, nodes, gpus_per_node, budget_mb, history, trace, systems,
-         iters, seed, relaxation, extra, no_validate, json_path, dump):
-    """Plan batches with each system and print per-link bytes and planning time."""
+def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, gpus_per_node, budget_mb, history, trace,
+         systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
+    """Plan batches with each system and print per-link bytes, planning time and the simulated
+    layer time on the chosen cluster."""
+    from zepp.bench import _check_out_path
+    from zepp.cluster import load_cluster_file
+
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
-    cluster = cluster_preset(cluster_name, nodes, gpus_per_node)
+    cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
+        cluster_preset(cluster_name, nodes, gpus_per_node)
+    gpus_per_node = cluster.gpus_per_node
     if iters < 1:
         raise ZeppInputError(f"--iters must be at least 1, got {iters}")
+    if not 0 <= extra <= spec.num_experts:
+        raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
+                             f"got {extra}")
+    _check_out_path("--json", json_path)
+    if dump is not None and Path(dump).exists() and not Path(dump).is_dir():
+        raise ZeppInputError(f"--dump {dump!r}: exists and is not a folder")
     names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
     pool, evaluation = load_windows(spec, history, trace, seed)
     rows = plan_table(spec, cluster.nodes, cluster.gpus_per_node, budget_mb, pool, evaluation, names, iters, seed,
-                      relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None)
+                      relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None, cluster=cluster)
     click.echo(f"{spec.name} on {cluster.name} {nodes}x{gpus_per_node}, {budget_mb:g} MB = {tokens} tokens/GPU, "
                f"C={relaxation:g}, {iters} batch(es), history {pool.source}, batches from {evaluation.source}"
                + ("" if no_validate else "; every plan validated"))
@@ -156,3 +203,6 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, nodes, gpus_per_node, 
                        budget_mb=budget_mb, tokens_per_gpu=tokens, relaxation=relaxation, iters=iters, seed=seed,
                        history=pool.source, trace=evaluation.source, systems=rows)
         Path(json_path).write_text(json.dumps(payload, indent=2))
+        click.echo(f"wrote {json_path}")
+    if dump:
+        click.echo(f"wrote {len(names) * iters} plans to {dump}/")

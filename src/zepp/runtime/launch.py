@@ -42,6 +42,9 @@ import sys
 
 import click
 
+from zepp.registry import help_list
+from zepp.runtime.systems import DEFAULT_ALL
+
 from zepp.emulate.checks import check_input_file, check_number, check_output_path
 from zepp.emulate.processes import RankGroup, launcher_signals, temp_folder
 from zepp.errors import RankFailure, ZeppInputError
@@ -223,8 +226,8 @@ def format_report(report: dict) -> str:
 @click.option("--budget-mb", default=1.0, show_default=True, type=float, help="Message budget per GPU (MB).")
 @click.option("--tokens", type=int, default=None, help="Tokens per rank (overrides --budget-mb).")
 @click.option("--systems", default="all", show_default=True,
-              help="Comma list of a2av, eplb, relay, zepp, zepp-a2av, zepp-sync, zepp-swap, zepp-p2p; 'all' = "
-                   "the first five.")
+              help=f"Comma list of {help_list('runtime')}; zepp runs each of its variants; 'all' = "
+                   f"{', '.join(DEFAULT_ALL)}. See zepp systems.")
 @click.option("--check/--no-check", default=False, help="Compare with a single-process reference; exit 1 on mismatch.")
 @click.option("--history", type=click.Path(dir_okay=False), default=None, help="History trace (placement).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Trace to sample batches from.")
