@@ -15,6 +15,16 @@ configurations.
         [--nodes 4,8,16,32] [--budgets 1,4,16,64] [--models k2,qwen] [--out benchmarks/results/plan_speed_torch]
 
 Writes ``<out>.json`` and ``<out>.md``.
+
+On a GPU (``--device cuda``; not run yet: no GPU was lent when this was written) it times, per
+configuration (default: the issue's K2, 16 nodes x 4 GPUs, 16 MB), the device planner eagerly
+(``sync=True``), eagerly without host reads (``sync=False, sweeps=1``) and as a CUDA-graph replay
+of the same (captured once for the batch shape), checks the replayed plan against the numpy
+planner, and writes ``<out>_cuda.{json,md}``; with ``--data`` it adds the figures to the data
+file's ``device_records``:
+
+    python benchmarks/plan_speed_torch.py --device cuda --nodes 16 --budgets 16 --models k2 \
+        --data src/zepp/data/planner_torch_times.json
 """
 
 from __future__ import annotations
@@ -122,7 +132,10 @@ def main() -> None:
     parser.add_argument("--data", default=None,
                         help="also write the measured torch planning times as a data file "
                              "(src/zepp/data/planner_torch_times.json)")
+    parser.add_argument("--device", default="cpu", help="cpu (numpy vs torch-CPU) or cuda (device planning times)")
     args = parser.parse_args()
+    if args.device != "cpu":
+        return device_main(args)
     torch.set_num_threads(1)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []
@@ -233,6 +246,104 @@ def main() -> None:
         _write_data(args.data, info)
     if not all(r["equal"] for r in rows):
         raise SystemExit("torch and numpy plans differ")
+
+
+def _cuda_ms(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` between CUDA events."""
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def device_main(args) -> None:
+    """Device planning times (see the module docstring): eager, capture-safe eager, CUDA graph."""
+    from zepp.torchplan import plan_batch
+
+    dev = torch.device(args.device)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    nodes_list = _ints(args.nodes) if args.nodes != "4,8,16,32" else [16]
+    budgets = _ints(args.budgets) if args.budgets != "1,4,16,64" else [16]
+    models = args.models.split(",") if args.models != "k2,qwen" else ["k2"]
+    repeats = max(args.repeats, 10)
+    rows = []
+    for model in models:
+        spec = model_preset(model)
+        if Path(args.traces).is_dir():
+            pool, evaluation = load_model_traces(args.traces, model)
+        else:
+            from zepp.synth import synthetic_traces
+
+            pool, evaluation = synthetic_traces(model, seed=0)
+        for nodes in nodes_list:
+            ranks = nodes * GPUS_PER_NODE
+            placement = make_placement("zepp", node_demand(pool, nodes, GPUS_PER_NODE), spec.num_experts, ranks,
+                                       GPUS_PER_NODE)
+            device_placement(placement, dev)
+            relaxation = 0.5 if nodes >= 16 else 0.25
+            for mb in budgets:
+                tokens = spec.tokens_for_budget(mb)
+                batch = sample_batches(evaluation, ranks, tokens, 1, seed=nodes * 1000 + mb)[0]
+                _, ref = _numpy_plan(batch, placement, relaxation, spec.row_bytes)
+                ids = torch.as_tensor(batch, device=dev)
+                row = dict(model=model, nodes=nodes, mb=mb, entries=int(batch.size), device=torch.cuda.get_device_name(dev))
+
+                def eager(sync, sweeps=None):
+                    return plan_batch(ids, placement, "zepp", relaxation, "zepp", "reduce", spec.row_bytes,
+                                      sync=sync, sweeps=sweeps)
+
+                for label, fn in (("eager_ms", lambda: eager(True)), ("capture_safe_ms", lambda: eager(False, 1))):
+                    fn()
+                    row[label] = _cuda_ms(fn, repeats)
+                row["eager_equal"] = _same(ref, eager(True))
+                try:
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(2):
+                            eager(False, 1)
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        out = eager(None, 1)  # inside capture the default is sync=False
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    row["graph_ms"] = _cuda_ms(graph.replay, repeats)
+                    row["graph_unplaced"] = int(out.routing.unplaced)
+                    row["graph_equal"] = row["graph_unplaced"] == 0 and _same(ref, out)
+                except Exception as e:  # record why capture failed, keep the eager figures
+                    row["graph_error"] = f"{type(e).__name__}: {e}"[:400]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    info = dict(what="device planning times of zepp.torchplan (routing zepp + flows zepp/reduce)",
+                measured_at=started.isoformat(timespec="seconds"), torch=torch.__version__, rows=rows,
+                note="eager: sync=True; capture_safe: sync=False, sweeps=1; graph: CUDA-graph replay of capture_safe")
+    Path(args.out + "_cuda.json").write_text(json.dumps(info, indent=1))
+    lines = ["# Device planning times (zepp.torchplan)", "", f"Measured {info['measured_at']}, torch {info['torch']}; "
+             "medians of CUDA-event timings; `graph`: CUDA-graph replay (sync=False, sweeps=1).", "",
+             "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | equal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g = f"{r['graph_ms']:.3f}" if "graph_ms" in r else "failed: " + r.get("graph_error", "")[:60]
+        lines.append(f"| {r['device']} | {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
+                     f"{r['eager_ms']:.3f} | {r['capture_safe_ms']:.3f} | {g} | "
+                     f"{r['eager_equal'] and r.get('graph_equal', True)} |")
+    Path(args.out + "_cuda.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if args.data:
+        data = json.loads(Path(args.data).read_text())
+        data["device_records"].append(dict(
+            device="cuda", device_name=rows[0]["device"] if rows else None, cuda_graph=True, measured_at=info["measured_at"],
+            torch=info["torch"], written_by="benchmarks/plan_speed_torch.py --device cuda --data",
+            rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
+                       entries=r["entries"], graph_ms=r.get("graph_ms"), eager_ms=r["eager_ms"],
+                       capture_safe_ms=r["capture_safe_ms"]) for r in rows]))
+        Path(args.data).write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":

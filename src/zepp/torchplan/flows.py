@@ -161,8 +161,11 @@ def _zepp_rows(x: Grid, coalesce: bool) -> _RemoteRows:
     donated = mask & ~keep
     excess_before = torch.cumsum(excess, 1) - excess
     xi = excess_before.reshape(-1)[idx] + pos - kept_e
-    deficit_end = torch.cumsum(deficit, 1)  # [N*N, L]
-    moved_to = (xi[:, :, None] >= deficit_end[stream]).sum(2)
+    # The carrier of a donated row: how many of its stream's cumulative deficits it has passed
+    # (one 1-D binary search: streams laid end to end, each offset past every row index).
+    big = x.G * x.k + 1
+    deficit_end = torch.cumsum(deficit, 1) + arange(N * N, x.device)[:, None] * big  # [N*N, L], ascending
+    moved_to = torch.searchsorted(deficit_end.reshape(-1), stream * big + xi, right=True) - stream * L
     carrier_local = torch.where(donated, moved_to, src_local)
     msg = 0 if coalesce else src_local
     return _RemoteRows(x, mask, carrier_local, msg, donated)

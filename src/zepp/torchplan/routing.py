@@ -359,7 +359,8 @@ def _vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxati
         hm = home[rows]
         node = sl // (S * L)
         # Per entry, how many of its token's entries share its node.
-        same = (node[:, :, None] == node[:, None, :]).sum(2)
+        token_node = arange(g, dev)[:, None] * N + node  # [g, k]
+        same = counts(token_node.reshape(-1), g * N)[token_node]
         remote = node != hm[:, None]
         key = torch.where(remote, same * N + node, big)
         kmin, pick = key.min(1)

@@ -91,6 +91,30 @@ class TorchHops:
         return {c: getattr(self, c)[:n] for c in _COLS}
 
 
+class _Kept:
+    """The kept rows of a 2-D mask ``[A, B]`` (row-major): gathers a column broadcastable to
+    the mask (``[A, B]``, ``[A, 1]``, ``[1, B]`` or ``[B]``) at them without materialising the
+    broadcast (row and column indices computed once per mask)."""
+
+    def __init__(self, mask: torch.Tensor):
+        self.shape = mask.shape
+        self.flat = torch.nonzero(mask.reshape(-1))[:, 0]
+        self._rc = None
+
+    def take(self, v: torch.Tensor) -> torch.Tensor:
+        A, B = self.shape
+        if v.dim() == 1:
+            v = v.reshape(1, -1)
+        if tuple(v.shape) == (A, B):
+            return v.reshape(-1)[self.flat]
+        if self._rc is None:
+            self._rc = (self.flat // B, self.flat % B)
+        rows, cols = self._rc
+        if v.shape[0] == 1 and v.shape[1] == 1:
+            return v.reshape(1).expand(self.flat.shape[0])
+        return v.reshape(-1)[rows] if v.shape[1] == 1 else v.reshape(-1)[cols]
+
+
 class HopParts:
     """Collects hop groups as masked candidate lists and packs them into one ``TorchHops``.
 
@@ -130,12 +154,12 @@ class HopParts:
         if exact:
             out = {c: [] for c in _COLS}
             for mask, vals in self.groups:
-                where = tuple(torch.nonzero(mask).T)  # coordinates of the kept rows, row-major
+                kept = _Kept(mask)
                 for c, v in zip(_COLS, vals):
                     if isinstance(v, torch.Tensor):
-                        out[c].append(v.expand(mask.shape)[where].to(_T_DTYPES[c]))
+                        out[c].append(kept.take(v).to(_T_DTYPES[c]))
                     else:
-                        out[c].append(torch.full(where[0].shape, int(v), dtype=_T_DTYPES[c], device=dev))
+                        out[c].append(torch.full(kept.flat.shape, int(v), dtype=_T_DTYPES[c], device=dev))
             cols = {c: (torch.cat(v) if v else torch.zeros(0, dtype=_T_DTYPES[c], device=dev)) for c, v in out.items()}
             n = cols["src"].shape[0]
             return TorchHops(**cols, count=torch.tensor(n, dtype=torch.int64, device=dev))
