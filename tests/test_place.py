@@ -62,6 +62,9 @@ def test_report_figures_and_json(tmp_path, capsys):
     for f in figs:
         assert f["busiest_nic_bytes"] > 0 and f["busiest_gpu_rows"] > 0
         assert f["inter_node_bytes"] >= f["busiest_nic_bytes"]
+        # the first --sim-layers (default 2) layers are simulated on the cluster
+        assert (f["sim_ms"] is not None) == (f["layer"] in (0, 1)) and (f["sim_ms"] is None or f["sim_ms"] > 0)
+    assert "sim layer ms: zepp.sim on h100-8 with default network figures (uncalibrated)" in out
     # the "x eplb" column of the eplb rows is 1.00 by construction; zepp's routing never costs
     # more NIC bytes than the engine's choice on the same placement by more than noise
     tot = {}

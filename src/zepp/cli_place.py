@@ -104,11 +104,13 @@ def _rule_lines(zepp_ep, eplb_ep, history) -> list[str]:
 @click.option("--experts", type=int, default=None, help="override the model's expert count")
 @click.option("--topk", type=int, default=None, help="override the model's top-k")
 @click.option("--allow-duplicate-ids", is_flag=True, help="accept one expert twice in a token's top-k (synthetic data)")
+@click.option("--sim-layers", type=int, default=2, show_default=True,
+              help="simulate the first N layers' layer time on the cluster (0: none)")
 @click.option("--report", "report_path", default=None, help="write the report (every layer) as JSON here")
 @click.option("--no-report", is_flag=True, help="write the placement only")
 def place(history_path, model, nodes, gpus_per_node, redundant, fmt, out, policy, routing, dispatch, combine,
           cluster_name, cluster_file, budget_mb, iters, heldout, relaxation, seed, experts, topk, allow_duplicate_ids,
-          report_path, no_report):
+          sim_layers, report_path, no_report):
     """Plan every layer's expert placement from an engine's history and write the file it loads."""
     import math
 
@@ -143,6 +145,8 @@ def place(history_path, model, nodes, gpus_per_node, redundant, fmt, out, policy
             raise ZeppInputError(f"{name} must be a finite number, got {v!r}")
     if iters < 1:
         raise ZeppInputError(f"--iters must be >= 1, got {iters}")
+    if sim_layers < 0:
+        raise ZeppInputError(f"--sim-layers must be >= 0, got {sim_layers}")
     if not 0 <= heldout < 1:
         raise ZeppInputError(f"--heldout must lie in [0, 1), got {heldout}")
     spec.tokens_for_budget(budget_mb)
@@ -197,14 +201,20 @@ def place(history_path, model, nodes, gpus_per_node, redundant, fmt, out, policy
         if sys.stderr.isatty():
             click.echo(f"\rreport: layer {i}/{n}", err=True, nl=i == n)
 
-    figs = buys(plan_hist, held, ep, eplb_ep, routing, dispatch, combine, budget_mb, iters, seed, rel, progress)
+    figs = buys(plan_hist, held, ep, eplb_ep, routing, dispatch, combine, budget_mb, iters, seed, rel, progress,
+                cluster=cl if sim_layers else None, sim_layers=sim_layers)
     click.echo("")
     click.echo(f"what it buys ({spec.name}, {spec.tokens_for_budget(budget_mb)} tokens per GPU = {budget_mb:g} MiB "
                f"budget; engine routing '{routing}' over {dispatch}/{combine}; x eplb < 1 is better):")
     click.echo("  eplb: engine routing over EPLB's placement | engine+zepp-place: the same routing over this file | "
                "zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
     click.echo(format_table(figs))
-    click.echo("simulated layer time: not reported yet (the simulator is being rebuilt; see zepp bench)")
+    if sim_layers:
+        from zepp.calibrate import FITTED
+
+        net = "its calibrated network figures" if cl.name in FITTED else "default network figures (uncalibrated)"
+        click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {sim_layers} layer(s), "
+                   f"no overlap for any configuration")
     click.echo(f"({time.perf_counter() - t0:.1f} s)")
     if report_path:
         from pathlib import Path

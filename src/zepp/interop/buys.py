@@ -13,7 +13,12 @@ The engine's transport defaults to DeepEP-style relay dispatch with a combine re
 the node (``relay`` / ``reduce``), which is what wide-EP deployments of SGLang, vLLM and
 TensorRT-LLM run across nodes. Figures per batch: the busiest NIC's bytes (either direction,
 dispatch + combine), inter-node bytes in total, and the busiest GPU's GEMM rows; averaged over
-the sampled batches.
+the sampled batches. With a cluster, the first ``sim_layers`` layers are also simulated
+(``zepp.sim.run.simulate_plan``, first batch of each window): every configuration with the
+same executor mechanics (``signals``: no overlap), Zepp's routing charged its modelled planning
+time (that of the ``zepp``/``reduce`` flows, also for ``zepp-route``), the engine's replica
+choice none; the network figures are the preset's calibration where ``zepp.calibrate`` has one,
+else ``zepp.sim.mechanics.Net``'s defaults.
 """
 
 from __future__ import annotations
@@ -38,6 +43,19 @@ class LayerFigures:
     busiest_nic_bytes: float
     inter_node_bytes: float
     busiest_gpu_rows: float
+    sim_ms: float | None = None
+
+
+def _simulated_ms(cfg, placement_kind: str, routing: str, dispatch: str, combine: str, plan) -> float:
+    from zepp import registry
+    from zepp.sim.run import simulate_plan
+
+    zepp_routing = routing == "zepp"
+    s = registry.System("zepp-place", "", "", placement_kind, routing, "zepp" if zepp_routing else dispatch,
+                        "reduce" if zepp_routing else (combine or "dedup"), mechanics="signals",
+                        planning="zepp" if zepp_routing else "none")
+    tl, _, _ = simulate_plan(cfg, s, plan)
+    return float(tl.latency * 1e3)
 
 
 def _figures(batches, placement, routing: str, dispatch: str, combine: str | None, row_bytes: int,
@@ -55,11 +73,29 @@ def _figures(batches, placement, routing: str, dispatch: str, combine: str | Non
     return float(np.mean(nic)), float(np.mean(inter)), float(np.mean(rows))
 
 
+def sim_config(cluster, spec, batches, hist):
+    """A simulator configuration for ``cluster`` (calibrated ``Net`` where one exists)."""
+    from zepp.sim.mechanics import Net
+    from zepp.sim.run import Config
+
+    try:
+        from zepp.calibrate import FITTED
+
+        net = FITTED.get(cluster.name, Net())
+    except ImportError:
+        net = Net()
+    return Config(cluster, spec, net, hist, batches, warmup=0)
+
+
 def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str = "relay",
          combine: str | None = "reduce", budget_mb: float = 4.0, iters: int = 2, seed: int = 0,
-         relaxation: float = 0.25, progress=None) -> list[LayerFigures]:
+         relaxation: float = 0.25, progress=None, cluster=None, sim_layers: int = 4) -> list[LayerFigures]:
     """Figures per (layer, window, config). ``history``/``heldout``: ``LayerHistory`` (held-out
-    may be ``None``); ``zepp_ep``/``eplb_ep``: ``EnginePlacement`` of each policy."""
+    may be ``None``); ``zepp_ep``/``eplb_ep``: ``EnginePlacement`` of each policy; ``cluster``:
+    simulate the first ``sim_layers`` layers on it (``None``: no simulation)."""
+    from zepp.flows import build_flows
+    from zepp.routing import route
+
     spec = zepp_ep.model
     ranks = zepp_ep.ranks
     tokens = spec.tokens_for_budget(budget_mb)
@@ -81,21 +117,30 @@ def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str 
             for cfg in CONFIGS:
                 pl, rt, d, c = plans[cfg]
                 nic, inter, rows = _figures(batches, pl, rt, d, c, spec.row_bytes, relaxation)
-                out.append(LayerFigures(layer, wname, cfg, nic, inter, rows))
+                ms = None
+                if cluster is not None and i < sim_layers:
+                    plan = build_flows(route(rt, batches[0], pl, relaxation=relaxation), d, spec.row_bytes, c)
+                    ms = _simulated_ms(sim_config(cluster, spec, batches, None), "eplb" if cfg == "eplb" else "zepp",
+                                       rt, d, c, plan)
+                out.append(LayerFigures(layer, wname, cfg, nic, inter, rows, ms))
         if progress is not None:
             progress(i + 1, history.num_entries)
     return out
 
 
-def totals(figs: list[LayerFigures]) -> dict[tuple[str, str], tuple[float, float, float]]:
-    """Per (window, config): sums over layers of each figure (a model step crosses every layer)."""
+def totals(figs: list[LayerFigures]) -> dict[tuple[str, str], tuple[float, ...]]:
+    """Per (window, config): sums over layers of each figure (a model step crosses every layer),
+    and the mean simulated ms over the simulated layers (NaN when none was)."""
     acc: dict[tuple[str, str], list[float]] = {}
     for f in figs:
-        a = acc.setdefault((f.window, f.config), [0.0, 0.0, 0.0])
+        a = acc.setdefault((f.window, f.config), [0.0, 0.0, 0.0, 0.0, 0])
         a[0] += f.busiest_nic_bytes
         a[1] += f.inter_node_bytes
         a[2] += f.busiest_gpu_rows
-    return {k: tuple(v) for k, v in acc.items()}
+        if f.sim_ms is not None:
+            a[3] += f.sim_ms
+            a[4] += 1
+    return {k: (v[0], v[1], v[2], v[3] / v[4] if v[4] else float("nan")) for k, v in acc.items()}
 
 
 def format_table(figs: list[LayerFigures], max_layers: int = 6) -> str:
@@ -106,25 +151,27 @@ def format_table(figs: list[LayerFigures], max_layers: int = 6) -> str:
     mib = 2.0 ** 20
     lines = []
     head = (f"{'layer':>6}  {'configuration':<18} {'busiest NIC MiB':>15} {'x eplb':>7} {'inter-node MiB':>15} "
-            f"{'x eplb':>7} {'busiest GPU rows':>16} {'x eplb':>7}")
+            f"{'x eplb':>7} {'busiest GPU rows':>16} {'x eplb':>7} {'sim layer ms':>12} {'x eplb':>7}")
     tot = totals(figs)
     for window in dict.fromkeys(f.window for f in figs):
         layers = list(dict.fromkeys(f.layer for f in figs if f.window == window))
         lines.append(f"{window} window ({len(layers)} layer{'s' if len(layers) != 1 else ''}; per batch, "
-                     f"dispatch + combine; 'total' sums the layers):")
+                     f"dispatch + combine; 'total' sums the layers, its sim ms is the mean of the simulated ones):")
         lines.append(head)
         rows = [("total", {c: tot[(window, c)] for c in CONFIGS})]
         for layer in layers[:max_layers]:
             rows.append((str(layer) if layer is not None else "all", {
-                f.config: (f.busiest_nic_bytes, f.inter_node_bytes, f.busiest_gpu_rows)
+                f.config: (f.busiest_nic_bytes, f.inter_node_bytes, f.busiest_gpu_rows,
+                           float("nan") if f.sim_ms is None else f.sim_ms)
                 for f in figs if f.window == window and f.layer == layer}))
         for name, per in rows:
             base = per["eplb"]
             for c in CONFIGS:
                 v = per[c]
-                r = [v[j] / base[j] if base[j] else float("nan") for j in range(3)]
+                r = [v[j] / base[j] if base[j] else float("nan") for j in range(4)]
+                sim = (f"{v[3]:>12.3f} {r[3]:>7.2f}" if v[3] == v[3] else f"{'-':>12} {'-':>7}")
                 lines.append(f"{name:>6}  {c:<18} {v[0] / mib:>15.2f} {r[0]:>7.2f} {v[1] / mib:>15.2f} {r[1]:>7.2f} "
-                             f"{v[2]:>16.0f} {r[2]:>7.2f}")
+                             f"{v[2]:>16.0f} {r[2]:>7.2f} {sim}")
                 name = ""
         if len(layers) > max_layers:
             lines.append(f"  ... {len(layers) - max_layers} more layers in the --report JSON")
