@@ -128,6 +128,7 @@ def test_every_runtime_system_2x2(models, history):
     assert sum(s["zepp-swap"]["swaps_per_step"]) > 0
     assert s["zepp-swap"]["swap_bytes_cross_node"] == 0
     assert sum(s["zepp-swap"]["swap_bytes_per_step"]) > 0
+    _check_reads(m, s["eplb"]["memory"], LAYERS)  # replicas: one read per copy
 
 
 @pytest.mark.slow
@@ -143,26 +144,26 @@ def test_shapes_and_architectures(models, history, arch, nodes, gpus, systems):
     _check_equal(m, rep)
     for name, s in rep["systems"].items():
         assert s["swap_bytes_cross_node"] == 0
+    moe_layers = rep["model"]["layers"]
+    _check_reads(m, rep["systems"]["a2av"]["memory"], moe_layers)  # a2av: home placement, E/R experts per rank
+    assert rep["systems"]["a2av"]["memory"]["expert_copies_per_rank"] == [EXPERTS * moe_layers // (nodes * gpus)] * (
+        nodes * gpus)
 
 
-def test_ranks_read_only_their_experts(models):
-    """2x4 ranks, home placement: each rank reads the non-expert tensors and its own E/R experts."""
+def _check_reads(m: Model, mem: dict, moe_layers: int) -> None:
+    """Each rank read the non-expert tensors and exactly its own slots' expert tensors."""
     from safetensors import safe_open
 
-    m = models("qwen3_moe")
-    rep = _run(m, 2, 4, ["a2av"])
-    _check_equal(m, rep)
-    mem = rep["systems"]["a2av"]["memory"]
     expert = other = 0
     with safe_open(os.path.join(m.folder, "model.safetensors"), "pt") as f:
         for k in f.keys():
-            n = f.get_slice(k).get_shape()
-            b = int(np.prod(n)) * 4
+            b = int(np.prod(f.get_slice(k).get_shape())) * 4
             if ".experts." in k:
                 expert += b
             else:
                 other += b
     assert mem["checkpoint_bytes"] == expert + other
-    per_rank = other + expert // 8
-    assert mem["checkpoint_bytes_read_per_rank"] == [per_rank] * 8
+    one = expert // (EXPERTS * moe_layers)
+    want = [other + c * one for c in mem["expert_copies_per_rank"]]
+    assert mem["checkpoint_bytes_read_per_rank"] == want
     assert all(pb < expert + other for pb in mem["param_bytes_per_rank"])

@@ -94,6 +94,7 @@ def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
     record = bool(cfg.get("record")) and name == cfg["systems"][0]
     comm = ExpertParallel(sysd, layer_placements(cfg, sysd, shape, world), spec, cfg["relaxation"], device,
                           record=record)
+    layer_placements_at_load = list(comm.placements)
     t_load = time.perf_counter()
     model = load_expert_parallel(cfg["checkpoint"], comm, rank, device)
     t_load = time.perf_counter() - t_load
@@ -126,6 +127,7 @@ def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
                 "seconds": log.seconds, "rows": log.rows, "all_rows": log.all_rows, "bytes": nbytes,
                 "swapped_slots": log.swapped_slots, "swap_bytes": log.swap_bytes, "swap_seconds": log.swap_seconds,
                 "param_bytes": _param_bytes(model), "bytes_read": model.zepp_bytes_read,
+                "local_experts": int(sum(int((p.slot_expert[rank] >= 0).sum()) for p in layer_placements_at_load)),
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": t_load,
                 "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes,
                 "swap_bytes_cross_node": int(adapt.sent_to[~same].sum()) if adapt is not None else 0}
@@ -182,6 +184,7 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
         "memory": {"checkpoint_bytes": int(ckpt_bytes),
                    "param_bytes_per_rank": [int(pr["param_bytes"]) for pr in per_rank],
                    "checkpoint_bytes_read_per_rank": [int(pr["bytes_read"]) for pr in per_rank],
+                   "expert_copies_per_rank": [int(pr["local_experts"]) for pr in per_rank],
                    "peak_rss_bytes_per_rank": [int(pr["peak_rss_bytes"]) for pr in per_rank]},
         "load_s": max(pr["load_s"] for pr in per_rank), "wall_s": max(pr["wall_s"] for pr in per_rank),
         "moe_s_max": max(pr["moe_s"] for pr in per_rank),
