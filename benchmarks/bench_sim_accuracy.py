@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 import zepp.sim.layer as layer
-import zepp.sim.run as simrun
 from zepp.calibrate import calibrated
 from zepp.model import model_preset
 from zepp.sim.run import Config, run_system
@@ -34,10 +33,9 @@ for n, m, mb in CASES:
     for s in SYS:
         out = []
         for opts in ({"rel_quantum": 0.0, "rate_tol": 1e-9}, coarse):
-            simrun.SIM_OPTS = opts  # the options run.simulate_plan passes to the engine
+            cfg.sim_opts = opts
             t = time.time()
             r = run_system(s, cfg)
             out.append((r.median * 1e3, time.time() - t))
-        simrun.SIM_OPTS = coarse
         (e, te), (c, tc) = out
         print(f"| {n} | {m} | {mb:g} | {s} | {e:.3f} | {c:.3f} | {(c / e - 1) * 100:+.2f}% | {te:.1f} | {tc:.1f} |", flush=True)

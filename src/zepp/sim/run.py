@@ -38,7 +38,8 @@ class Config:
 
     ``hist [N, E]`` history histogram; ``batches [iters, R, T, k]``; the first ``warmup``
     batches are not timed (stateful systems still plan them); ``relaxation`` C (default 0.25,
-    0.5 at 16 nodes and more); ``extra`` redundant slots per GPU.
+    0.5 at 16 nodes and more); ``extra`` redundant slots per GPU; ``sim_opts`` the engine's
+    coarsening options (``benchmarks/bench_sim_accuracy.py`` compares them with the exact engine).
     """
 
     cluster: Cluster
@@ -49,6 +50,7 @@ class Config:
     warmup: int = 5
     relaxation: float | None = None
     extra: int = 2
+    sim_opts: dict | None = None  # engine coarsening (default zepp.sim.layer.SIM_OPTS)
 
     @property
     def C(self) -> float:
@@ -142,7 +144,7 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     g = TaskGraph(cfg.cluster)
     build_layer(g, cfg.cluster, cfg.spec, lp, mechanics(s.mechanics), cfg.net, np.full(cfg.cluster.ranks, prologue),
                 ctx.custom_dispatch, ctx.custom_combine)
-    tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, labels=keep, **SIM_OPTS)
+    tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, labels=keep, **(cfg.sim_opts or SIM_OPTS))
     return tl, planning, floor
 
 
