@@ -32,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from zepp.cluster import cluster_preset
 from zepp.flows import build_flows
 from zepp.history import history_from_traces
+from zepp.interop.buys import _simulated_ms, sim_config
 from zepp.interop.layers import plan_layers
 from zepp.model import model_preset
 from zepp.routing import route
@@ -93,11 +95,20 @@ def main() -> None:
             zp, _ = plan_layers(hist, spec, nodes, L, ranks, "zepp")
             ep, _ = plan_layers(hist, spec, nodes, L, ranks, "eplb")
             acc = {(e, c): np.zeros(2) for e in ENGINES for c in CONFIGS}
+            sim = {}
             for i, layer in enumerate(held.layers):
                 batches = held.batches(i, ranks, tokens, args.iters, args.seed)
                 zpl, epl = zp.placement(layer), ep.placement(layer)
                 shared = {"zepp-route": _fig(batches, zpl, "zepp", "relay", "reduce", spec.row_bytes, rel),
                           "zepp-full": _fig(batches, zpl, "zepp", "zepp", "reduce", spec.row_bytes, rel)}
+                if i == 0:  # simulated layer time: SGLang static's rows, first layer, first batch
+                    cfg = sim_config(cluster_preset("h100-8", nodes), spec, batches, None)
+                    for c, (pl, kind, rt, d) in {"eplb": (epl, "eplb", "locality", "relay"),
+                                                 "zepp-place": (zpl, "zepp", "locality", "relay"),
+                                                 "zepp-route": (zpl, "zepp", "zepp", "relay"),
+                                                 "zepp-full": (zpl, "zepp", "zepp", "zepp")}.items():
+                        plan = build_flows(route(rt, batches[0], pl, relaxation=rel), d, spec.row_bytes, "reduce")
+                        sim[c] = _simulated_ms(cfg, kind, rt, d, "reduce", plan)
                 for e, rt in ENGINES.items():
                     acc[(e, "eplb")] += _fig(batches, epl, rt, "relay", "reduce", spec.row_bytes, rel)
                     acc[(e, "zepp-place")] += _fig(batches, zpl, rt, "relay", "reduce", spec.row_bytes, rel)
@@ -107,7 +118,8 @@ def main() -> None:
                 rows.append({"trace": name, "model": model, "nodes": nodes, "gpus": ranks, "engine": e,
                              "routing": ENGINES[e], "layers": len(held.layers), "tokens_per_gpu": tokens,
                              **{f"{c}_nic_bytes": acc[(e, c)][0] for c in CONFIGS},
-                             **{f"{c}_gpu_rows": acc[(e, c)][1] for c in CONFIGS}})
+                             **{f"{c}_gpu_rows": acc[(e, c)][1] for c in CONFIGS},
+                             **({f"{c}_sim_ms": sim[c] for c in CONFIGS} if e == "sglang" else {})})
             r = rows[-len(ENGINES)]
             print(f"{name:<45} {nodes} nodes  sglang NIC x eplb: " + " ".join(
                 f"{c} {r[f'{c}_nic_bytes'] / r['eplb_nic_bytes']:.2f}" for c in CONFIGS) + f"  ({time.time() - t0:.0f} s)",
@@ -115,6 +127,8 @@ def main() -> None:
     meta = {"iters": args.iters, "budget_mb": args.budget_mb, "gpus_per_node": L, "redundant": "one per GPU",
             "transport": "relay/reduce (engines), zepp/reduce (zepp-full)", "seconds": round(time.time() - t0, 1),
             "when": time.strftime("%Y-%m-%d %H:%M")}
+    meta["simulated"] = ("SGLang static rows only: zepp.sim on h100-8 (default network figures, uncalibrated), "
+                         "first layer, first batch, no overlap for any configuration")
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     write_md(rows, meta, Path(args.out + ".md"))
     plot(rows, Path(args.out + ".png"))
@@ -146,6 +160,13 @@ def write_md(rows, meta, path: Path) -> None:
                                      for c in CONFIGS[1:]]
         gpu = [f"{gb:.0f}"] + [f"{r[f'{c}_gpu_rows']:.0f} ({r[f'{c}_gpu_rows'] / gb:.2f}x)" for c in CONFIGS[1:]]
         out.append(f"| {r['trace']} | {r['nodes']} | {r['engine']} ({r['routing']}) | " + " | ".join(nic + gpu) + " |")
+    out += ["", f"Simulated layer time ({meta.get('simulated', '')}):", "",
+            "| trace | nodes | eplb ms | zepp-place | zepp-route | zepp-full |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "eplb_sim_ms" in r:
+            b = r["eplb_sim_ms"]
+            out.append(f"| {r['trace']} | {r['nodes']} | {b:.3f} | " + " | ".join(
+                f"{r[f'{c}_sim_ms']:.3f} ({r[f'{c}_sim_ms'] / b:.2f}x)" for c in CONFIGS[1:]) + " |")
     path.write_text("\n".join(out) + "\n")
 
 
