@@ -10,6 +10,7 @@ keeps them (``PYTEST_DEBUG_TEMPROOT``, the original temp folder).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -22,6 +23,8 @@ os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _ORIGINAL_TMP)
 SESSION_TMP = tempfile.mkdtemp(prefix="zepp-tests-", dir=_ORIGINAL_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
+# also when no test runs (collection error, nothing selected): the folder goes with the process
+atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
 
 
 def zepp_leftovers(folder: str = SESSION_TMP) -> list[str]:

@@ -117,14 +117,18 @@ def load_traces(cfg: dict, spec):
         return hist, ev
     if cfg.get("history"):
         raise ZeppInputError("--history needs --trace too (the evaluation batches are drawn from --trace)")
-    try:
-        from zepp.synth import synthetic_traces
+    from zepp.model import model_preset
 
-        pool, ev = synthetic_traces(cfg["model"], seed=cfg["seed"])
-        if pool.num_experts == spec.num_experts and pool.top_k == spec.top_k:
-            return pool, ev
-    except ZeppInputError:
-        pass
+    base = model_preset(cfg["model"])
+    if (base.num_experts, base.top_k) == (spec.num_experts, spec.top_k):  # else they would not fit: skip them
+        try:
+            from zepp.synth import synthetic_traces
+
+            pool, ev = synthetic_traces(cfg["model"], seed=cfg["seed"])
+            if pool.num_experts == spec.num_experts and pool.top_k == spec.top_k:
+                return pool, ev
+        except ZeppInputError:
+            pass
     rng = np.random.default_rng([cfg["seed"], 7])
     pop = 1.0 / np.arange(1, spec.num_experts + 1) ** 0.8
     pop = pop[rng.permutation(spec.num_experts)]
