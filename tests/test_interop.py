@@ -174,6 +174,11 @@ def test_vllm_window_to_eplb_maps_and_ascend_json(tmp_path, capsys):
                tmp_path / "w.pt")
     h = read_history(tmp_path / "w.pt", MODEL)
     assert h.format == "vllm" and h.counts.shape == (m, 10, 1, E)
+    np.savez(tmp_path / "w.npz", expert_load_window=window, physical_to_logical_map=p2l)
+    assert np.array_equal(read_history(tmp_path / "w.npz", MODEL).counts, h.counts)
+    np.savez(tmp_path / "f.npz", expert_load_window=window + 0.5, physical_to_logical_map=p2l)
+    with pytest.raises(ZeppInputError, match=r"expert_load_window: counts must be integers, found \d+\.5 at index \[0, 0, 0\]"):
+        read_history(tmp_path / "f.npz", MODEL)
     assert h.counts[0, :, 0, 3].sum() == window[:, 0, 3].sum() + window[:, 0, E + 3].sum()
     for suffix in (".pt", ".json"):
         out = tmp_path / f"v{suffix}"
