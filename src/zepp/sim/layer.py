@@ -230,11 +230,12 @@ class LayerBuilder:
 
 
 def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPlan, mech: Mechanics, net: Net,
-                prologue: np.ndarray, custom_dispatch=None, custom_combine=None) -> dict:
+                prologue: np.ndarray, custom_dispatch=None, custom_combine=None, planning=None) -> dict:
     """Add one MoE layer to ``graph``; returns the main task ids per part.
 
     ``prologue [R]``: seconds of per-rank work before dispatch (all-gather + planning), run on
-    each rank's host stream. ``custom_dispatch(builder, prologue_tasks) -> (local_done [R], remote_done [R])`` (tasks after
+    each rank's host stream; ``planning [R]`` (optional): the planning part of it, drawn as its
+    own task after the all-gather. ``custom_dispatch(builder, prologue_tasks) -> (local_done [R], remote_done [R])`` (tasks after
     which a rank's GEMM on rows of its own node / of other nodes may start) /
     ``custom_combine(builder, ready [R]) -> join task`` (``ready[r]``: the task after which rank
     ``r``'s partials exist, also for a rank without GEMM work) replace the Hops-driven phases (FAST's
@@ -246,7 +247,11 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     b.T, b.S = T, S
     g = graph
     out: dict = {}
-    pro = g.add_fixed(np.arange(R), np.asarray(prologue, float), kind="plan", stream="host", label="allgather+plan")
+    total = np.broadcast_to(np.asarray(prologue, float), (R,))
+    plan_part = np.zeros(R) if planning is None else np.broadcast_to(np.asarray(planning, float), (R,))
+    gather = g.add_fixed(np.arange(R), total - plan_part, kind="allgather", stream="host", label="all-gather")
+    pro = g.add_fixed(np.arange(R), plan_part, kind="plan", stream="host", label="plan")
+    g.after(gather, pro)
     out["prologue"] = pro
     owner, token, comp, slot, jdx = plan.owner, plan.token, plan.comp, plan.slot, plan.entry
     rb = float(spec.row_bytes)
