@@ -355,3 +355,22 @@ def test_load_model_traces_any_preset(tmp_path, model):
         (sub / f"{w}.txt").write_text("\n".join(" ".join(map(str, r)) for r in ids) + "\n")
     pool, ev = load_model_traces(tmp_path, model)
     assert pool.num_experts == spec.num_experts and ev.top_k == spec.top_k
+
+
+@pytest.mark.parametrize("nodes, gpus, experts, extra", [(2, 4, 64, 2), (4, 4, 128, 3), (3, 2, 48, 1)])
+def test_total_redundancy_zepp_equals_place_zepp_where_both_apply(nodes, gpus, experts, extra):
+    """place_zepp_slots (any slots per GPU) gives zepp.placement.place_zepp's placement when E
+    is a multiple of the GPU count, and works where it is not (E = 128 on 24 GPUs)."""
+    from zepp.interop.layers import place_zepp_slots
+    from zepp.placement import place_zepp
+
+    h = np.random.default_rng(nodes).integers(0, 100, (nodes, experts))
+    a = place_zepp(h, gpus, extra)
+    b = place_zepp_slots(h, gpus, experts // (nodes * gpus) + extra)
+    assert np.array_equal(a.slot_expert, b.slot_expert)
+    c = place_zepp_slots(np.random.default_rng(0).integers(0, 100, (3, 128)), 8, 6)  # 144 slots, 128 experts
+    assert (c.slot_expert >= 0).all() and c.replica_count.min() == 1
+    per_node = np.zeros((3, 128), int)
+    for r in range(24):
+        np.add.at(per_node[r // 8], c.slot_expert[r], 1)
+    assert per_node.max() == 1
