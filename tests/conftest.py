@@ -18,13 +18,17 @@ import time
 
 import pytest
 
+from zepp.emulate.processes import WATCHDOG
+
 _ORIGINAL_TMP = tempfile.gettempdir()
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _ORIGINAL_TMP)
 SESSION_TMP = tempfile.mkdtemp(prefix="zepp-tests-", dir=_ORIGINAL_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # re-read TMPDIR
-# also when no test runs (collection error, nothing selected): the folder goes with the process
+# also when no test runs (collection error, nothing selected): the folder goes with the process,
+# and with the watchdog if the session is killed (SIGTERM, kill -9)
 atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
+WATCHDOG.add("dir", SESSION_TMP)
 
 
 def zepp_leftovers(folder: str = SESSION_TMP) -> list[str]:

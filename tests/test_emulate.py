@@ -137,7 +137,7 @@ def test_signal_tears_down(sig):
         assert p.stdout.readline().strip() == "up"
         assert len(inv.list_namespaces(prefix)) == 3
         p.send_signal(sig)
-        p.wait(timeout=20)
+        p.wait()
     finally:
         if p.poll() is None:
             p.kill()

@@ -114,7 +114,7 @@ def test_ctrl_c_tears_the_cluster_down():
     import signal
 
     prefix = _prefix("ec")
-    p = subprocess.Popen([sys.executable, "-m", "zepp.cli", "run", *SMALL1, "--systems", "zepp-overlap", "--iters", "500",
+    p = subprocess.Popen([sys.executable, "-m", "zepp.cli", "run", *SMALL1, "--systems", "zepp-overlap", "--iters", "100000",
                           "--emulate", "--emulate-prefix", prefix], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:

@@ -20,12 +20,16 @@ def check_number(option: str, v, lo: float | None = None, hi: float | None = Non
     if good and hi is not None:
         good = v <= hi
     if not good:
-        rng = f"{'above' if lo_open else 'at least'} {lo:g}" if lo is not None else ""
+        rng = f"{'above' if lo_open else 'at least'} {_fmt(lo)}" if lo is not None else ""
         if hi is not None:
-            rng += (" and " if rng else "") + f"at most {hi:g}"
+            rng += (" and " if rng else "") + f"at most {_fmt(hi)}"
         raise ZeppInputError(f"{option} must be {'an integer' if integer else 'a finite number'}"
                              f"{' ' + rng if rng else ''}, got {v!r}")
     return int(v) if integer else v
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def check_output_path(path: str, option: str) -> str:

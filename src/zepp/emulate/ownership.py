@@ -14,7 +14,7 @@ A cluster zepp builds gets a random id. Two marks record it:
 ``zepp cluster down/status`` and ``zepp run --emulate`` act only on namespaces whose mark
 names their prefix (``down --id`` only on one cluster's); a namespace with the prefix but
 without the mark (made by hand, say ``zepp-foreign``) is left alone and reported as skipped.
-``prefix_lock`` serialises ``up`` and ``down`` between processes (``flock``).
+``prefix_lock`` serialises ``up`` and ``down`` of one prefix between processes (``flock``).
 """
 
 from __future__ import annotations
@@ -177,14 +177,25 @@ def owner_fields() -> dict:
 
 @contextlib.contextmanager
 def prefix_lock(prefix: str):
-    """Exclusive lock while building or removing the cluster of ``prefix``, across processes.
-    One lock file for every prefix (``{RECORD_DIR}/clusters.lock``: building takes about a
-    second, and no lock file per prefix is left behind)."""
-    check_prefix(prefix)
+    """Exclusive lock of ``prefix`` while building or removing its cluster, across processes
+    (``flock`` on ``{RECORD_DIR}/cluster-{prefix}.lock``). Clusters of other prefixes do not
+    wait. The lock file is removed on release when the prefix has no record left; a process
+    that opened the file before it was removed sees that (another inode) and opens it anew."""
+    path = os.path.join(record_dir(), f"cluster-{check_prefix(prefix)}.lock")
     os.makedirs(record_dir(), mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(record_dir(), "clusters.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
         yield
     finally:
+        if not os.path.exists(record_path(prefix)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         os.close(fd)

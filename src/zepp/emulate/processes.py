@@ -232,8 +232,8 @@ class RunResult:
         exit codes by rank, and the last three stderr lines of every rank that wrote any."""
         culprits = self.culprits()
         head = "; ".join(f"rank {r} {self.ranks[r].why()}" for r in culprits)
-        lines = [(context + "\n" if context else "") + f"{head} (first to fail: rank {self.first}; "
-                 f"exit codes by rank: {self.returncodes})"]
+        first = f"first to fail: rank {self.first}" if self.first is not None else "no rank failed by itself"
+        lines = [(context + "\n" if context else "") + f"{head} ({first}; exit codes by rank: {self.returncodes})"]
         for r in self.ranks:
             t = [ln for ln in r.stderr.strip().splitlines() if ln.strip()][-3:]
             if t:

@@ -35,8 +35,10 @@ Ownership (``zepp.emulate.ownership``): every namespace carries the cluster's ma
 cluster has a record under ``/run/zepp``; ``down``/``status`` (``zepp.emulate.inventory``)
 touch only marked namespaces of their prefix, ``up`` refuses a prefix that is in use (unless ``replace=True``) and removes only
 the leftovers of a run whose launcher is gone. A cluster that belongs to one run
-(``keep=False``) is removed when the context exits, at interpreter exit, on SIGTERM, and by the
-launcher's watchdog after ``kill -9`` (``zepp.emulate.processes``).
+(``keep=False``) is removed when the context exits, at interpreter exit, on SIGTERM (before the
+process dies of it, unless the process has its own handler, as ``zepp run`` has: then its
+``with`` blocks remove it), and by the launcher's watchdog after ``kill -9``
+(``zepp.emulate.processes``).
 
 Running ranks (the interface the runtime launcher uses)::
 
@@ -171,7 +173,13 @@ def _teardown_all() -> None:
 
 
 def _sigterm(signum, frame):  # noqa: ARG001
-    raise SystemExit(128 + signum)  # unwinds `with` blocks; atexit then removes what is left
+    """SIGTERM in a process that did not choose its own handler: remove this process's clusters,
+    then die of the signal as it would have (a host such as pytest must not survive it by
+    catching a SystemExit); its watchdog removes its temp folders. Launchers that want their
+    ``finally`` blocks to run install ``zepp.emulate.processes.launcher_signals`` instead."""
+    _teardown_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _install_handlers() -> None:

@@ -106,7 +106,7 @@ def _parse_fault(text: str | None, systems: list[str], world: int) -> dict | Non
         fault = json.loads(text)
     except ValueError as exc:
         raise ZeppInputError(f"--fault {text!r} is not JSON ({exc.msg}); give "
-                             '\'{"rank": 1, "system": "zepp", "iter": 0, "mode": "die"}\'') from None
+                             '\'{"rank": 1, "system": "zepp-overlap", "iter": 0, "mode": "die"}\'') from None
     if not isinstance(fault, dict) or set(fault) - {"rank", "system", "iter", "mode"}:
         raise ZeppInputError(f"--fault {text!r}: give a JSON object with keys rank, system, iter, mode")
     rank, it = fault.get("rank"), fault.get("iter")
