@@ -39,7 +39,7 @@ from zepp.registry import ROUTINGS
 from zepp.torchplan._ops import I64, arange, counts, position_in_group, sort_order
 from zepp.torchplan.tables import TorchRouting
 
-TORCH_ROUTINGS = ("home", "replica-rr", "locality", "dynamic", "random", "zepp")
+TORCH_ROUTINGS = ("home", "replica-rr", "locality", "fixed", "dynamic", "random", "zepp")
 _HASH_MUL, _HASH_ADD, _HASH_MOD = 1103515245, 12345, 1 << 31
 
 
@@ -168,9 +168,11 @@ def route(name: str, topk_ids: torch.Tensor, placement: Placement, relaxation: f
     elif name == "replica-rr":
         slot = _replica_round_robin(ids, dp)
     elif name == "locality":
-        slot = _locality(e, dp)
+        slot = _choice(e, dp, prefer_local=True, per_source=True)
+    elif name == "fixed":
+        slot = _choice(e, dp, prefer_local=False, per_source=True)
     elif name in ("dynamic", "random"):
-        slot = _hashed_choice(e, dp, prefer_local=name == "dynamic")
+        slot = _choice(e, dp, prefer_local=name == "dynamic", per_source=False)
     else:
         slot, unplaced = _water_fill(ids, dp, relaxation, sync, sweeps)
         slot = _vacate(ids, slot, dp, relaxation, vacate_rounds, sync)
@@ -190,13 +192,6 @@ def _replica_round_robin(ids: torch.Tensor, dp: DevicePlacement) -> torch.Tensor
     return dp.replicas[e, idx].reshape(ids.shape)
 
 
-def _locality(e: torch.Tensor, dp: DevicePlacement) -> torch.Tensor:
-    src = arange(e.shape[0], e.device)[:, None, None].expand(e.shape)
-    fixed = dp.replicas[e, src % dp.count[e]]
-    mine = dp.own[src, e]
-    return torch.where(mine >= 0, mine, fixed)
-
-
 def entry_hash(index: torch.Tensor) -> torch.Tensor:
     """``zepp.routing.entry_hash`` in torch: ``[n]`` int64 -> ``[n]`` int64 in ``[0, 2**31)``."""
     x = index.to(I64) % _HASH_MOD
@@ -206,15 +201,17 @@ def entry_hash(index: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _hashed_choice(e: torch.Tensor, dp: DevicePlacement, prefer_local: bool) -> torch.Tensor:
+def _choice(e: torch.Tensor, dp: DevicePlacement, prefer_local: bool, per_source: bool) -> torch.Tensor:
+    """``zepp.routing._choice``: candidates (all replicas, or the nearest level), the pick
+    ``source rank mod count`` (``per_source``) or ``entry_hash mod count``."""
     R, T, k = e.shape
     ef = e.reshape(-1)
     n = ef.shape[0]
-    h = entry_hash(arange(n, e.device))
+    src = arange(n, e.device) // (T * k)
+    h = src if per_source else entry_hash(arange(n, e.device))
     reps = dp.replicas[ef]  # [n, C]
     valid = reps >= 0
     if prefer_local:
-        src = arange(n, e.device) // (T * k)
         rr = torch.where(valid, reps // dp.S, -1)
         level = torch.where(rr == src[:, None], 0, torch.where(rr // dp.L == (src // dp.L)[:, None], 1, 2))
         level = torch.where(valid, level, 3)

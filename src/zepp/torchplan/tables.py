@@ -83,7 +83,11 @@ class TorchHops:
     def to_numpy(self, count: int | None = None) -> Hops:
         """``zepp.plan.Hops`` of the first ``count`` rows (one host read: the count, unless given)."""
         n = int(self.count) if count is None else int(count)
-        return Hops(**{c: getattr(self, c)[:n].cpu().numpy().astype(_NP_DTYPES[c], copy=False) for c in _COLS})
+        if self.src.device.type == "cpu":
+            return Hops(**{c: getattr(self, c)[:n].numpy().astype(_NP_DTYPES[c], copy=False) for c in _COLS})
+        # one device-to-host copy of all seven columns
+        host = torch.stack([getattr(self, c)[:n].to(torch.int32) for c in _COLS]).cpu().numpy()
+        return Hops(**{c: host[i].astype(_NP_DTYPES[c]) for i, c in enumerate(_COLS)})
 
     def trimmed(self) -> dict:
         """``{column: tensor [count]}`` on the device (one host read: the count)."""
