@@ -261,6 +261,31 @@ def _cuda_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _captured(fn):
+    """``(graph, output)`` of ``fn`` captured in a CUDA graph (after a warm-up on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def _graph_parts(ids, placement, relaxation, row_bytes, repeats) -> dict:
+    """Graph-replay milliseconds per part, named as in ``zepp/data/planner_cost.json``: the routing
+    (``sweeps=1``) in one graph, the flows of each transport pair in one graph each (fed by the
+    captured routing's output)."""
+    g_route, routing = _captured(lambda: t_route("zepp", ids, placement, relaxation, sweeps=1))
+    parts = {"route:zepp": _cuda_ms(g_route.replay, repeats)}
+    for d, c in (("zepp", "reduce"),) + OTHER_PAIRS:
+        g, _ = _captured(lambda: t_build_flows(routing, d, row_bytes, c))
+        parts[f"flows:{d}/{c}"] = _cuda_ms(g.replay, repeats)
+    return parts
+
+
 def device_main(args) -> None:
     """Device planning times (see the module docstring): eager, capture-safe eager, CUDA graph."""
     from zepp.torchplan import plan_batch
@@ -316,6 +341,7 @@ def device_main(args) -> None:
                     row["graph_ms"] = _cuda_ms(graph.replay, repeats)
                     row["graph_unplaced"] = int(out.routing.unplaced)
                     row["graph_equal"] = row["graph_unplaced"] == 0 and _same(ref, out)
+                    row["parts_ms"] = _graph_parts(ids, placement, relaxation, spec.row_bytes, repeats)
                 except Exception as e:  # record why capture failed, keep the eager figures
                     row["graph_error"] = f"{type(e).__name__}: {e}"[:400]
                 rows.append(row)
@@ -337,12 +363,15 @@ def device_main(args) -> None:
     print("\n".join(lines))
     if args.data:
         data = json.loads(Path(args.data).read_text())
+        props = torch.cuda.get_device_properties(dev)
+        clock, bus = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
         data["device_records"].append(dict(
             device="cuda", device_name=rows[0]["device"] if rows else None, cuda_graph=True, measured_at=info["measured_at"],
+            hbm_bw=2 * clock * 1e3 * bus / 8 if clock and bus else None,
             torch=info["torch"], written_by="benchmarks/plan_speed_torch.py --device cuda --data",
             rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
                        entries=r["entries"], graph_ms=r.get("graph_ms"), eager_ms=r["eager_ms"],
-                       capture_safe_ms=r["capture_safe_ms"]) for r in rows]))
+                       capture_safe_ms=r["capture_safe_ms"], parts_ms=r.get("parts_ms", {})) for r in rows]))
         Path(args.data).write_text(json.dumps(data, indent=1) + "\n")
 
 

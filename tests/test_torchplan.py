@@ -237,3 +237,18 @@ def test_plan_is_captured_in_a_cuda_graph():
         for phase in ("dispatch", "combine"):
             for c in COLS:
                 np.testing.assert_array_equal(getattr(getattr(got, phase), c), getattr(getattr(want, phase), c))
+
+
+def test_device_part_seconds_interpolates_recorded_device_figures():
+    from zepp.torchplan.costs import device_part_seconds, recorded_times
+
+    assert recorded_times()["records"], "the data file holds the measured CPU figures"
+    cpu_only = {"records": recorded_times()["records"], "device_records": []}
+    assert device_part_seconds("route:zepp", 10**6, data=cpu_only) is None  # CPU figures are no device figures
+    rows = [{"entries": 1000, "parts_ms": {"route:zepp": 0.2}}, {"entries": 3000, "parts_ms": {"route:zepp": 0.6}}]
+    data = {"device_records": [{"cuda_graph": True, "hbm_bw": 4.8e12, "measured_at": "x", "rows": rows}]}
+    assert device_part_seconds("route:zepp", 10, data=data) == pytest.approx(0.2e-3)  # floor
+    assert device_part_seconds("route:zepp", 2000, data=data) == pytest.approx(0.4e-3)  # linear
+    assert device_part_seconds("route:zepp", 5000, data=data) == pytest.approx(1.0e-3)  # last slope
+    assert device_part_seconds("route:zepp", 5000, hbm_bw=2.4e12, data=data) == pytest.approx(0.2e-3 + 1.6e-3)
+    assert device_part_seconds("flows:zepp/reduce", 5000, data=data) is None

@@ -7,7 +7,7 @@ is a missing entry (slot ``-1``, no load).
 What runs where:
 
 - Per placement, once (``DevicePlacement``): the placement's static tables (replica lists,
-  own-GPU slots, visit orders, replicas per node) are built with numpy on the host and copied
+  visit orders, replicas per node) are built with numpy on the host and copied
   to the device; a placement changes between batches only after swaps.
 - Per batch, on the device: everything else, as tensor operations of fixed shapes with integer
   arithmetic. Loop trip counts depend only on the placement and the shapes: the water-fill runs
@@ -46,8 +46,7 @@ _HASH_MUL, _HASH_ADD, _HASH_MOD = 1103515245, 12345, 1 << 31
 class DevicePlacement:
     """A placement's static tables on ``device`` (built once per placement and device).
 
-    ``replicas [E, C]`` int64 global slots (-1 padded), ``count [E]``, ``own [R, E]`` (a slot of
-    e on rank r, else -1; the numpy planner's ``_own_slot``), and for the water-fill the experts
+    ``replicas [E, C]`` int64 global slots (-1 padded), ``count [E]``, and for the water-fill the experts
     with several replicas ``multi [M]``, ``multi_index [E+1]`` (-1 elsewhere and for id -1),
     ``visit_flat [R, M, C]`` (flat index ``m*C + replica`` of each source's v-th visit) and
     ``valid_multi [M, C]``; for the vacate pass ``replica_on_node [E, N]`` (the lowest slot of e
@@ -68,10 +67,6 @@ class DevicePlacement:
         t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=I64, device=self.device)  # noqa: E731
         self.replicas = t(reps)
         self.count = t(p.replica_count)
-        own = np.full((R, E), -1, np.int64)
-        r, s = np.nonzero(p.slot_expert >= 0)
-        own[r, p.slot_expert[r, s]] = r * S + s
-        self.own = t(own)
         multi = np.flatnonzero(p.replica_count > 1)
         self.M = multi.size
         self.multi = t(multi)
