@@ -105,3 +105,40 @@ def test_missing_traces_folder_names_what_it_looked_for(tmp_path, capsys):
         main(["bench", "--traces", str(tmp_path / "t"), "--models", "qwen", "--nodes", "1"])
     assert info.value.code == 2
     assert "pool.txt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_ends_every_worker(tmp_path, sig):
+    """SIGTERM / Ctrl-C to ``zepp bench`` ends its worker processes too (none outlive it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "zepp.cli", "bench", "--nodes", "16", "--models", "k2",
+                             "--budgets", "16", "--jobs", "2", "--json", str(tmp_path / "x.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    workers = []
+    while time.monotonic() < deadline and len(workers) < 3:  # two workers and the resource tracker
+        time.sleep(0.5)
+        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid]
+    assert len(workers) >= 3, f"the bench did not start its workers ({workers})"
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=60)
+    time.sleep(0.5)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and _ppid(w) is not None]
+    assert not alive, f"workers {alive} outlived zepp bench after {sig}"
+    assert "Traceback" not in proc.stderr.read().decode()
+
+
+def _ppid(pid: int):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is gone
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])

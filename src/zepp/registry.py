@@ -35,7 +35,8 @@ PLACEMENTS = {
 ROUTINGS = {
     "home": "replica 0 of each expert (its first slot)",
     "replica-rr": "an expert's entries go to its replicas in turn (EPLB, TensorRT-LLM round-robin)",
-    "locality": "SGLang static: the source GPU's own replica, else a fixed replica per source GPU",
+    "locality": "SGLang static: a fixed replica per source GPU, on the source GPU if any, else on its node, else any",
+    "fixed": "EPIC: all of a source's entries of an expert go to replica (source rank mod replica count)",
     "dynamic": "SGLang dynamic: per token, a replica on the source GPU, else on its node, else a hashed one",
     "random": "vLLM: a pseudo-random replica per entry (integer hash, the same on every rank)",
     "zepp": "rotation water-fill under relaxed replica-load bounds, then the vacate pass (PAPER.md 2.2)",
@@ -132,7 +133,7 @@ _ROWS = (
            paper_column="eplb"),
     System("epic", "EPIC: greedy NIC-aware placement, relay dispatch, hierarchical pre-reduced combine",
            "EPIC (serial relay puts through the host proxy)",
-           "epic", "locality", "relay", "reduce-direct", mechanics="epic-relay", planning="epic",
+           "epic", "fixed", "relay", "reduce-direct", mechanics="epic-relay", planning="epic",
            paper_column="epic"),
     System("moonep", "MoonEP: per-batch redundant experts so every GPU computes T*k rows, weights pulled",
            "MoonEP (per-batch balance, weight prefetch)",

@@ -6,8 +6,11 @@ replica of the entry's expert. Choices:
 - ``home``: replica 0 of the expert (its first slot); with a home placement, the only one.
 - ``replica-rr``: an expert's entries, in batch order, go to its replicas in turn, so every
   replica gets ``floor`` or ``ceil`` of ``D_e / c_e`` (EPLB / vLLM style).
-- ``locality``: SGLang's static dispatch: the source GPU's own replica if it has one, else
-  replica ``source_rank mod c_e`` (a fixed replica per source GPU).
+- ``locality``: SGLang's static dispatch: a fixed replica per source GPU, preferring one on the
+  source GPU, then one on its node, else any: among the candidates of the best level, the
+  ``(source rank mod count)``-th in replica order.
+- ``fixed``: EPIC's choice: all of a source's entries of expert ``e`` go to replica
+  ``source rank mod c_e`` (no locality preference).
 - ``dynamic``: SGLang's dynamic dispatch: per entry, a replica on the source GPU, else one on
   the source's node, else any replica; among several candidates one is picked by an integer
   hash of (source rank, token, entry), so every rank computes the same choice.
@@ -56,9 +59,11 @@ def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: flo
     elif name == "replica-rr":
         slot = _replica_round_robin(topk_ids, placement)
     elif name == "locality":
-        slot = _locality(topk_ids, placement)
+        slot = _choice(topk_ids, placement, prefer_local=True, per_source=True)
+    elif name == "fixed":
+        slot = _choice(topk_ids, placement, prefer_local=False, per_source=True)
     elif name in ("dynamic", "random"):
-        slot = _hashed_choice(topk_ids, placement, prefer_local=name == "dynamic")
+        slot = _choice(topk_ids, placement, prefer_local=name == "dynamic", per_source=False)
     else:
         slot = _water_fill(topk_ids, placement, relaxation)
         slot = _vacate(topk_ids, slot, placement, relaxation, vacate_rounds)
@@ -122,17 +127,19 @@ def entry_hash(index: np.ndarray) -> np.ndarray:
     return x
 
 
-def _hashed_choice(topk_ids: np.ndarray, placement: Placement, prefer_local: bool) -> np.ndarray:
-    """``random``: replica ``hash mod c_e``; ``dynamic``: the same among the replicas on the
-    source GPU if any, else on the source's node if any, else among all (SGLang's preference)."""
+def _choice(topk_ids: np.ndarray, placement: Placement, prefer_local: bool, per_source: bool) -> np.ndarray:
+    """One replica per entry among candidates: all replicas, or (``prefer_local``) those on the
+    source GPU if any, else on its node if any, else all (SGLang's preference). The pick among
+    the candidates, in replica order: ``source rank mod count`` (``per_source``: a fixed replica
+    per source GPU) or ``entry_hash mod count`` (a pseudo-random one per entry)."""
     R, T, k = topk_ids.shape
     e = np.maximum(topk_ids.reshape(-1), 0).astype(np.int64)
-    h = entry_hash(np.arange(e.size, dtype=np.int64))
+    src = np.arange(e.size, dtype=np.int64) // (T * k)
+    h = src if per_source else entry_hash(np.arange(e.size, dtype=np.int64))
     reps = placement.replicas[e]  # [n, cmax] global slots, -1 padded
     valid = reps >= 0
     if prefer_local:
         S, L = placement.slots_per_rank, placement.gpus_per_node
-        src = np.arange(e.size, dtype=np.int64) // (T * k)
         rr = np.where(valid, reps // S, -1)
         level = np.where(rr == src[:, None], 0, np.where(rr // L == (src // L)[:, None], 1, 2))
         level = np.where(valid, level, 3)
@@ -142,25 +149,6 @@ def _hashed_choice(topk_ids: np.ndarray, placement: Placement, prefer_local: boo
     nth = np.cumsum(valid, axis=1) - 1
     col = np.argmax(valid & (nth == pick[:, None]), axis=1)
     return reps[np.arange(e.size), col].reshape(R, T, k).astype(np.int32)
-
-
-def _own_slot(placement: Placement) -> np.ndarray:
-    """``[R, E]`` a global slot of expert e on rank r, or -1 when r holds no replica of e."""
-    ranks, slots = placement.slot_expert.shape
-    own = np.full((ranks, placement.num_experts), -1, dtype=np.int32)
-    r, s = np.nonzero(placement.slot_expert >= 0)
-    own[r, placement.slot_expert[r, s]] = r * slots + s
-    return own
-
-
-def _locality(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:
-    ranks = topk_ids.shape[0]
-    topk_ids = np.maximum(topk_ids, 0)  # missing entries are masked by the caller
-    own = _own_slot(placement)
-    src = np.broadcast_to(np.arange(ranks, dtype=np.int64)[:, None, None], topk_ids.shape)
-    fixed = placement.replicas[topk_ids, src % placement.replica_count[topk_ids]]
-    mine = own[src, topk_ids]
-    return np.where(mine >= 0, mine, fixed).astype(np.int32)
 
 
 def _visit_priority(placement: Placement) -> np.ndarray:
