@@ -27,21 +27,25 @@ def default_relaxation(nodes: int) -> float:
     return 0.5 if nodes >= 16 else 0.25
 
 
-def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: int) -> tuple[Trace, Trace]:
+def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: int, profile: str | None = None,
+                 allow_duplicates: bool = False) -> tuple[Trace, Trace]:
     """The history window (placement) and evaluation window (batches): files when given,
-    else the built-in synthetic traces of the model."""
+    else the built-in synthetic traces of the model (drawn from skew ``profile``)."""
     if trace is None and history is None:
         from zepp.synth import synthetic_traces
 
-        pool, evaluation = synthetic_traces(spec.name, seed=seed)
+        pool, evaluation = synthetic_traces(spec.name, seed=seed, profile=profile)
         if pool.num_experts != spec.num_experts or pool.top_k != spec.top_k:
             raise ZeppInputError(
                 f"the built-in trace of {spec.name!r} has {pool.num_experts} experts and top-{pool.top_k}, but "
                 f"the model asks for {spec.num_experts} and top-{spec.top_k}; pass --history and --trace files"
             )
         return pool, evaluation
-    evaluation = read_trace(trace or history, num_experts=spec.num_experts, top_k=spec.top_k)
-    pool = read_trace(history, num_experts=spec.num_experts, top_k=spec.top_k) if history else evaluation
+    if profile is not None:
+        raise ZeppInputError("--profile chooses the skew of the built-in traces; drop it when giving --history/--trace")
+    kw = dict(num_experts=spec.num_experts, top_k=spec.top_k, allow_duplicates=allow_duplicates)
+    evaluation = read_trace(trace or history, **kw)
+    pool = read_trace(history, **kw) if history else evaluation
     return pool, evaluation
 
 
@@ -159,6 +163,10 @@ def format_table(rows: list[dict]) -> str:
               help="Trace the placement is planned from (default: built-in synthetic history).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Trace batches are sampled from (default: built-in synthetic evaluation window).")
+@click.option("--profile", default=None,
+              help="Skew profile of the built-in traces (k2 or qwen; default: the closer in expert count).")
+@click.option("--allow-duplicate-ids", is_flag=True,
+              help="Accept trace rows that repeat an expert id (synthetic data); refused by default.")
 @click.option("--systems", default="zepp,a2av", show_default=True,
               help=f"Comma list of {registry.help_list('plan')}, or 'all' (zepp = its variants; see zepp systems).")
 @click.option("--iters", default=3, show_default=True, type=int, help="Batches to plan per system.")
@@ -170,7 +178,7 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--dump", type=click.Path(file_okay=False), default=None,
               help="Write DIR/<system>_iter<i>.npz with topk_ids, slot and slot_expert per batch.")
 def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, gpus_per_node, budget_mb, history, trace,
-         systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
+         profile, allow_duplicate_ids, systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
     from zepp.bench import _check_out_path
@@ -191,7 +199,7 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
-    pool, evaluation = load_windows(spec, history, trace, seed)
+    pool, evaluation = load_windows(spec, history, trace, seed, profile, allow_duplicate_ids)
     rows = plan_table(spec, cluster.nodes, cluster.gpus_per_node, budget_mb, pool, evaluation, names, iters, seed,
                       relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None, cluster=cluster)
     click.echo(f"{spec.name} on {cluster.name} {nodes}x{gpus_per_node}, {budget_mb:g} MB = {tokens} tokens/GPU, "
