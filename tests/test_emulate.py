@@ -33,6 +33,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A shell starts background jobs with
+    SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt
+    handler: a test that sends SIGINT must not depend on how the suite was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _prefix(tag: str) -> str:
     return f"{tag}{os.getpid() % 10000}"
 
@@ -132,7 +139,8 @@ def test_signal_tears_down(sig):
     prefix = _prefix("ts")
     code = ("import time; from zepp.emulate import EmulatedCluster; "
             f"cl = EmulatedCluster(1, 2, prefix={prefix!r}).up(); print('up', flush=True); time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_default_sigint)
     try:
         assert p.stdout.readline().strip() == "up"
         assert len(inv.list_namespaces(prefix)) == 3

@@ -116,7 +116,9 @@ def test_ctrl_c_tears_the_cluster_down():
     prefix = _prefix("ec")
     p = subprocess.Popen([sys.executable, "-m", "zepp.cli", "run", *SMALL1, "--systems", "zepp-overlap", "--iters", "100000",
                           "--emulate", "--emulate-prefix", prefix], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         # SIGINT may be ignored in a background job's children; the test needs it
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while len(inv.list_namespaces(prefix)) < 3:  # 2 ranks + the switch
             assert p.poll() is None, p.stderr.read()

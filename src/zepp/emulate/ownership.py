@@ -175,13 +175,17 @@ def owner_fields() -> dict:
     return {"owner_pid": os.getpid(), "owner_start": proc_start(os.getpid())}
 
 
+def lock_path(prefix: str) -> str:
+    return os.path.join(record_dir(), f"cluster-{check_prefix(prefix)}.lock")
+
+
 @contextlib.contextmanager
 def prefix_lock(prefix: str):
     """Exclusive lock of ``prefix`` while building or removing its cluster, across processes
     (``flock`` on ``{RECORD_DIR}/cluster-{prefix}.lock``). Clusters of other prefixes do not
     wait. The lock file is removed on release when the prefix has no record left; a process
     that opened the file before it was removed sees that (another inode) and opens it anew."""
-    path = os.path.join(record_dir(), f"cluster-{check_prefix(prefix)}.lock")
+    path = lock_path(prefix)
     os.makedirs(record_dir(), mode=0o755, exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -301,6 +301,7 @@ class EmulatedCluster:
                 _install_handlers()
                 _LIVE_CLUSTERS.add(self)
                 WATCHDOG.add("file", own.record_path(self.prefix))
+                WATCHDOG.add("file", own.lock_path(self.prefix))
             own.write_record(self.prefix, self.record("building"))
             self._is_up = True
             try:
@@ -403,6 +404,7 @@ class EmulatedCluster:
         for ns in self.namespaces():
             WATCHDOG.remove("netns", ns)
         WATCHDOG.remove("file", own.record_path(self.prefix))
+        WATCHDOG.remove("file", own.lock_path(self.prefix))
         self._is_up = False
         _LIVE_CLUSTERS.discard(self)
 
