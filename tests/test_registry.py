@@ -109,6 +109,9 @@ def test_run_walks_the_registry(tmp_path, capsys):
 def test_readme_system_table_is_the_registry():
     text = README.read_text()
     assert registry.markdown_table() in text, "README's system table differs from `zepp systems --markdown`"
+    for table in (registry.PLACEMENTS, registry.ROUTINGS, registry.DISPATCH_TRANSPORTS, registry.COMBINE_TRANSPORTS):
+        for name in table:
+            assert f"`{name}`" in text, f"README does not name stage choice {name!r}"
 
 
 def test_systems_command_prints_json_and_text():
