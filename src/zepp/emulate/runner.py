@@ -8,7 +8,8 @@ report with an ``"emulate"`` section::
 
     {"rate_mbit", "delay_ms", "prefix", "nodes", "gpus_per_node",
      "systems": {name: {"nic_tx" [R], "nic_rx" [R], "nvlink_tx" [R],   # kernel counters, bytes per
-                        "planned_nic" [R], "planned_nvlink" [R],        # timed iteration (mean)
+                        "planned_nic" [R], "planned_nvlink" [R],        # timed iteration (mean);
+                                                                        # planned: None for swapping systems
                         "metadata_nic": bytes of the id/weight all-gather per iteration, all ranks}}}
 
 Counters are wire bytes (Ethernet/IP/TCP headers, TCP acknowledgements, one barrier per layer
@@ -113,18 +114,27 @@ def nic_bytes_per_system(cfg: dict, counters: list[dict], report: dict) -> dict:
             rx[name][r] += nxt[1] - v[1]
             nv[name][r] += nxt[2] - v[2]
     iters = cfg["iters"]
-    plans = worker_plans(cfg)
+    from zepp.runtime.systems import SYSTEMS
+
+    # a system that swaps weights plans each batch on the placement its swaps made, which only
+    # the ranks know: its planned figures are left out (None) rather than recomputed wrongly
+    fixed = [n for n in systems if not SYSTEMS[n].swaps]
+    plans = worker_plans(dict(cfg, systems=fixed))["plans"] if fixed else {}
     out = {}
     for name in systems:
-        pn, pv = np.zeros(R), np.zeros(R)
-        for p in plans["plans"][name]:
-            st = p.stats()  # dispatch + combine
-            pn += st.nic_send
-            pv += st.nvlink.sum(axis=1)
+        pn = pv = None
+        if name in plans:
+            pn, pv = np.zeros(R), np.zeros(R)
+            for p in plans[name]:
+                st = p.stats()  # dispatch + combine
+                pn += st.nic_send
+                pv += st.nvlink.sum(axis=1)
         meta = report["systems"][name]["metadata_bytes_per_iter"]
         out[name] = {"nic_tx": (tx[name] / iters).tolist(), "nic_rx": (rx[name] / iters).tolist(),
-                     "nvlink_tx": (nv[name] / iters).tolist(), "planned_nic": (pn / iters).tolist(),
-                     "planned_nvlink": (pv / iters).tolist(), "metadata_nic": meta.get("nic", 0)}
+                     "nvlink_tx": (nv[name] / iters).tolist(),
+                     "planned_nic": None if pn is None else (pn / iters).tolist(),
+                     "planned_nvlink": None if pv is None else (pv / iters).tolist(),
+                     "metadata_nic": meta.get("nic", 0)}
     return out
 
 
@@ -138,10 +148,15 @@ def format_emulate(report: dict) -> str:
              f"{'system':<11} {'layer ms':>9} {'NIC tx KB (sum)':>16} {'planned KB':>11} {'+meta KB':>9} "
              f"{'ratio':>6} {'busiest NIC tx KB':>18} {'planned':>8}  NIC tx KB per rank"]
     for name, s in em["systems"].items():
-        tx, pn = np.asarray(s["nic_tx"]), np.asarray(s["planned_nic"])
-        planned = pn.sum() + s["metadata_nic"]
-        ratio = tx.sum() / planned if planned else float("nan")
+        tx = np.asarray(s["nic_tx"])
+        if s["planned_nic"] is None:  # swaps: not recomputed outside the ranks
+            p_sum = ratio = p_max = "-"
+        else:
+            pn = np.asarray(s["planned_nic"])
+            planned = pn.sum() + s["metadata_nic"]
+            p_sum, p_max = f"{pn.sum() / kb:.1f}", f"{pn.max() / kb:.1f}"
+            ratio = f"{tx.sum() / planned:.3f}" if planned else "nan"
         lines.append(f"{name:<11} {report['systems'][name]['median_layer_ms']:>9.2f} {tx.sum() / kb:>16.1f} "
-                     f"{pn.sum() / kb:>11.1f} {s['metadata_nic'] / kb:>9.1f} {ratio:>6.3f} {tx.max() / kb:>18.1f} "
-                     f"{pn.max() / kb:>8.1f}  " + " ".join(f"{v / kb:.0f}" for v in tx))
+                     f"{p_sum:>11} {s['metadata_nic'] / kb:>9.1f} {ratio:>6} {tx.max() / kb:>18.1f} "
+                     f"{p_max:>8}  " + " ".join(f"{v / kb:.0f}" for v in tx))
     return "\n".join(lines)
