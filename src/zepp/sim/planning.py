@@ -26,7 +26,9 @@ whole size range: below the smallest measured size the mix costs its launch-boun
 kernels and one host synchronisation, the same on any GPU); between measured sizes it is
 interpolated linearly in the entry count; above the largest it grows along the last measured
 slope (bytes-bound). The part above the floor is scaled by the HBM bandwidth ratio of the
-cluster's GPU to the H200's.
+cluster's GPU to the H200's. Where the torch planner's own device time of a part is recorded
+(``zepp/data/planner_torch_times.json``, ``device_records``; none yet: no GPU was lent when it
+was written), that measurement replaces the part's op-mix conversion (``zepp.torchplan.costs``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,30 @@ def gpu_opmix_seconds(entries: int, hbm_bw: float) -> float:
     return floor + (here - floor) * float(d["gpu_opmix_source"]["hbm_bw"]) / hbm_bw
 
 
+def zepp_parts(dispatch: str, combine: str, swaps: bool) -> list[str]:
+    """The planner parts of a Zepp row (names of ``planner_cost.json``)."""
+    return ["route:zepp", f"flows:{dispatch}/{combine}"] + (["swap"] if swaps else [])
+
+
+def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw: float) -> float:
+    """Seconds of Zepp's planner for a batch of ``entries``: per part the measured device time
+    of the torch planner where one is recorded (``zepp.torchplan.costs``), else its op-mix rounds
+    times the op mix's GPU time."""
+    from zepp.torchplan.costs import device_part_seconds
+
+    r = cost_data()["rounds"]
+    total = 0.0
+    for part in zepp_parts(dispatch, combine, swaps):
+        measured = device_part_seconds(part, entries, hbm_bw)
+        if measured is not None:
+            total += measured
+            continue
+        if part not in r:
+            raise ZeppInputError(f"no recorded planning cost for {part}; rerun benchmarks/planner_cost.py")
+        total += r[part] * gpu_opmix_seconds(entries, hbm_bw)
+    return total
+
+
 def zepp_rounds(dispatch: str, combine: str, swaps: bool) -> float:
     """Op-mix rounds of Zepp's planner: routing, the flows of ``dispatch/combine``, swaps."""
     r = cost_data()["rounds"]
@@ -97,6 +123,6 @@ def planning_seconds(model: str, system, cluster, spec, tokens_per_rank: int, ne
         planning = 1.4e-3 + 9.1e-8 * rank_entries
         return net.allgather(R, rank_entries * 4.0, cluster.nic_bw) + planning, planning
     else:
-        rounds = zepp_rounds(system.dispatch, system.combine, model == "zepp+swap")
-        planning = rounds * gpu_opmix_seconds(R * rank_entries, cluster.hbm_bw)
+        planning = zepp_planning(system.dispatch, system.combine, model == "zepp+swap", R * rank_entries,
+                                 cluster.hbm_bw)
     return loads + planning, planning
