@@ -53,7 +53,7 @@ from zepp.errors import ZeppInputError
 from zepp.formats import sglang_topk
 from zepp.formats.arrays import check_ids, int_array, npz_load, to_numpy, torch_load
 from zepp.formats.files import describe_keys, input_file, read_bytes
-from zepp.trace import Trace
+from zepp.tracedata import Trace
 
 __all__ = ["LayerHistory", "read_history", "history_from_traces", "MAX_BINS", "FORMATS"]
 

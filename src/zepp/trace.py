@@ -1,4 +1,5 @@
-"""Expert-routing traces: the ``Trace`` object, the batch sampler and demand histograms.
+"""Expert-routing traces: the batch sampler, demand histograms and recorded trace folders
+(``Trace`` itself is ``zepp.tracedata``'s, re-exported here).
 
 A trace is ``topk_ids [N, k]``: one row per token, its ``k`` chosen expert ids (logical ids
 in ``[0, E)``). The file formats live in :mod:`zepp.formats` (one layer) and
@@ -9,12 +10,12 @@ working (resolved on first use, so this module imports no reader).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from zepp.errors import ZeppInputError
+from zepp.tracedata import Trace
 
 __all__ = [
     "Trace", "read_trace", "read_load_histogram", "sample_batches", "node_demand",
@@ -23,77 +24,12 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # The readers live in zepp.formats (which imports Trace from here); re-exported lazily.
+    # The readers live in zepp.formats (which imports Trace from zepp.tracedata); re-exported lazily.
     if name in ("read_trace", "read_load_histogram"):
         import zepp.formats
 
         return getattr(zepp.formats, name)
     raise AttributeError(f"module 'zepp.trace' has no attribute {name!r}")
-
-@dataclass(frozen=True)
-class Trace:
-    """``topk_ids [N, k]`` int32 expert ids per token, ids in ``[0, num_experts)``.
-
-    ``source`` names where the rows came from (a path, or ``synthetic:k2/pool``) for messages.
-    ``topk_weights [N, k]`` float32 gate weights, when the source had them.
-    """
-
-    topk_ids: np.ndarray
-    num_experts: int
-    source: str = "<array>"
-    topk_weights: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        ids = np.asarray(self.topk_ids)
-        if ids.ndim != 2 or ids.shape[1] < 1:
-            raise ZeppInputError(f"{self.source}: topk_ids must be [tokens, k], got shape {ids.shape}")
-        if ids.size and (ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer)):
-            raise ZeppInputError(f"{self.source}: topk_ids must hold integers, got dtype {ids.dtype}")
-        if isinstance(self.num_experts, bool) or int(self.num_experts) != self.num_experts or self.num_experts < 1:
-            raise ZeppInputError(f"{self.source}: num_experts must be a positive integer, got {self.num_experts!r}")
-        if ids.size:
-            _check_range(ids, int(self.num_experts), self.source, row_base=0, unit="row")
-        object.__setattr__(self, "topk_ids", np.ascontiguousarray(ids, dtype=np.int32))
-        object.__setattr__(self, "num_experts", int(self.num_experts))
-        if self.topk_weights is not None:
-            from zepp.formats.arrays import weights_array
-
-            object.__setattr__(self, "topk_weights", weights_array(self.topk_weights, self.source, ids.shape))
-
-    @property
-    def top_k(self) -> int:
-        return int(self.topk_ids.shape[1])
-
-    def __len__(self) -> int:
-        return int(self.topk_ids.shape[0])
-
-    def expert_load(self) -> np.ndarray:
-        """Entries per expert over the whole trace, ``[E]`` int64."""
-        return np.bincount(self.topk_ids.ravel(), minlength=self.num_experts).astype(np.int64)
-
-
-# ---------------------------------------------------------------- validation helper
-
-
-def _check_range(ids: np.ndarray, num_experts: int, source: str, row_base: int, unit: str) -> None:
-    """Raise on the first negative or ``>= num_experts`` id (compared in the array's own dtype,
-    so large unsigned values never wrap)."""
-    bad = (ids < 0) | (ids >= num_experts)
-    if not bad.any():
-        return
-    row, col = np.argwhere(bad)[0]
-    value = int(ids[row, col])
-    where = row_base + int(row)
-    if value < 0:
-        raise ZeppInputError(
-            f"{source}: {unit} {where}: negative expert id {value} (position {col + 1}); "
-            f"expert ids must lie in [0, {num_experts})"
-        )
-    raise ZeppInputError(
-        f"{source}: {unit} {where}: expert id {value} (position {col + 1}) is out of range "
-        f"[0, {num_experts}); pass the model's expert count (--experts) if this trace has more experts"
-    )
-
 
 # ---------------------------------------------------------------- sampling and demand
 

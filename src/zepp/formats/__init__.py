@@ -115,7 +115,7 @@ def read_trace(path, num_experts: int | None = None, top_k: int | None = None, l
     ``allow_duplicates``: accept one id twice in a token's top-k (synthetic data only).
     ``max_bytes``: refuse text files whose reading needs more memory (default: what is free).
     """
-    from zepp.trace import Trace
+    from zepp.tracedata import Trace
 
     num_experts = _check_count_arg(num_experts)
     top_k = _check_count_arg(top_k, "top_k")
