@@ -252,3 +252,23 @@ def test_device_part_seconds_interpolates_recorded_device_figures():
     assert device_part_seconds("route:zepp", 5000, data=data) == pytest.approx(1.0e-3)  # last slope
     assert device_part_seconds("route:zepp", 5000, hbm_bw=2.4e12, data=data) == pytest.approx(0.2e-3 + 1.6e-3)
     assert device_part_seconds("flows:zepp/reduce", 5000, data=data) is None
+
+
+def test_capture_safe_path_runs_on_the_meta_device():
+    """On the meta device (shapes only, no data) every routing and transport pair plans with
+    ``sync=False``: no host read and no operation whose output size depends on the data (the
+    conditions of CUDA-graph capture). Hop-table capacities depend on the shape alone. The
+    host-reading mode cannot run there (the test's own control)."""
+    rng = np.random.default_rng(1)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0)).to("meta")
+    for name in TORCH_ROUTINGS:
+        r = tp.route(name, ids, pl, 0.25, sync=False)
+        assert r.slot.shape == ids.shape and r.slot.device.type == "meta"
+        for dispatch, combine in PAIRS:
+            plan = tp.build_flows(r, dispatch, 8, combine, sync=False)
+            assert plan.dispatch.count.device.type == "meta"
+            if dispatch != "allgather":
+                assert plan.dispatch.capacity >= ids.numel()
+    with pytest.raises(Exception):
+        tp.route("zepp", ids, pl, 0.25, sync=True)
