@@ -1,5 +1,6 @@
 """``zepp plan``: plan batches with each system's placement, routing and transport, and print
-what each plan puts on the links (no simulation, no tensors)."""
+what each plan puts on the links, with the first batch's simulated layer time where the
+cluster has a network calibration (no tensors)."""
 
 from __future__ import annotations
 
