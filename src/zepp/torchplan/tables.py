@@ -145,14 +145,6 @@ class HopParts:
             return v.to(_T_DTYPES[c]).expand(shape)
         return torch.full((1,) * len(shape), int(v), dtype=_T_DTYPES[c], device=self.device).expand(shape)
 
-    def _flat(self, v, shape, c) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= d
-        if isinstance(v, torch.Tensor):
-            return v.to(_T_DTYPES[c]).expand(shape).reshape(-1)
-        return torch.full((1,), int(v), dtype=_T_DTYPES[c], device=self.device).expand(n)
-
     def pack(self, exact: bool = False) -> TorchHops:
         dev = self.device
         if exact:
@@ -168,17 +160,25 @@ class HopParts:
             n = cols["src"].shape[0]
             return TorchHops(**cols, count=torch.tensor(n, dtype=torch.int64, device=dev))
         cap = sum(m.numel() for m, _ in self.groups)
-        bufs = {c: torch.zeros(cap + 1, dtype=_T_DTYPES[c], device=dev) for c in _COLS}
+        buf = torch.zeros(len(_COLS), cap + 1, dtype=torch.int32, device=dev)  # all columns, one scatter per group
         offset = torch.zeros((), dtype=torch.int64, device=dev)
         for mask, vals in self.groups:
             m = mask.reshape(-1)
+            n = m.shape[0]
             within = torch.cumsum(m, 0, dtype=torch.int64)
             dest = torch.where(m, offset + within - 1, cap)
-            if m.numel():
+            if n:
                 offset = offset + within[-1]
-            for c, v in zip(_COLS, vals):
-                bufs[c].scatter_(0, dest, self._flat(v, mask.shape, c))
-        return TorchHops(**{c: b[:cap] for c, b in bufs.items()}, count=offset)
+            cols = torch.stack([self._i32(v, mask.shape) for v in vals]).reshape(len(_COLS), n)  # [7, n]
+            buf.scatter_(1, dest.expand(len(_COLS), n), cols)
+        out = {c: (buf[i, :cap] if _T_DTYPES[c] == torch.int32 else buf[i, :cap].to(_T_DTYPES[c]))
+               for i, c in enumerate(_COLS)}
+        return TorchHops(**out, count=offset)
+
+    def _i32(self, v, shape) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):
+            return (v if v.dtype == torch.int32 else v.to(torch.int32)).expand(shape)
+        return torch.full((1,) * len(shape), int(v), dtype=torch.int32, device=self.device).expand(shape)
 
 
 @dataclass(frozen=True)
