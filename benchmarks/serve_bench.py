@@ -198,14 +198,14 @@ def bench_rank(cfg: dict) -> dict | None:
 
 
 # ----------------------------------------------------------------------------- driver
-def run_shape(cfg: dict, nodes: int, gpus: int, rate: float, work: str) -> dict:
+def run_shape(cfg: dict, nodes: int, gpus: int, rate: float, work: str, prefix: str = "zsb") -> dict:
     from zepp.emulate.topology import EmulatedCluster
 
     cfg = dict(cfg, nodes=nodes, gpus_per_node=gpus, out=os.path.join(work, f"out_{nodes}x{gpus}.json"))
     path = os.path.join(work, f"cfg_{nodes}x{gpus}.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
-    with EmulatedCluster(nodes, gpus, rate_mbit=rate) as cl:
+    with EmulatedCluster(nodes, gpus, rate_mbit=rate, prefix=prefix) as cl:
         with cl.spawn([sys.executable, os.path.abspath(__file__), "--rank", path],
                       env={"OMP_NUM_THREADS": "1", "ZEPP_THREADS": "1"}, logdir=os.path.join(work, "logs")) as g:
             res = g.wait(timeout=cfg["limit_s"], grace=float(cfg["timeout"]) + 15)
@@ -231,6 +231,48 @@ def summarize(out: dict, systems: list[str]) -> dict:
     return {"table": table, "expert_max_over_mean": load}
 
 
+def markdown(report: dict) -> str:
+    """The results note: per shape, prefill tokens/s and decode ms/step per system and batch."""
+    a = report["args"]
+    out = [f"# Serving benchmark (benchmarks/serve_bench.py)", "",
+           f"Emulated cluster, NICs {a['rate_mbit']:g} Mbit/s; DeepSeek-V3-shaped model, hidden {a['hidden']}, "
+           f"128 experts (FFN {a['ffn']}), top-8, {a['layers']} MoE layers, fp32 rows on the wire; median of "
+           f"{a['reps']} interleaved repetitions; times are the slowest rank's.", "",
+           "Expert max/mean load, real Qwen3 traces: " + ", ".join(
+               f"{k} {v:.2f}" for k, v in report["real_trace_max_over_mean"].items()) +
+           "; fitted model on the history prompts, per layer: " + ", ".join(
+               f"{x['history_max_over_mean']:.2f}" for x in report["skew_fit"]["layers"]), ""]
+    for shape, sh in report["shapes"].items():
+        t = sh["summary"]["table"]
+        systems = list(next(iter(t["prefill"].values())).keys())
+        out += [f"## {shape} ranks ({sh['wall_s']:.0f} s)", ""]
+        for phase, unit in (("prefill", "tokens/s (all ranks)"), ("decode", "ms per step")):
+            head = f"| {phase} batch per rank | " + " | ".join(systems) + " | zepp best / a2av |"
+            out += [f"{phase}: {unit}", "", head, "|" + " --- |" * (len(systems) + 2)]
+            for bs, row in t[phase].items():
+                z = [row[n]["value"] for n in systems if n.startswith("zepp")]
+                best = (max(z) if phase == "prefill" else min(z)) if z else None
+                ratio = (best / row["a2av"]["value"] if phase == "prefill" else row["a2av"]["value"] / best) \
+                    if best and "a2av" in row else None
+                out.append(f"| {bs} | " + " | ".join(f"{row[n]['value']:.1f}" for n in systems) +
+                           (f" | {ratio:.2f}x |" if ratio else " | - |"))
+            out.append("")
+        big = t["prefill"][max(t["prefill"], key=int)]
+        out.append("NIC payload bytes, largest prefill batch: " + ", ".join(
+            f"{n} {big[n]['nic_bytes'] / 2**20:.1f} MB" for n in systems))
+        mm = sh["summary"]["expert_max_over_mean"]
+        out.append("Expert max/mean load of the evaluation runs (a2av), per layer: " + ", ".join(
+            f"{x:.2f}" for x in mm.get("a2av", [])))
+        mem = sh["raw"]["memory"]
+        ck = mem[0]["checkpoint_bytes"]
+        out.append("Memory per rank (a2av's model): parameters " + ", ".join(
+            f"{m['param_bytes']['a2av'] / 2**20:.0f}" for m in mem) + f" MB vs whole model {ck / 2**20:.0f} MB; "
+            "peak RSS (all systems' models loaded) " + ", ".join(f"{m['peak_rss_bytes'] / 2**20:.0f}" for m in mem) +
+            " MB")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rank", default=None, help=argparse.SUPPRESS)
@@ -247,6 +289,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/zepp-serve-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "serve_bench.json"))
     ap.add_argument("--limit-s", type=float, default=3000.0)
+    ap.add_argument("--prefix", default="zsb", help="emulated cluster name prefix (apart from other users')")
     a = ap.parse_args()
     if a.rank:
         return rank_main(a.rank)
@@ -275,12 +318,14 @@ def main() -> int:
     for shape in a.shapes.split(","):
         n, l = (int(x) for x in shape.split("x"))
         t1 = time.time()
-        out = run_shape(cfg, n, l, a.rate_mbit, a.work)
+        out = run_shape(cfg, n, l, a.rate_mbit, a.work, a.prefix)
         out["world"] = n * l
         report["shapes"][shape] = {"summary": summarize(out, systems), "raw": out, "wall_s": time.time() - t1}
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
         print(shape, json.dumps(report["shapes"][shape]["summary"]["table"]), flush=True)
+        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+            f.write(markdown(report) + "\n")
     return 0
 
 
