@@ -1,7 +1,7 @@
 """zepp.serve: a transformers MoE checkpoint served expert-parallel equals plain transformers.
 
 Tiny random checkpoints (Qwen3-MoE, Mixtral, DeepSeek-V3 with shared experts and grouped
-top-k), 8 requests of different lengths, 16 new tokens at most (an end-of-sequence id chosen so
+top-k, Qwen2-MoE with its gated shared expert), 8 requests of different lengths, 16 new tokens at most (an end-of-sequence id chosen so
 that some requests stop early), greedy, fp32. Every token must equal single-process
 ``transformers`` generate (one request at a time, no padding) and every logit vector must be
 within 1e-4 relative.
@@ -137,6 +137,7 @@ def test_every_runtime_system_2x2(models, history):
     ("mixtral", 4, 1, ["a2av", "relay", "zepp-direct"]),
     ("deepseek_v3", 2, 2, ["a2av", "eplb", "zepp-overlap", "zepp-swap"]),
     ("qwen3_moe", 2, 4, ["a2av", "sglang", "zepp-direct", "zepp-swap"]),
+    ("qwen2_moe", 2, 1, ["a2av", "zepp-overlap"]),  # sigmoid-gated shared expert
 ])
 def test_shapes_and_architectures(models, history, arch, nodes, gpus, systems):
     m = models(arch)

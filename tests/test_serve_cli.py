@@ -183,3 +183,31 @@ def test_emulated_cluster(ckpt, reqs, tmp_path):
     assert rep["matches_reference"]
     wire = rep["wire_nic_tx_bytes"]
     assert wire is not None and wire["total"] >= rep["nic_bytes"] > 0
+
+
+def test_unknown_block_parts_are_refused():
+    """A MoE block with a part zepp would silently drop is refused, naming the part."""
+    from torch import nn
+
+    from zepp.serve.blocks import UnsupportedBlock, find_moe_blocks
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.zeros(4, 6, 5))
+            self.down_proj = nn.Parameter(torch.zeros(4, 5, 3))
+            self.act_fn = nn.SiLU()
+
+    class Router(nn.Module):
+        top_k = 2
+
+    class Block(nn.Module):
+        def __init__(self, extra):
+            super().__init__()
+            self.gate, self.experts = Router(), Experts()
+            if extra:
+                self.bias_mlp = nn.Linear(5, 5)
+
+    assert [n for n, _ in find_moe_blocks(nn.Sequential(Block(False)))] == ["0"]
+    with pytest.raises(UnsupportedBlock, match="bias_mlp"):
+        find_moe_blocks(nn.Sequential(Block(True)))

@@ -3,7 +3,9 @@
 A sparse MoE block, as transformers 5 writes them (Qwen3-MoE, Mixtral, DeepSeek-V3, OLMoE, ...),
 is a module with a router ``gate`` (``gate(x [T, H]) -> (logits, weights [T, k], ids [T, k])``),
 ``experts`` holding stacked ``gate_up_proj [E, 2F, H]`` / ``down_proj [E, H, F]`` and an
-``act_fn``, and optionally ``shared_experts`` (a dense MLP added to every token's output).
+``act_fn``, and optionally ``shared_experts`` (a dense MLP added to every token's output;
+DeepSeek-V2/V3) or ``shared_expert`` with a sigmoid ``shared_expert_gate`` (Qwen2-MoE). A block
+with any other part is refused (``UnsupportedBlock``) rather than served without it.
 ``find_moe_blocks`` finds them; ``ExpertParallelMoE`` replaces one (``model.set_submodule``; no
 transformers class is changed or patched): it keeps the model's own router and shared experts,
 holds the weights of this rank's slots only, ``gate_up [S, 2F, H]`` / ``down [S, H, F]`` (a
@@ -22,6 +24,13 @@ import torch
 from torch import nn
 
 
+KNOWN_PARTS = {"gate", "experts", "shared_experts", "shared_expert", "shared_expert_gate"}
+
+
+class UnsupportedBlock(ValueError):
+    """A sparse MoE block with parts zepp does not know how to serve."""
+
+
 def is_moe_block(m: nn.Module) -> bool:
     """A transformers 5 sparse MoE block (see module docstring)."""
     ex, gate = getattr(m, "experts", None), getattr(m, "gate", None)
@@ -34,7 +43,13 @@ def is_moe_block(m: nn.Module) -> bool:
 
 def find_moe_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``[(module path, block)]`` of every sparse MoE block, in layer order."""
-    return [(n, m) for n, m in model.named_modules() if is_moe_block(m)]
+    out = [(n, m) for n, m in model.named_modules() if is_moe_block(m)]
+    for n, m in out:
+        extra = {c for c, _ in m.named_children()} - KNOWN_PARTS
+        if extra or (hasattr(m, "shared_expert") != hasattr(m, "shared_expert_gate")):
+            raise UnsupportedBlock(f"MoE block {n} ({type(m).__name__}) has parts zepp cannot serve: "
+                                   f"{sorted(extra) or ['shared_expert without shared_expert_gate']}")
+    return out
 
 
 class ExpertParallelMoE(nn.Module):
@@ -53,6 +68,8 @@ class ExpertParallelMoE(nn.Module):
         self.gate = block.gate
         self.act_fn = block.experts.act_fn
         self.shared_experts = getattr(block, "shared_experts", None)
+        self.shared_expert = getattr(block, "shared_expert", None)
+        self.shared_expert_gate = getattr(block, "shared_expert_gate", None)
         dt, dev = block.experts.gate_up_proj.dtype, block.experts.gate_up_proj.device
         self.register_buffer("gate_up", torch.zeros(slots, int(F2), self.hidden, dtype=dt, device=dev))
         self.register_buffer("down", torch.zeros(slots, self.hidden, self.ffn, dtype=dt, device=dev))
@@ -80,6 +97,8 @@ class ExpertParallelMoE(nn.Module):
         out = out.view(shape)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden_states)
+        if self.shared_expert is not None:  # Qwen2-MoE: sigmoid-gated shared expert on every row
+            out = out + (torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)).view(shape)
         return out
 
     def idle(self) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from zepp.errors import ZeppInputError
-from zepp.serve.blocks import ExpertParallelMoE, find_moe_blocks
+from zepp.serve.blocks import ExpertParallelMoE, UnsupportedBlock, find_moe_blocks
 from zepp.serve.checkpoint import Checkpoint
 
 
@@ -51,7 +51,10 @@ def skeleton(config, dtype=torch.float32) -> nn.Module:
 def moe_shape(config) -> dict:
     """``{"layers", "experts", "top_k", "hidden", "ffn", "paths"}`` of the model's sparse MoE blocks."""
     m = skeleton(config)
-    blocks = find_moe_blocks(m)
+    try:
+        blocks = find_moe_blocks(m)
+    except UnsupportedBlock as exc:
+        raise ZeppInputError(str(exc)) from None
     if not blocks:
         raise ZeppInputError(f"model type {config.model_type!r} has no sparse MoE blocks zepp can serve (a block "
                              f"with a router 'gate' and stacked 'experts.gate_up_proj'/'down_proj')")

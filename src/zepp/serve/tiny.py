@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-ARCHS = ("qwen3_moe", "mixtral", "deepseek_v3")
+ARCHS = ("qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe")
 
 
 def tiny_config(arch: str, hidden: int = 32, ffn: int = 16, experts: int = 8, top_k: int = 2, layers: int = 2,
                 vocab: int = 128, heads: int = 4, kv_heads: int = 2, eos: int | None = None):
     """A transformers config of ``arch`` with these sizes (``ffn``: each expert's intermediate size)."""
-    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                   max_position_embeddings=512, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
@@ -37,6 +37,10 @@ def tiny_config(arch: str, hidden: int = 32, ffn: int = 16, experts: int = 8, to
                                 n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=hidden // 2,
                                 kv_lora_rank=hidden // 2, qk_rope_head_dim=hd, qk_nope_head_dim=hd, v_head_dim=hd,
                                 routed_scaling_factor=1.5, norm_topk_prob=True, **common)
+    if arch == "qwen2_moe":
+        return Qwen2MoeConfig(intermediate_size=2 * ffn, moe_intermediate_size=ffn, num_key_value_heads=kv_heads,
+                              num_experts=experts, num_experts_per_tok=top_k, shared_expert_intermediate_size=ffn,
+                              norm_topk_prob=False, **common)
     raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
 
 
