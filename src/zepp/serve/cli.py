@@ -69,6 +69,10 @@ def validate(o: dict) -> dict:
         raise ZeppInputError(f"--relaxation must be in [0, 10), got {o['relaxation']}")
     if o["extra"] < 0:
         raise ZeppInputError(f"--extra must be >= 0, got {o['extra']}")
+    if o["emulate"]:
+        from zepp.emulate.ownership import check_prefix
+
+        check_prefix(o.get("emulate_prefix", "zgen"))
     if o["rate_mbit"] is not None and not o["emulate"]:
         raise ZeppInputError("--rate-mbit shapes the emulated cluster's NICs; add --emulate")
     dev = o["device"]
@@ -181,9 +185,11 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
 @click.option("--timeout", default=60.0, show_default=True, type=float,
               help="Seconds a collective may wait before the run ends with an error.")
 @click.option("--threads", default=1, show_default=True, type=int, help="torch threads per spawned rank.")
+@click.option("--emulate-prefix", default="zgen", show_default=True, hidden=True,
+              help="With --emulate: name prefix of the namespaces (apart from zepp run's).")
 @click.option("--fault", default=None, hidden=True, help='Test hook: JSON {"rank", "step", "mode": "die"|"hang"}.')
 def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens, json_path, check, emulate, rate_mbit,
-             record, history, device, relaxation, extra, timeout, threads, fault):
+             record, history, device, relaxation, extra, timeout, threads, emulate_prefix, fault):
     """Serve a checkpoint expert-parallel and generate greedily for every request."""
     from zepp.errors import RankFailure
 
@@ -202,7 +208,7 @@ def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens
         return
     try:
         if emulate:
-            rep = _run_emulated(cfg, rate_mbit, threads)
+            rep = _run_emulated(cfg, rate_mbit, threads, emulate_prefix)
         else:
             from zepp.serve.launch import spawn_generate
 
@@ -213,7 +219,7 @@ def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens
     _finish(cfg, rep, check, json_path)
 
 
-def _run_emulated(cfg: dict, rate_mbit, threads: int) -> dict:
+def _run_emulated(cfg: dict, rate_mbit, threads: int, prefix: str = "zgen") -> dict:
     """The ranks inside an emulated cluster (``zepp.emulate.topology.EmulatedCluster``)."""
     import sys
 
@@ -224,7 +230,7 @@ def _run_emulated(cfg: dict, rate_mbit, threads: int) -> dict:
     if not ok:
         raise ZeppInputError(f"--emulate: emulated cluster unavailable: {reason}")
     rate = DEFAULT_RATE_MBIT if rate_mbit is None else rate_mbit
-    with EmulatedCluster(cfg["nodes"], cfg["gpus_per_node"], rate_mbit=rate) as cl, \
+    with EmulatedCluster(cfg["nodes"], cfg["gpus_per_node"], rate_mbit=rate, prefix=prefix) as cl, \
             temp_folder("zepp-generate-emu-") as tmp:
         cfg = dict(cfg, out=os.path.join(tmp, "report.json"))
         path = os.path.join(tmp, "config.json")
