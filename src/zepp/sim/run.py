@@ -79,12 +79,12 @@ class SystemResult:
 
 
 class Shared:
-    """What systems of one configuration share: placements per kind, and FlowPlans per
-    (placement, routing, transports, iteration) for systems whose placement does not change."""
+    """What systems of one configuration share: placements per kind, and routings per
+    (placement, routing, iteration) for systems whose placement does not change (a routing is
+    ``[R, T, k]`` slots; hop tables are rebuilt per system, as they are far larger)."""
 
     def __init__(self):
         self.placements: dict[str, Placement] = {}
-        self.plans: dict[tuple, FlowPlan] = {}
         self.routings: dict[tuple, object] = {}
 
     def placement(self, kind: str, cfg: Config) -> Placement:
@@ -98,10 +98,7 @@ class Shared:
         rkey = (s.placement, s.routing, it)
         if rkey not in self.routings:
             self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C)
-        pkey = rkey + (s.dispatch, s.combine)
-        if pkey not in self.plans:
-            self.plans[pkey] = build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
-        return self.plans[pkey]
+        return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
 
 
 def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None) -> float:
