@@ -206,8 +206,11 @@ def run_shape(cfg: dict, nodes: int, gpus: int, rate: float, work: str, prefix: 
     with open(path, "w") as f:
         json.dump(cfg, f)
     with EmulatedCluster(nodes, gpus, rate_mbit=rate, prefix=prefix) as cl:
+        import tempfile
+
+        logs = tempfile.mkdtemp(prefix=f"logs_{nodes}x{gpus}_", dir=work)  # fresh: the rendezvous store lives here
         with cl.spawn([sys.executable, os.path.abspath(__file__), "--rank", path],
-                      env={"OMP_NUM_THREADS": "1", "ZEPP_THREADS": "1"}, logdir=os.path.join(work, "logs")) as g:
+                      env={"OMP_NUM_THREADS": "1", "ZEPP_THREADS": "1"}, logdir=logs) as g:
             res = g.wait(timeout=cfg["limit_s"], grace=float(cfg["timeout"]) + 15)
         if not res.ok:
             raise res.failure()
@@ -289,6 +292,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/zepp-serve-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "serve_bench.json"))
     ap.add_argument("--limit-s", type=float, default=3000.0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
     ap.add_argument("--prefix", default="zsb", help="emulated cluster name prefix (apart from other users')")
     a = ap.parse_args()
     if a.rank:
@@ -312,7 +316,7 @@ def main() -> int:
     systems = a.systems.split(",")
     cfg = dict(checkpoint=ckpt, history=os.path.join(ckpt, "history"), systems=systems, relaxation=0.25, extra=2,
                prefill=[int(x) for x in a.prefill.split(",")], decode=[int(x) for x in a.decode.split(",")],
-               decode_steps=a.decode_steps, reps=a.reps, seed=7, timeout=300.0, backend="gloo", device="cpu",
+               decode_steps=a.decode_steps, reps=a.reps, seed=7, timeout=a.timeout, backend="gloo", device="cpu",
                limit_s=a.limit_s)
     report = {"args": vars(a), "skew_fit": skew, "real_trace_max_over_mean": real, "shapes": {}}
     for shape in a.shapes.split(","):
