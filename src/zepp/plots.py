@@ -44,7 +44,7 @@ def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> No
                 vals.append(r["latency_ms"].get(s, np.nan) / base)
             pos = x + (j - (len(systems) - 1) / 2) * width
             is_zepp = s == "zepp"
-            ax.bar(pos, vals, width, label=s, color="tab:red" if is_zepp else cmap(j % cmap.N),
+            ax.bar(pos, vals, width, label=s, color="gold" if is_zepp else cmap(j % cmap.N),
                    edgecolor="black" if is_zepp else "none", linewidth=1.2)
             if is_zepp:
                 for p, v in zip(pos, vals):
