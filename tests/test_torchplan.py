@@ -4,6 +4,8 @@ and every column of both hop tables, for every routing and transport pair, on ra
 missing entries), with host reads allowed (``sync=True``) and without (``sync=False``, the
 capturable path). On CUDA tensors too when a GPU is present."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -272,3 +274,66 @@ def test_capture_safe_path_runs_on_the_meta_device():
                 assert plan.dispatch.capacity >= ids.numel()
     with pytest.raises(Exception):
         tp.route("zepp", ids, pl, 0.25, sync=True)
+
+
+def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    """One rank: the same batches planned by the numpy planner and by the torch planner
+    (``dispatcher.planner = "torch"``; the numpy path is made to fail), identity experts."""
+    import torch.distributed as dist
+
+    import zepp.runtime.dispatcher as D
+    from zepp.model import MoESpec
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        rng = np.random.default_rng(7)
+        E, L = 8, 1
+        pl = random_placement(rng, world // L, L, E // world, 2)
+        spec = MoESpec("tiny", E, 3, 8, 4, 4)
+        results = {}
+        numpy_build = D.build_plan
+        for planner in ("numpy", "torch"):
+            D.build_plan = numpy_build if planner == "numpy" else _forbidden
+            d = D.Dispatcher(spec, pl, routing="zepp", relaxation=0.25, dispatch="zepp")
+            if planner == "torch":
+                d.planner = "torch"
+            ys, tables = [], []
+            for b in range(2):
+                g = torch.Generator().manual_seed(100 * b + rank)
+                T = (5 + 3 * rank) if (b, rank) != (1, world - 1) else 0  # ragged; in batch 1 rank 1 holds none
+                x = torch.randn(T, spec.hidden, generator=g)
+                ids = torch.as_tensor(np.random.default_rng(1000 * b + rank).integers(0, E, size=(T, spec.top_k)))
+                w = torch.rand(T, spec.top_k, generator=g)
+                inputs, h = d.dispatch(x, ids, w)
+                ys.append(d.combine(inputs.rows.clone(), h))
+                tables.append({f"{ph}.{c}": getattr(getattr(d.last_plan, ph), c) for ph in ("dispatch", "combine")
+                               for c in COLS})
+            results[planner] = (ys, tables)
+        D.build_plan = numpy_build
+        for (y0, t0), (y1, t1) in [(results["numpy"], results["torch"])]:
+            for a, b in zip(y0, y1):
+                assert torch.equal(a, b)
+            for a, b in zip(t0, t1):
+                for key in a:
+                    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        Path(out_dir, f"ok{rank}").write_text("ok")
+    finally:
+        dist.destroy_process_group()
+
+
+def _forbidden(*a, **k):
+    raise AssertionError("the numpy planner ran although planner='torch'")
+
+
+def test_dispatcher_plans_with_the_torch_planner(tmp_path):
+    """Two gloo ranks on two nodes: ``Dispatcher.plan`` with ``planner = "torch"`` gives the
+    numpy planner's plans (every hop column) and bit-identical layer outputs, with a ragged batch
+    (one rank holds no token). Two processes only: spawning is slow on the shared machine."""
+    import torch.multiprocessing as mp
+
+    world = 2
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_dispatcher_worker, args=(world, init, str(tmp_path)), nprocs=world, join=True,
+                       start_method="spawn")
+    assert sorted(p.name for p in tmp_path.glob("ok*")) == [f"ok{r}" for r in range(world)]

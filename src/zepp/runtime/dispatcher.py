@@ -239,7 +239,28 @@ class Dispatcher:
         w = allp[:, :, k:].contiguous().view(torch.float32)
         return ids, w
 
-    def plan(self, topk_ids_all: np.ndarray, row_bytes: int) -> FlowPlan:
+    def plan(self, topk_ids_all, row_bytes: int) -> FlowPlan:
+        """Plan ``topk_ids_all [R, T, k]`` (``-1`` padded; numpy or a tensor) identically on every rank.
+
+        Which planner: ``zepp.torchplan`` on the ids' device when they are a tensor off the CPU
+        (the ids stay there; one host read of the table sizes brings the hop tables back for
+        the program compiler), or when ``self.planner == "torch"`` (set the attribute; a numpy
+        batch then moves to ``self.device``); the numpy planner when ``self.planner == "numpy"``
+        or otherwise. Both give the same plan element for element. Routings without a torch
+        planner (``moonep``) always use numpy.
+        """
+        from zepp.torchplan import TORCH_ROUTINGS, plan_batch_numpy
+
+        planner = getattr(self, "planner", "auto")
+        on_device = isinstance(topk_ids_all, torch.Tensor) and topk_ids_all.device.type != "cpu"
+        use_torch = self.routing in TORCH_ROUTINGS and (planner == "torch" or (planner == "auto" and on_device))
+        if use_torch:
+            ids = topk_ids_all if isinstance(topk_ids_all, torch.Tensor) else torch.as_tensor(topk_ids_all,
+                                                                                               device=self.device)
+            return plan_batch_numpy(ids, self.placement, self.routing, self.relaxation, self.dispatch_transport,
+                                    self.combine_transport, row_bytes)
+        if isinstance(topk_ids_all, torch.Tensor):
+            topk_ids_all = topk_ids_all.cpu().numpy()
         return build_plan(topk_ids_all, self.placement, self.routing, self.relaxation, self.dispatch_transport,
                           row_bytes, self.combine_transport)
 
