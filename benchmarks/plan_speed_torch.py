@@ -327,15 +327,7 @@ def device_main(args) -> None:
                     row[label] = _cuda_ms(fn, repeats)
                 row["eager_equal"] = _same(ref, eager(True))
                 try:
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        for _ in range(2):
-                            eager(False, 1)
-                    torch.cuda.current_stream().wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        out = eager(None, 1)  # inside capture the default is sync=False
+                    graph, out = _captured(lambda: eager(None, 1))  # inside capture the default is sync=False
                     graph.replay()
                     torch.cuda.synchronize()
                     row["graph_ms"] = _cuda_ms(graph.replay, repeats)
@@ -352,13 +344,13 @@ def device_main(args) -> None:
     Path(args.out + "_cuda.json").write_text(json.dumps(info, indent=1))
     lines = ["# Device planning times (zepp.torchplan)", "", f"Measured {info['measured_at']}, torch {info['torch']}; "
              "medians of CUDA-event timings; `graph`: CUDA-graph replay (sync=False, sweeps=1).", "",
-             "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | equal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | eager equal | graph equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g = f"{r['graph_ms']:.3f}" if "graph_ms" in r else "failed: " + r.get("graph_error", "")[:60]
         lines.append(f"| {r['device']} | {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
                      f"{r['eager_ms']:.3f} | {r['capture_safe_ms']:.3f} | {g} | "
-                     f"{r['eager_equal'] and r.get('graph_equal', True)} |")
+                     f"{r['eager_equal']} | {r.get('graph_equal', '-')} |")
     Path(args.out + "_cuda.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.data:
