@@ -122,7 +122,7 @@ class Dispatcher:
     def __init__(self, spec: MoESpec, placement: Placement, *, gpus_per_node: int | None = None,
                  routing: str = "zepp", relaxation: float = 0.25, dispatch: str = "zepp", combine: str | None = None,
                  overlap: bool = False, group=None, device=None, combine_dtype: torch.dtype | None = None,
-                 overlap_comm: str = "collective"):
+                 overlap_comm: str = "collective", planner: str = "auto"):
         dispatch, combine = check_transports(dispatch, combine)
         if dispatch == "allgather":
             raise ZeppInputError("the runtime executes hop tables; the 'allgather' dispatch has none")
@@ -151,6 +151,9 @@ class Dispatcher:
         if overlap_comm not in ("collective", "p2p"):
             raise ZeppInputError(f"overlap_comm must be 'collective' or 'p2p', got {overlap_comm!r}")
         self.p2p = overlap and overlap_comm == "p2p"
+        if planner not in ("auto", "numpy", "torch"):
+            raise ZeppInputError(f"planner must be 'auto', 'numpy' or 'torch', got {planner!r}")
+        self.planner = planner  # see plan()
         self.counter = LinkCounter(self.world)
         self.timing: dict[str, float] = {}
         self._buf: dict[str, torch.Tensor] = {}
@@ -214,7 +217,8 @@ class Dispatcher:
     def _gather_metadata(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         """All-gather this rank's ``topk_ids [T_r, k]`` and ``topk_weights [T_r, k]``.
 
-        Returns ``(ids [R, Tmax, k] int64 numpy, w [R, Tmax, k] fp32 tensor)``; ids of missing
+        Returns ``(ids [R, Tmax, k] int64, w [R, Tmax, k] fp32 tensor)``, the ids a tensor on the
+        dispatcher's device when that is not the CPU (so the planner runs there), else numpy; ids of missing
         tokens are ``-1`` and their weights 0. The device copy of the ids is ``self.last_ids``
         (for a planner on the device); ``self.last_counts [R]`` holds the counts ``T_r``.
         """
@@ -235,7 +239,8 @@ class Dispatcher:
         allp = torch.stack(out)
         self.last_ids = allp[:, :, :k].to(torch.int64)
         self.last_counts = counts
-        ids = self.last_ids.cpu().numpy()
+        # on a GPU the ids stay there for the device planner; on the CPU numpy plans them
+        ids = self.last_ids if self.last_ids.device.type != "cpu" else self.last_ids.numpy()
         w = allp[:, :, k:].contiguous().view(torch.float32)
         return ids, w
 
@@ -244,14 +249,14 @@ class Dispatcher:
 
         Which planner: ``zepp.torchplan`` on the ids' device when they are a tensor off the CPU
         (the ids stay there; one host read of the table sizes brings the hop tables back for
-        the program compiler), or when ``self.planner == "torch"`` (set the attribute; a numpy
+        the program compiler), or when ``planner="torch"`` (constructor or attribute; a numpy
         batch then moves to ``self.device``); the numpy planner when ``self.planner == "numpy"``
         or otherwise. Both give the same plan element for element. Routings without a torch
         planner (``moonep``) always use numpy.
         """
         from zepp.torchplan import TORCH_ROUTINGS, plan_batch_numpy
 
-        planner = getattr(self, "planner", "auto")
+        planner = self.planner
         on_device = isinstance(topk_ids_all, torch.Tensor) and topk_ids_all.device.type != "cpu"
         use_torch = self.routing in TORCH_ROUTINGS and (planner == "torch" or (planner == "auto" and on_device))
         if use_torch:
