@@ -89,6 +89,10 @@ def test_bench_and_timeline_walk_the_registry(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "zepp (zepp-" in text and "a2av:" in text and png.stat().st_size > 0
     _fails(["timeline", "--system", "zepp-p2p"], capsys, "runs in: runtime")
+    main(["timeline", "--nodes", "1", "--model", "qwen", "--budget-mb", "0.5", "--compare", "eplb,zepp-overlap",
+          "--out", str(png)])
+    text = capsys.readouterr().out
+    assert "eplb:" in text and "zepp-overlap:" in text
     _fails(["timeline", "--nodes", "1", "--ranks", "999"], capsys, "outside")
 
 

@@ -426,7 +426,8 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
 @click.option("--budget-mb", default=4.0, show_default=True, type=float)
 @click.option("--system", default="zepp", show_default=True,
               help=f"One of {registry.help_list('sim')} (zepp: its fastest variant here).")
-@click.option("--compare", default=None, help="A second system drawn below on the same time axis.")
+@click.option("--compare", default=None,
+              help="B: draw system B below --system on the same time axis; A,B: draw A and B (instead of --system).")
 @click.option("--traces", "traces_dir", type=click.Path(), default=None)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--ranks", default=None, help="Comma-separated ranks to draw (default: the GPUs of node 0).")
@@ -437,9 +438,14 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     from zepp.plots import gantt
     from zepp.sim.run import run_system
 
-    names = [registry.parse_systems(system, "sim", option="--system")[0]]
-    if compare:
-        names.append(registry.parse_systems(compare, "sim", option="--compare")[0])
+    if compare and "," in compare:
+        names = registry.parse_systems(compare, "sim", option="--compare")
+        if len(names) != 2:
+            raise ZeppInputError(f"--compare {compare!r}: give two systems, A,B")
+    else:
+        names = [registry.parse_systems(system, "sim", option="--system")[0]]
+        if compare:
+            names.append(registry.parse_systems(compare, "sim", option="--compare")[0])
     out = _check_out_path("--out", out_path)
     if traces_dir and not os.path.isdir(traces_dir):
         raise ZeppInputError(f"--traces {traces_dir!r}: not a directory")
