@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
+from zepp.runtime.worker import gather_json
 
 
 def default_config() -> dict:
@@ -131,8 +132,7 @@ def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": t_load,
                 "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes,
                 "swap_bytes_cross_node": int(adapt.sent_to[~same].sum()) if adapt is not None else 0}
-    everything = [None] * world
-    dist.all_gather_object(everything, mine_rec)
+    everything = gather_json(mine_rec, device if dist.get_backend() == "nccl" else None)  # JSON, never pickles
     if rank == 0 and record:
         write_record(cfg["record"], comm.recorded, comm.expert_load,
                      {"experts": shape["experts"], "top_k": shape["top_k"], "layers": shape["layers"],
