@@ -165,10 +165,20 @@ def place_zepp(hist, gpus_per_node: int, extra: int = 2) -> Placement:
     h = _check_hist(hist, gpus_per_node)
     extra = _check_extra(extra)
     n_nodes, e_num = h.shape
+    per = _check_divisible(e_num, n_nodes * int(gpus_per_node))
+    return zepp_slots(h, int(gpus_per_node), per + extra)
+
+
+def zepp_slots(h: np.ndarray, gpus_per_node: int, slots_per_gpu: int) -> Placement:
+    """``place_zepp``'s rules with ``slots_per_gpu`` slots per GPU on a checked ``h [N, E]``
+    int64 (``E`` need not be a multiple of the GPU count, as for engines that count redundant
+    experts in total); slots no expert can fill without a second copy on one node stay ``-1``."""
+    n_nodes, e_num = h.shape
     L = int(gpus_per_node)
     R = n_nodes * L
-    per = _check_divisible(e_num, R)
-    S = per + extra
+    S = int(slots_per_gpu)
+    if R * S < e_num:
+        raise ZeppInputError(f"{R} GPUs x {S} slots cannot hold {e_num} experts")
     node_slots = L * S
     load = [int(x) for x in h.sum(axis=0)]
     m = _scale(n_nodes)

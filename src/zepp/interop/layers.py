@@ -19,7 +19,6 @@ Placements (names from ``zepp.registry.PLACEMENTS``):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,83 +47,12 @@ def physical_experts(num_experts: int, ranks: int, redundant: int) -> int:
 
 
 def place_zepp_slots(hist, gpus_per_node: int, slots_per_gpu: int) -> Placement:
-    """Zepp's placement (the rules of ``zepp.placement.place_zepp``) with ``slots_per_gpu`` slots
-    per GPU; ``hist [N, E]``. ``E`` need not be a multiple of the GPU count. Slots no expert can
-    fill without a second copy on one node stay ``-1`` (callers refuse them)."""
-    h = np.asarray(hist, dtype=np.int64)
-    n_nodes, e_num = h.shape
-    L = int(gpus_per_node)
-    R = n_nodes * L
-    S = int(slots_per_gpu)
-    if R * S < e_num:
-        raise ZeppInputError(f"{R} GPUs x {S} slots cannot hold {e_num} experts")
-    node_slots = L * S
-    load = [int(x) for x in h.sum(axis=0)]
-    m = math.lcm(*range(1, max(n_nodes, 1) + 1))
+    """Zepp's placement (``zepp.placement.place_zepp``'s rules) with ``slots_per_gpu`` slots per
+    GPU; ``hist [N, E]``. ``E`` need not be a multiple of the GPU count. Slots no expert can fill
+    without a second copy on one node stay ``-1`` (callers refuse them)."""
+    from zepp.placement import zepp_slots
 
-    # 1. counts: each spare slot to the largest load / count, never above one copy per node
-    import heapq
-
-    counts_plan = [1] * e_num
-    heap = [(-(l * m), e) for e, l in enumerate(load)] if n_nodes > 1 else []
-    heapq.heapify(heap)
-    for _ in range(R * S - e_num):
-        if not heap:
-            break
-        _, e = heapq.heappop(heap)
-        counts_plan[e] += 1
-        if counts_plan[e] < n_nodes:
-            heapq.heappush(heap, (-(load[e] * (m // counts_plan[e])), e))
-
-    share = [load[e] * (m // counts_plan[e]) for e in range(e_num)]
-    order = sorted(range(e_num), key=lambda e: (-share[e], e))
-    free = [node_slots] * n_nodes
-    node_load = [0] * n_nodes
-    on_node = np.zeros((n_nodes, e_num), dtype=bool)
-    counts = [0] * e_num
-    hist_rows = h.T.tolist()
-
-    def best_node(e: int, add: int) -> int | None:
-        best, best_key = None, None
-        req = hist_rows[e]
-        for n in range(n_nodes):
-            if free[n] and not on_node[n, e]:
-                key = (-req[n], node_load[n], n)
-                if best_key is None or key < best_key:
-                    best, best_key = n, key
-        if best is not None:
-            free[best] -= 1
-            node_load[best] += add
-            on_node[best, e] = True
-            counts[e] += 1
-        return best
-
-    # 2. nodes: copies in descending share to the node asking most
-    for e in order:
-        for _ in range(counts_plan[e]):
-            if best_node(e, share[e]) is None:
-                break
-    # 3. leftover slots: highest current share among experts missing from a node with room
-    while True:
-        free_nodes = np.array([f > 0 for f in free])
-        if not free_nodes.any():
-            break
-        cand = np.flatnonzero((~on_node & free_nodes[:, None]).any(axis=0))
-        if cand.size == 0:
-            break
-        e = min(cand.tolist(), key=lambda x: (-(load[x] * (m // counts[x])), x))
-        best_node(e, load[e] * (m // (counts[e] + 1)))
-    # 4. GPUs: snake deal in descending final share
-    final_share = [load[e] * (m // max(counts[e], 1)) for e in range(e_num)]
-    slot_expert = np.full((R, S), -1, dtype=np.int32)
-    for n in range(n_nodes):
-        experts = sorted(np.flatnonzero(on_node[n]).tolist(), key=lambda x: (-final_share[x], x))
-        for i, e in enumerate(experts):
-            rnd, pos = divmod(i, L)
-            gpu = pos if rnd % 2 == 0 else L - 1 - pos
-            slot_expert[n * L + gpu, rnd] = e
-    return Placement(slot_expert, e_num, L)
-
+    return zepp_slots(np.asarray(hist, dtype=np.int64), gpus_per_node, slots_per_gpu)
 
 def place_layer(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
                 num_physical: int) -> Placement:
