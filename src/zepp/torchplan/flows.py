@@ -21,26 +21,19 @@ from __future__ import annotations
 import torch
 
 from zepp.errors import ZeppInputError
-from zepp.registry import COMBINE_TRANSPORTS, DEFAULT_COMBINE, DISPATCH_TRANSPORTS
+from zepp.flows import check_transports as numpy_check_transports
 from zepp.torchplan._ops import I64, arange, counts, first_in_row, position_in_group
 from zepp.torchplan.tables import HopParts, TorchFlowPlan, TorchRouting
 
 TORCH_DISPATCH = ("a2av", "dedup", "relay", "zepp", "allgather")
 TORCH_COMBINE = ("a2av", "dedup", "reduce", "reduce-direct")
-_REDUCING = ("reduce", "reduce-direct")
-_GATEWAYED = ("relay", "zepp")
+_GATEWAYED = ("relay", "zepp")  # dispatches with gateways (zepp.flows), where the reducing combines land
 
 
 def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
-    """Validate a (dispatch, combine) pair like ``zepp.flows``; ``None`` takes the natural combine."""
-    if dispatch not in DISPATCH_TRANSPORTS:
-        raise ZeppInputError(f"unknown dispatch transport {dispatch!r}; choose one of {', '.join(DISPATCH_TRANSPORTS)}")
-    combine = DEFAULT_COMBINE[dispatch] if combine is None else combine
-    if combine not in COMBINE_TRANSPORTS:
-        raise ZeppInputError(f"unknown combine transport {combine!r}; choose one of {', '.join(COMBINE_TRANSPORTS)}")
-    if combine in _REDUCING and dispatch not in _GATEWAYED:
-        raise ZeppInputError(f"combine {combine!r} pre-reduces on the dispatch's gateways; it needs a "
-                             f"{' or '.join(_GATEWAYED)} dispatch, not {dispatch!r}")
+    """Validate a (dispatch, combine) pair as ``zepp.flows`` does; ``None`` takes the natural
+    combine; refuse pairs without a torch planner."""
+    dispatch, combine = numpy_check_transports(dispatch, combine)
     if dispatch not in TORCH_DISPATCH or combine not in TORCH_COMBINE:
         raise ZeppInputError(f"transport {dispatch}/{combine} has no torch planner")
     return dispatch, combine
