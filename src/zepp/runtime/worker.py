@@ -380,30 +380,39 @@ def main(argv: list[str] | None = None) -> int:
 def run_in_process(cfg: dict, hooks: RunHooks | None = None) -> int:
     """Join the process group named by the environment, run (with ``hooks``), write
     ``cfg["out"]`` on rank 0."""
+    return run_rank_process(cfg, lambda: run_worker(cfg, hooks), "zepp worker", indent=1)
+
+
+def run_rank_process(cfg: dict, body, label: str, indent: int | None = None) -> int:
+    """The life of one rank process (``zepp run`` and ``zepp generate``): join the process
+    group named by the environment, run ``body()`` (rank 0 returns the report, written to
+    ``cfg["out"]``), leave the group. Exit codes: 0 fine; 3 a collective failed or timed out (a
+    peer died or hung); 4 bad input; 5 internal error (traceback printed). ``label`` starts every
+    message."""
     torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
     rank = int(os.environ.get("RANK", "0"))
     try:
         init_distributed(cfg)
-        report = run_worker(cfg, hooks)
+        report = body()
         if report is not None and cfg.get("out"):
             tmp = cfg["out"] + ".tmp"
             with open(tmp, "w") as f:
-                json.dump(report, f, indent=1)
+                json.dump(report, f, indent=indent)
             os.replace(tmp, cfg["out"])
         dist.barrier()
         dist.destroy_process_group()
         return 0
     except ZeppInputError as exc:
-        print(f"zepp worker rank {rank}: error: {exc}", file=sys.stderr, flush=True)
+        print(f"{label} rank {rank}: error: {exc}", file=sys.stderr, flush=True)
         os._exit(4)
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         if not _is_comm_error(exc):
-            print(f"zepp worker rank {rank}: internal error ({type(exc).__name__}: {msg})", file=sys.stderr, flush=True)
+            print(f"{label} rank {rank}: internal error ({type(exc).__name__}: {msg})", file=sys.stderr, flush=True)
             traceback.print_exc()
             os._exit(5)
         # a peer died or hung: gloo/NCCL raise; end this rank now, clearly
-        print(f"zepp worker rank {rank}: communication failed ({type(exc).__name__}: {msg}); a peer rank died, "
+        print(f"{label} rank {rank}: communication failed ({type(exc).__name__}: {msg}); a peer rank died, "
               f"hung or timed out (timeout {cfg.get('timeout')} s). Ending this rank.", file=sys.stderr, flush=True)
         if os.environ.get("ZEPP_DEBUG"):
             traceback.print_exc()

@@ -23,7 +23,6 @@ import os
 import resource
 import sys
 import time
-import traceback
 
 import numpy as np
 import torch
@@ -224,35 +223,11 @@ def run_rank(cfg: dict) -> dict | None:
 
 
 def run_in_process(cfg: dict) -> int:
-    """Join the process group named by the environment, run, write ``cfg["out"]`` on rank 0."""
-    from zepp.runtime.worker import _is_comm_error, init_distributed
+    """Join the process group named by the environment, run, write ``cfg["out"]`` on rank 0
+    (``zepp.runtime.worker.run_rank_process``: the same exit codes as ``zepp run``'s ranks)."""
+    from zepp.runtime.worker import run_rank_process
 
-    torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        init_distributed(cfg)
-        report = run_rank(cfg)
-        if report is not None and cfg.get("out"):
-            tmp = cfg["out"] + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(report, f)
-            os.replace(tmp, cfg["out"])
-        dist.barrier()
-        dist.destroy_process_group()
-        return 0
-    except ZeppInputError as exc:
-        print(f"zepp generate rank {rank}: error: {exc}", file=sys.stderr, flush=True)
-        os._exit(4)
-    except Exception as exc:
-        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        if not _is_comm_error(exc):
-            print(f"zepp generate rank {rank}: internal error ({type(exc).__name__}: {msg})", file=sys.stderr,
-                  flush=True)
-            traceback.print_exc()
-            os._exit(5)
-        print(f"zepp generate rank {rank}: communication failed ({type(exc).__name__}: {msg}); a peer rank died, "
-              f"hung or timed out (timeout {cfg.get('timeout')} s). Ending this rank.", file=sys.stderr, flush=True)
-        os._exit(3)
+    return run_rank_process(cfg, lambda: run_rank(cfg), "zepp generate")
 
 
 def main(argv: list[str] | None = None) -> int:
