@@ -8,6 +8,9 @@ group 2" means the same rows in both.
   one place: ``0`` its own tokens, ``1`` tokens of the other GPUs of its node, ``1 + d`` tokens of
   the node ``d`` steps behind it in ring order (``d = 1 .. N-1``): GEMM 1 runs per group in
   arrival order.
+- An executor that runs each dispatch stage as one collective groups by *arrival stage*
+  instead: ``0`` its own tokens, ``1 + s`` the rows first delivered by stage ``s`` (the
+  runtime's ``arrival_event`` ``e`` of ``zepp.runtime.program`` is in group ``(e + 1) // 2``).
 - A *combine wave* of rank ``at`` is the set of its entries whose owner lives on one node: wave
   ``i`` holds the owners of node ``node(at) + i + 1`` (ring order), the own node last
   (``i = N-1``). At wave ``i`` every rank sends to node ``node + i + 1`` and receives from node
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zepp.plan import Hops
+from zepp.plan import Hops, PlanInvariantError
 
 
 def dispatch_group(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
@@ -31,6 +34,29 @@ def dispatch_group(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes:
     own, at = np.asarray(owner, np.int64), np.asarray(at, np.int64)
     on, an = own // gpus_per_node, at // gpus_per_node
     return np.where(own == at, 0, np.where(on == an, 1, 1 + (on - an) % nodes))
+
+
+def arrival_stage(owner: np.ndarray, token: np.ndarray, at: np.ndarray, dispatch: Hops, tokens_per_rank: int
+                  ) -> np.ndarray:
+    """``[n]`` arrival-stage group of entries of token ``(owner [n], token [n])`` computed on
+    ``at [n]``: 0 for own tokens, else ``1 +`` the earliest stage of a ``dispatch`` hop that
+    delivers the token to ``at``. A non-own entry that no hop delivers is a ``PlanInvariantError``."""
+    own, tok, at = (np.asarray(a, np.int64) for a in (owner, token, at))
+    out = np.zeros(own.size, np.int64)
+    far = np.flatnonzero(own != at)
+    if far.size == 0:
+        return out
+    R = int(max(own.max(), at.max(), dispatch.dst.max(initial=0))) + 1
+    T = int(tokens_per_rank)
+    hkey = (dispatch.dst.astype(np.int64) * R + dispatch.owner) * T + dispatch.token
+    order = np.lexsort((dispatch.stage, hkey))  # by key, earliest stage first
+    hk = hkey[order]
+    want = (at[far] * R + own[far]) * T + tok[far]
+    i = np.minimum(np.searchsorted(hk, want), max(hk.size - 1, 0))
+    if hk.size == 0 or np.any(hk[i] != want):
+        raise PlanInvariantError("an entry is computed on a rank that no dispatch hop delivers its token to")
+    out[far] = 1 + dispatch.stage[order[i]].astype(np.int64)
+    return out
 
 
 def combine_wave(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:

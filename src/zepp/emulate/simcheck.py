@@ -57,7 +57,10 @@ import numpy as np
 
 
 def worker_plans(cfg: dict) -> dict:
-    """``{"spec", "tokens", "plans": {system: [FlowPlan per timed iteration]}}`` for a worker config."""
+    """``{"spec", "tokens", "row_bytes", "plans": {system: [FlowPlan per timed iteration]}}`` for a
+    worker config; ``spec`` carries the runtime's dtype (``spec.row_bytes == row_bytes``)."""
+    from dataclasses import replace
+
     from zepp.model import model_preset
     from zepp.placement import make_placement
     from zepp.runtime.dispatcher import build_plan
@@ -76,7 +79,9 @@ def worker_plans(cfg: dict) -> dict:
     hist = node_demand(hist_trace, N, L)
     warmup, iters = cfg["warmup"], cfg["iters"]
     batches = sample_batches(eval_trace, R, T, iters + warmup, cfg["seed"])
-    row = spec.hidden * torch.empty(0, dtype=DTYPES[cfg["dtype"]]).element_size()
+    elem = torch.empty(0, dtype=DTYPES[cfg["dtype"]]).element_size()
+    spec = replace(spec, dtype_bytes=elem)
+    row = spec.row_bytes
     plans = {}
     for name in cfg["systems"]:
         sysd = SYSTEMS[name]
@@ -170,157 +175,48 @@ def calibrate(cl, hidden: int, ffn: int, points=None, link_kwargs=None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# the executor's task graph
+# the simulated layer: the simulator's one layer builder with the executor's record (glooexec)
 
 
-def _cluster(cal: dict, nodes: int, gpus_per_node: int, bw_scale: float):
-    from zepp.cluster import Cluster
-
-    f = cal["cluster_fields"]
-    return Cluster(name="emulated", nodes=nodes, gpus_per_node=gpus_per_node, nvlink_bw=f["nvlink_bw"] * bw_scale,
-                   nic_bw=f["nic_bw"] * bw_scale, nvlink_msg_cost=f["nvlink_msg_cost"],
-                   nic_msg_cost=f["nic_msg_cost"], peak_flops=1e12, hbm_bw=1e12, kernel_launch=0.0)
-
-
-def _gemm_s(cal: dict, kind: str, rows: int, groups: int) -> float:
-    if rows <= 0:
-        return 0.0
-    cg, cr = cal["compute"][kind]
-    return cg * groups + cr * rows
-
-
-def layer_graph(plan, cal: dict, overlap: bool, plan_s: float, params: dict):
-    """The task graph of one layer of the runtime executor for ``plan`` (see the module doc).
-
-    ``params``: ``stage_overhead`` (s per posted all-to-all and rank), ``cpu_per_byte`` (CPU
-    seconds per byte a rank sends plus receives in a collective, on one core; multiplied by the
-    ranks per core, ``max(1, R / cores)``), ``bw_scale`` (multiplies both link rates)."""
-    from zepp.runtime.program import compile_rank
+def layer_graph(plan, spec, cal: dict, overlap: bool, plan_s: float, params: dict):
+    """The task graph of one layer of ``plan`` on the runtime's gloo executor:
+    ``zepp.sim.layer.build_layer`` with ``zepp.emulate.glooexec``'s mechanics, net, cluster and
+    GEMM cost. ``spec``: the layer's ``MoESpec`` with the wire dtype (``row_bytes`` of the plan);
+    ``params``: ``stage_overhead``, ``cpu_per_byte``, ``bw_scale`` (see ``fit_free_parameters``).
+    Returns ``(graph, cluster, net)``."""
+    from zepp.emulate.glooexec import GLOO_BLOCKING, GLOO_OVERLAP, emulated_cluster, emulated_gemm, emulated_net
     from zepp.sim.engine import TaskGraph
+    from zepp.sim.layer import LayerPlan, build_layer
 
+    if spec.row_bytes != plan.row_bytes:
+        raise ValueError(f"spec rows of {spec.row_bytes} B, plan rows of {plan.row_bytes} B")
     R, L = plan.ranks, plan.gpus_per_node
-    cl = _cluster(cal, R // L, L, params.get("bw_scale", 1.0))
-    share = max(1.0, R / cal.get("cores", 2))
-    s_over, c_byte = params["stage_overhead"], params.get("cpu_per_byte", 0.0) * share
-    # measured fixed cost of an empty collective, less the per-message costs the transfers pay
-    mean_msg = (L - 1) / (R - 1) * cl.nvlink_msg_cost + (R - L) / (R - 1) * cl.nic_msg_cost if R > 1 else 0.0
-    s_over += max(0.0, cal.get("a2a_empty_s", 0.0) - (R - 1) * mean_msg)
+    cl = emulated_cluster(cal, R // L, L, params.get("bw_scale", 1.0))
+    net = emulated_net(cal, R, L, params["stage_overhead"], params.get("cpu_per_byte", 0.0))
     g = TaskGraph(cl)
-    row = plan.row_bytes
-    progs = [compile_rank(plan, r, waves=overlap) for r in range(R)]
-    # gloo's alltoallv: rank r sends to r+1, r+2, ... in turn; row i-1 of (src, dst) = step i
-    step_src = np.tile(np.arange(R), R - 1)
-    step_dst = (step_src + np.repeat(np.arange(1, R), R)) % R
-    src, dst = step_src, step_dst
-    msg = np.where(src // L == dst // L, cl.nvlink_msg_cost, cl.nic_msg_cost)
-
-    def transfers(sends, kind, post):
-        """One collective's messages, each rank's sends one after another in gloo's order; a
-        message also waits until its receiver has posted the collective."""
-        x = g.add_transfer(src, dst, sends[src, dst].astype(float), msg, kind=kind)
-        post = np.asarray(post)
-        g.after(post[src], x)
-        g.after(post[dst], x)
-        if R > 2:
-            g.after(x[:-R], x[R:])
-        return x
-    chain = [g.add_fixed(r, plan_s, kind="plan") for r in range(R)]  # last task of each rank's thread
-
-    def collective(sends: np.ndarray, kind: str) -> list[int]:
-        """One all_to_all_single: ``sends [R, R]`` bytes; each rank posts after its chain."""
-        moved = sends.sum(axis=0) + sends.sum(axis=1)
-        post = np.array([g.add_fixed(r, s_over + c_byte * moved[r], kind="other", deps=chain[r]) for r in range(R)])
-        x = transfers(sends, kind, post)
-        ends = []
-        for r in range(R):
-            e = g.add_fixed(r, 0.0, kind="barrier", stream=None)
-            g.after(x[(src == r) | (dst == r)], e)
-            g.after(post[r], e)
-            ends.append(e)
-        return ends
-
-    def counts(stages, s, w=0):
-        return np.stack([p_[s].send_counts[:, w] if s < len(p_) else np.zeros(R, np.int64)
-                         for p_ in stages]).astype(float) * row
-
-    n_d = max(len(p.dispatch) for p in progs)
-    n_c = max(len(p.combine) for p in progs)
-    if not overlap:
-        for s in range(n_d):
-            chain = collective(counts([p.dispatch for p in progs], s), "dispatch")
-        chain = [g.add_fixed(r, _gemm_s(cal, "up", progs[r].n_entries, int((progs[r].counts > 0).sum()))
-                             + _gemm_s(cal, "down", progs[r].n_entries, int((progs[r].counts > 0).sum())),
-                             kind="gemm", deps=chain[r]) for r in range(R)]
-        for s in range(n_c):
-            chain = collective(counts([p.combine for p in progs], s), "combine")
-        return g
-
-    def up_group(r, events):
-        m = np.isin(progs[r].e_event, events)
-        return _gemm_s(cal, "up", int(m.sum()), len(np.unique(progs[r].e_slot[m])))
-
-    pending = [[0]] * R
-    for s in range(n_d):
-        sends = counts([p.dispatch for p in progs], s)
-        moved = sends.sum(axis=0) + sends.sum(axis=1)
-        post = [g.add_fixed(r, s_over + c_byte * moved[r], kind="other", deps=chain[r]) for r in range(R)]
-        comp = [g.add_fixed(r, up_group(r, pending[r]), kind="gemm", deps=post[r]) for r in range(R)]
-        x = transfers(sends, "dispatch", post)
-        chain = []
-        for r in range(R):
-            e = g.add_fixed(r, 0.0, kind="barrier", stream=None)
-            g.after(x[(src == r) | (dst == r)], e)
-            g.after(comp[r], e)
-            chain.append(e)
-        pending = [[1 + 2 * s, 2 + 2 * s]] * R
-    chain = [g.add_fixed(r, up_group(r, pending[r]), kind="gemm", deps=chain[r]) for r in range(R)]
-    W = max(p.num_waves for p in progs)
-    wave_ends = [[] for _ in range(R)]
-    for w in range(W):
-        comp = []
-        for r in range(R):
-            m = progs[r].e_wave == w
-            comp.append(g.add_fixed(r, _gemm_s(cal, "down", int(m.sum()), len(np.unique(progs[r].e_slot[m]))),
-                                    kind="gemm", deps=chain[r]))
-        chain = comp
-        sends = np.stack([p.combine[0].send_counts[:, w] if p.combine and w < p.combine[0].send_counts.shape[1]
-                          else np.zeros(R) for p in progs]).astype(float) * row
-        moved = sends.sum(axis=0) + sends.sum(axis=1)
-        post = [g.add_fixed(r, s_over + c_byte * moved[r], kind="other", deps=chain[r]) for r in range(R)]
-        x = transfers(sends, "combine", post)
-        for r in range(R):
-            e = g.add_fixed(r, 0.0, kind="barrier", stream=None)
-            g.after(x[(src == r) | (dst == r)], e)
-            wave_ends[r].append(e)
-        chain = post
-    joined = []
-    for r in range(R):
-        e = g.add_fixed(r, 0.0, kind="barrier", stream=None)
-        g.after(np.array(wave_ends[r] + [chain[r]]), e)
-        joined.append(e)
-    chain = joined
-    for s in range(1, n_c):
-        chain = collective(counts([p.combine for p in progs], s), "combine")
-    return g
+    build_layer(g, cl, spec, LayerPlan.of(plan), GLOO_OVERLAP if overlap else GLOO_BLOCKING, net, np.full(R, plan_s),
+                planning=np.full(R, plan_s), gemm_cost=emulated_gemm(cal))
+    return g, cl, net
 
 
-def simulate_layer(plan, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
-    """Simulated layer latency (seconds, slowest rank) of one plan."""
+def simulate_layer(plan, spec, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
+    """Simulated layer latency (seconds, slowest rank) of one plan (exact engine: no coarsening)."""
     from zepp.sim.engine import simulate
 
-    return simulate(layer_graph(plan, cal, overlap, plan_s, params), labels=False).latency
+    g, cl, net = layer_graph(plan, spec, cal, overlap, plan_s, params)
+    return simulate(g, nic_bw=cl.nic_bw * net.nic_eff, labels=False).latency
 
 
-def simulate_system(plans: list, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
+def simulate_system(plans: list, spec, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
     """Median over the timed iterations' plans (the measured metric: median of the per-iteration max)."""
-    return float(np.median([simulate_layer(p, cal, overlap, plan_s, params) for p in plans]))
+    return float(np.median([simulate_layer(p, spec, cal, overlap, plan_s, params) for p in plans]))
 
 
 def fit_free_parameters(cases: list[dict], cal_of) -> dict:
     """Fit ``stage_overhead`` and ``cpu_per_byte`` on ``a2av`` only (``bw_scale`` stays 1: the
     links run at their calibrated rates).
 
-    ``cases``: ``[{"plans": [...], "plan_s", "measured_s", "key"}]`` (a2av of each configuration);
+    ``cases``: ``[{"plans": [...], "spec", "plan_s", "measured_s", "key"}]`` (a2av of each configuration);
     ``cal_of(key)``: its calibration. The latency is close to linear in both parameters (they
     add CPU time before each collective), so three simulations per case give the slopes, and
     weighted least squares on relative error (non-negative) gives the values; a final
@@ -329,7 +225,7 @@ def fit_free_parameters(cases: list[dict], cal_of) -> dict:
     meas = np.array([c["measured_s"] for c in cases])
 
     def sim(o, b):
-        return np.array([simulate_system(c["plans"], cal_of(c["key"]), False, c["plan_s"],
+        return np.array([simulate_system(c["plans"], c["spec"], cal_of(c["key"]), False, c["plan_s"],
                                          {"stage_overhead": o, "cpu_per_byte": b}) for c in cases])
 
     base = sim(0.0, 0.0)

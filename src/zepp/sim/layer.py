@@ -19,6 +19,9 @@ Granularity and dependencies
 - GEMM time (one grouped GEMM over a task's slots): ``max(FLOPs / (peak * eff(rows per
   active expert)), weight bytes / HBM bw) + kernel_launch``; per-expert GEMMs sum that per
   slot. A layer runs two GEMMs (``H -> F`` and ``F -> H``, GELU folded into the launch cost).
+  An executor measured elsewhere passes its own ``gemm_cost`` instead (the emulated cluster's).
+- ``Mechanics.stage_collectives``: every stage is one all-to-all call per rank
+  (``zepp.sim.collectives`` adds the calls and each rank's program order).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.cluster import Cluster
-from zepp.grouping import Messages, combine_wave, dispatch_group, messages, split_by_owner_node
+from zepp.grouping import Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_owner_node
 from zepp.model import MoESpec
 from zepp.plan import FlowPlan, Hops
-from zepp.sim.engine import TaskGraph
+from zepp.sim.collectives import add_stage_collectives
+from zepp.sim.engine import SimulationError, TaskGraph
 from zepp.sim.mechanics import Mechanics, Net
 
 # Event coarsening used for every simulated layer (see zepp.sim.engine): events closer than a
@@ -117,8 +121,9 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 class LayerBuilder:
     """Builds one layer's tasks into a ``TaskGraph``; see ``build_layer``."""
 
-    def __init__(self, graph: TaskGraph, cluster: Cluster, spec: MoESpec, net: Net, mech: Mechanics):
+    def __init__(self, graph: TaskGraph, cluster: Cluster, spec: MoESpec, net: Net, mech: Mechanics, gemm_cost=None):
         self.g, self.cl, self.spec, self.net, self.mech = graph, cluster, spec, net, mech
+        self.gemm_cost = gemm_cost
         self.R, self.L, self.N = cluster.ranks, cluster.gpus_per_node, cluster.nodes
 
     # ---------------------------------------------------------------- transfers
@@ -159,6 +164,8 @@ class LayerBuilder:
         m.entry_task = np.zeros(m.rows.size, np.int64)
         m.exit_task = np.zeros(m.rows.size, np.int64)
         serial_stage = np.isin(m.stage, self.mech.serial_stages) if mode == "serial" else np.zeros(m.rows.size, bool)
+        if self.mech.stage_collectives:  # every call's puts are serial; zepp.sim.collectives orders them
+            serial_stage = np.full(m.rows.size, mode == "serial")
         for is_serial in (True, False):
             sel = np.flatnonzero(serial_stage == is_serial)
             if sel.size == 0:
@@ -166,7 +173,7 @@ class LayerBuilder:
             e, x = self.transfers(m.src[sel], m.dst[sel], m.rows[sel] * row_bytes,
                                   "serial" if is_serial else "concurrent", kind, kind)
             m.entry_task[sel], m.exit_task[sel] = e, x
-        if mode == "serial":
+        if mode == "serial" and not self.mech.stage_collectives:
             self.chain_serial(m, np.flatnonzero(serial_stage))
         return m
 
@@ -197,9 +204,11 @@ class LayerBuilder:
                         self.g.after(j, m.entry_task[c])
 
     # ---------------------------------------------------------------- GEMMs
-    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str) -> np.ndarray:
+    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str, which: int = 1
+                   ) -> np.ndarray:
         """One grouped-GEMM task per (class, rank) holding entries; ``cls [n]`` in ``[0, ncls)``,
-        ``slot [n]`` global slots. Returns ``table [ncls, R]`` of task ids (-1: no task)."""
+        ``slot [n]`` global slots; ``which``: GEMM 1 or 2. Returns ``table [ncls, R]`` of task
+        ids (-1: no task)."""
         R, S = self.R, self.S
         pair_cnt = np.bincount(cls.astype(np.int64) * (R * S) + slot, minlength=ncls * R * S)
         nz = np.flatnonzero(pair_cnt)
@@ -212,7 +221,14 @@ class LayerBuilder:
         w_bytes = float(spec.hidden * spec.ffn * spec.dtype_bytes)
         scale = self.mech.gemm_eff_scale
         space = ncls * R
-        if self.mech.per_expert_gemm:
+        if self.gemm_cost is not None:
+            if self.mech.per_expert_gemm:
+                dur = np.bincount(tkey, weights=self.gemm_cost(which, rows, np.ones(rows.size)), minlength=space)
+            else:
+                tot = np.bincount(tkey, weights=rows, minlength=space)
+                act = np.bincount(tkey, minlength=space).astype(float)
+                dur = self.gemm_cost(which, tot, act)
+        elif self.mech.per_expert_gemm:
             eff = cl.gemm_efficiency(rows) * scale
             t = np.maximum(rows * flops_row / (cl.peak_flops * eff), w_bytes / cl.hbm_bw) + cl.kernel_launch
             dur = np.bincount(tkey, weights=t, minlength=space)
@@ -230,7 +246,7 @@ class LayerBuilder:
 
 
 def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPlan, mech: Mechanics, net: Net,
-                prologue: np.ndarray, custom_dispatch=None, custom_combine=None, planning=None) -> dict:
+                prologue: np.ndarray, custom_dispatch=None, custom_combine=None, planning=None, gemm_cost=None) -> dict:
     """Add one MoE layer to ``graph``; returns the main task ids per part.
 
     ``prologue [R]``: seconds of per-rank work before dispatch (all-gather + planning), run on
@@ -239,9 +255,11 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     which a rank's GEMM on rows of its own node / of other nodes may start) /
     ``custom_combine(builder, ready [R]) -> join task`` (``ready[r]``: the task after which rank
     ``r``'s partials exist, also for a rank without GEMM work) replace the Hops-driven phases (FAST's
-    synchronous rounds).
+    synchronous rounds). ``gemm_cost(which, rows [n], groups [n]) -> seconds [n]`` (optional):
+    the time of ``n`` grouped-GEMM tasks of GEMM ``which`` (1 or 2), given their rows and active
+    slots, instead of the cluster's roofline.
     """
-    b = LayerBuilder(graph, cluster, spec, net, mech)
+    b = LayerBuilder(graph, cluster, spec, net, mech, gemm_cost)
     R, L, N = b.R, b.L, b.N
     T, S = plan.tokens_per_rank, plan.slots_per_rank
     b.T, b.S = T, S
@@ -278,7 +296,8 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         local_done, remote_done = custom_dispatch(b, pro)
 
     # ---- GEMM 1 groups (class = swapped * G + group) and GEMM 2 waves (class = swapped * N + wave)
-    G = N + 1
+    n_dispatch = plan.dispatch.num_stages
+    G = (max(N, n_dispatch) if mech.gemm1 == "stage" else N) + 1
 
     def group_of(own, at):
         if mech.gemm1 == "arrival":
@@ -293,10 +312,12 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         return np.zeros(np.shape(own), np.int64)
 
     swapped = plan.swapped[slot].astype(np.int64) if plan.swapped is not None else np.zeros(comp.size, np.int64)
-    tab1 = b.gemm_tasks(swapped * G + group_of(owner, comp), slot, 2 * G,
-                        lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1")
+    # "stage": an entry's group is its token's arrival stage; a hop of stage s feeds group s + 1
+    grp1 = arrival_stage(owner, token, comp, plan.dispatch, T) if mech.gemm1 == "stage" else group_of(owner, comp)
+    tab1 = b.gemm_tasks(swapped * G + grp1, slot, 2 * G,
+                        lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
     tab2 = b.gemm_tasks(swapped * N + wave_of(owner, comp), slot, 2 * N,
-                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2")
+                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2)
     for r in range(R):
         a1, a2 = tab1[:, r][tab1[:, r] >= 0], tab2[:, r][tab2[:, r] >= 0]
         g.after(pro[r], a1)
@@ -313,7 +334,9 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
             g.after(np.asarray(done)[has], tab1[c, has])
     if d is not None:
         h = plan.dispatch
-        key = _uniq(d.hop_msg * G + group_of(h.owner.astype(np.int64), h.dst.astype(np.int64)))
+        hop_grp = (h.stage.astype(np.int64) + 1) if mech.gemm1 == "stage" else group_of(
+            h.owner.astype(np.int64), h.dst.astype(np.int64))
+        key = _uniq(d.hop_msg * G + hop_grp)
         msg, grp = key // G, key % G
         for sw in (0, 1):
             t = tab1[sw * G + grp, d.dst[msg]]
@@ -381,6 +404,11 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         g.after(cm.exit_task, red[cm.dst])
     if combine_done is not None:
         g.after(combine_done, red)
+    if mech.stage_collectives:
+        if d is None or red_deps_msgs is None:
+            raise SimulationError("stage_collectives mechanics run the Hops-driven phases (no custom_dispatch/combine)")
+        add_stage_collectives(b, d, red_deps_msgs, plan.combine, tab1, tab2, G, pro, red, rb, n_dispatch,
+                              plan.combine.num_stages)
     out.update(gemm1=all1, gemm2=all2, reduce=red)
     return out
 

@@ -38,7 +38,9 @@ class Net:
     in a job of ``W`` ranks; ``nic_eff``: fraction of the NIC's nominal rate that bulk puts
     reach; ``proxy_inflight``: puts one proxy keeps in flight (PAPER.md section 7: 14-15), so a
     non-blocking put holds the proxy for ``put / proxy_inflight``; ``signal``: a receiver's wait
-    on a flag (2 us).
+    on a flag (2 us). ``call_cpu`` / ``cpu_per_byte``: host CPU seconds a rank spends before
+    it posts one collective call, fixed and per byte it sends plus receives in that call (used
+    by ``Mechanics.stage_collectives`` only; 0 for the GPU stacks, whose puts cost no host CPU).
     """
 
     put_c0: float = 50e-6
@@ -46,6 +48,8 @@ class Net:
     nic_eff: float = 0.7
     proxy_inflight: float = 14.5
     signal: float = 2e-6
+    call_cpu: float = 0.0
+    cpu_per_byte: float = 0.0
 
     def put(self, ranks: int) -> float:
         return self.put_c0 + self.put_c1 * ranks
@@ -78,10 +82,16 @@ class Mechanics:
     - ``calls``: all-to-all calls per phase; each adds two world barriers, the second call
       moves ``extra_call_bytes`` per row (fp32 route weights).
     - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
-      | ``local-remote``; ``gemm2``: ``single`` | ``waves`` (one wave per destination node,
-      ring order, own node last).
+      | ``local-remote`` | ``stage`` (own rows, then the rows first delivered by each dispatch
+      stage: ``zepp.grouping.arrival_stage``); ``gemm2``: ``single`` | ``waves`` (one wave per
+      destination node, ring order, own node last).
     - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
       ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
+    - ``stage_collectives``: each stage is one collective call per rank, as
+      ``all_to_all_single`` on a host process group (``zepp.sim.collectives``); ``serial``
+      puts are then ordered per call in ring order (every pair exchanges a message, empty or
+      not) and the barriers should be ``None`` (a rank leaves a call when its own sends and
+      receives are done).
     """
 
     dispatch_puts: str = "serial"
@@ -97,6 +107,7 @@ class Mechanics:
     gemm_eff_scale: float = 1.0
     per_expert_gemm: bool = False
     pad_rows: int = 1
+    stage_collectives: bool = False
 
 
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
