@@ -6,15 +6,20 @@ For 2 nodes x 2 ranks and 4 nodes x 2 ranks at NIC rates 1000 Mbit/s (the emulat
 and 500 Mbit/s (one emulated cluster per rate and shape, ``zepp.emulate``),
 K2 and Qwen ids from ``../shared/traces`` (history = ``pool.txt``, batches from ``eval.txt``),
 the runtime (``zepp run --emulate`` path: ``zepp.emulate.runner.run_emulated``) runs a2av, eplb,
-relay, zepp (overlap), zepp-sync and zepp-a2av interleaved iteration by iteration (so every
+relay, zepp-overlap, zepp-sync, zepp-a2av and zepp-direct interleaved iteration by iteration (so every
 system sees the same machine load), checked against the reference. Shrunk layer (``--hidden``
 1024, ``--ffn`` 16, fp32: 4 KB rows, little compute) so the NIC, not the 2 CPU cores, is what
 the systems differ in. Per cell: median over iterations of the slowest rank's layer time, NIC
 bytes from the interface counters next to the planner's.
 
-Then the simulator (``zepp.emulate.simcheck``): links and expert compute calibrated on each
-cluster, two free parameters (per-stage overhead, bandwidth scale) fitted on the a2av cells only,
-every system simulated on the same batches. Writes ``benchmarks/results/emulate_bench.{md,json}``.
+Then the simulator (``zepp.emulate.simcheck``: the simulator's layer builder with the gloo
+executor's record, ``zepp.emulate.glooexec``): links and expert compute calibrated on each
+cluster, two free parameters (per-call CPU overhead, CPU cost per byte) fitted on the a2av cells
+only, every system simulated on the same batches. Writes ``benchmarks/results/emulate_bench.{md,json}``.
+
+``--resim FILE.json`` re-runs only the simulator on saved measurements; ``--before FILE.json``
+adds the simulated figures saved in that file (an earlier model) next to the new ones, cell by
+cell when both files hold the same measurements.
 """
 
 from __future__ import annotations
@@ -30,13 +35,16 @@ import numpy as np
 from zepp.emulate.topology import EmulatedCluster, availability
 from zepp.emulate.runner import run_emulated
 from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans
+from zepp.emulate.glooexec import gloo_mechanics
 from zepp.runtime.systems import SYSTEMS
 from zepp.runtime.worker import default_config
 
 TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "traces")
 MODELS = {"k2": "k2", "qwen": "qwen3"}
-SYSTEM_NAMES = ["a2av", "eplb", "relay", "zepp", "zepp-sync", "zepp-a2av", "zepp-direct"]
-ZEPP_VARIANTS = ["zepp", "zepp-sync", "zepp-a2av", "zepp-direct"]
+SYSTEM_NAMES = ["a2av", "eplb", "relay", "zepp-overlap", "zepp-sync", "zepp-a2av", "zepp-direct"]
+ZEPP_VARIANTS = ["zepp-overlap", "zepp-sync", "zepp-a2av", "zepp-direct"]
+# results written before the registry named the overlap variant "zepp-overlap" call it "zepp"
+LEGACY_NAMES = {"zepp": "zepp-overlap"}
 OTHERS = ["a2av", "eplb", "relay"]
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -53,6 +61,8 @@ def main() -> int:
     ap.add_argument("--models", default="k2,qwen")
     ap.add_argument("--out", default=os.path.join(OUT, "emulate_bench"))
     ap.add_argument("--resim", default=None, help="re-run only the simulator on this saved JSON")
+    ap.add_argument("--before", default=None, help="a results JSON whose simulated figures to show as 'before'")
+    ap.add_argument("--prefix", default="zbench", help="name prefix of the emulated clusters' namespaces")
     args = ap.parse_args()
     if args.resim:
         return resimulate(args.resim, args)
@@ -65,7 +75,7 @@ def main() -> int:
     for rate, shape in [(float(r), s) for r in args.rates.split(",") for s in args.shapes.split(",")]:
         N, L = (int(v) for v in shape.split("x"))
         key = f"{shape}@{rate:g}"
-        with EmulatedCluster(N, L, rate_mbit=rate, prefix="zbench") as cl:
+        with EmulatedCluster(N, L, rate_mbit=rate, prefix=args.prefix) as cl:
             t0 = time.monotonic()
             cal = calibrate(cl, args.hidden, args.ffn,
                             link_kwargs={"sizes": (65536, 1 << 20, 4 << 20), "reps": 4, "trials": 2})
@@ -101,8 +111,9 @@ def simulate_cells(cells: list[dict], cals: dict) -> dict:
     """Fit the two free parameters on the a2av cells only, then simulate every system of every
     cell (``cell["sim_ms"]``). Returns the fit."""
     for c in cells:
-        c["plans"] = worker_plans(c["cfg"])["plans"]
-    a2av_cases = [{"plans": c["plans"]["a2av"], "key": c["key"],
+        wp = worker_plans(c["cfg"])
+        c["plans"], c["spec"] = wp["plans"], wp["spec"]
+    a2av_cases = [{"plans": c["plans"]["a2av"], "spec": c["spec"], "key": c["key"],
                    "plan_s": c["report"]["systems"]["a2av"]["median_plan_ms"] / 1e3,
                    "measured_s": c["report"]["systems"]["a2av"]["median_layer_ms"] / 1e3} for c in cells]
     fit = fit_free_parameters(a2av_cases, lambda k: cals[k])
@@ -112,9 +123,9 @@ def simulate_cells(cells: list[dict], cals: dict) -> dict:
         c["sim_ms"] = {}
         for s in SYSTEM_NAMES:
             c["sim_ms"][s] = 1e3 * simulate_system(
-                c["plans"][s], cals[c["key"]], SYSTEMS[s].overlap,
+                c["plans"][s], c["spec"], cals[c["key"]], gloo_mechanics(SYSTEMS[s]),
                 c["report"]["systems"][s]["median_plan_ms"] / 1e3, params)
-        del c["plans"]
+        del c["plans"], c["spec"]
     return fit
 
 
@@ -124,10 +135,57 @@ def resimulate(path: str, args) -> int:
         saved = json.load(f)
     a = argparse.Namespace(**{**vars(args), **saved["args"]})
     a.out = args.out
-    cells = [row["cell"] for row in saved["rows"]]
+    cells = [_renamed(row["cell"]) for row in saved["rows"]]
     fit = simulate_cells(cells, saved["calibration"])
     write(a, cells, saved["calibration"], fit, saved["seconds"]["runs"], saved["seconds"]["total"])
     return 0
+
+
+def _renamed(cell: dict) -> dict:
+    """A saved cell with ``LEGACY_NAMES`` replaced (the same system under its registry name)."""
+    ren = lambda names: [LEGACY_NAMES.get(n, n) for n in names]  # noqa: E731
+    ren_d = lambda d: {LEGACY_NAMES.get(k, k): v for k, v in d.items()}  # noqa: E731
+    if not any(n in LEGACY_NAMES for n in cell["cfg"]["systems"]):
+        return cell
+    out = dict(cell, cfg=dict(cell["cfg"], systems=ren(cell["cfg"]["systems"])),
+               report=dict(cell["report"], systems=ren_d(cell["report"]["systems"])))
+    out["report"]["emulate"] = dict(cell["report"]["emulate"], systems=ren_d(cell["report"]["emulate"]["systems"]))
+    return out
+
+
+def _before(path: str | None) -> dict:
+    """``{(key, model): {system: sim ms}}`` and the measured ms from a results JSON (``--before``)."""
+    if not path:
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    return {(r["key"], r["model"]): {"sim_ms": {LEGACY_NAMES.get(k, k): v for k, v in r["sim_ms"].items()},
+                                     "measured_ms": {LEGACY_NAMES.get(k, k): v for k, v in r["measured_ms"].items()}}
+            for r in saved["rows"]}
+
+
+def _before_after(args, rows: list[dict], errs: dict) -> list[str]:
+    """Median abs error per system of ``--before``'s simulated figures and of this run's."""
+    before = _before(args.before)
+    if not before:
+        return []
+    same = all((r["key"], r["model"]) in before and all(
+        abs(before[(r["key"], r["model"])]["measured_ms"][s] - r["measured_ms"][s]) < 1e-9 for s in SYSTEM_NAMES)
+        for r in rows)
+    out = ["## The simulator before and after (median abs error per system)", "",
+           f"Before: the simulated figures saved in `{os.path.basename(args.before)}`, against "
+           + ("the same measurements." if same else "that file's own measurements (another run)."), "",
+           "| model | " + " | ".join(SYSTEM_NAMES) + " |", "|---|" + "---|" * len(SYSTEM_NAMES)]
+    b_err = {s: [v["sim_ms"][s] / v["measured_ms"][s] - 1 for v in before.values() if s in v["sim_ms"]]
+             for s in SYSTEM_NAMES}
+    out.append("| before | " + " | ".join(f"{np.median(np.abs(b_err[s])):.1%}" if b_err[s] else "-"
+                                          for s in SYSTEM_NAMES) + " |")
+    out.append("| after | " + " | ".join(f"{np.median(np.abs(errs[s])):.1%}" for s in SYSTEM_NAMES) + " |")
+    if same:
+        d = [abs(r["sim_ms"][s] / before[(r["key"], r["model"])]["sim_ms"][s] - 1) for r in rows for s in SYSTEM_NAMES
+             if s in before[(r["key"], r["model"])]["sim_ms"]]
+        out += ["", f"Largest change of a simulated cell, after vs before: {max(d):.2%}."]
+    return out + [""]
 
 
 def write(args, cells, cals, fit, t_run, t_total) -> None:
@@ -142,13 +200,13 @@ def write(args, cells, cals, fit, t_run, t_total) -> None:
           "per cell the median over iterations of the slowest rank's layer time (ms). Every cell was checked "
           "against the single-process reference (fp32, rel. err <= 1e-5) and its measured bytes against the "
           f"planner's. Wall time: runs {t_run:.0f} s, total {t_total:.0f} s.", "",
-          "`zepp` (best) is the best of Zepp's variants (overlap `zepp`, blocking `zepp-sync`, Zepp placement "
+          "`zepp` (best) is the best of Zepp's variants (overlap `zepp-overlap`, blocking `zepp-sync`, Zepp placement "
           "and routing over plain all-to-all-v `zepp-a2av`, and `zepp-direct`: `zepp-sync` whose pre-reduced "
           "combine rows cross the NIC straight to the owner, one collective stage fewer), as the paper's "
           "\"Zepp\" is the best of its variants.",
           "", "## Measured latency per layer (ms)", "",
-          "| NIC Mbit/s | nodes x ranks | model | a2av | eplb | relay | zepp (overlap) | zepp-sync | zepp-a2av | zepp-direct "
-          "| zepp (best) | speedup vs a2av | vs fastest other |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| NIC Mbit/s | nodes x ranks | model | " + " | ".join(SYSTEM_NAMES)
+          + " | zepp (best) | speedup vs a2av | vs fastest other |", "|---|---|---|" + "---|" * (len(SYSTEM_NAMES) + 3)]
     for c in cells:
         m = {s: c["report"]["systems"][s]["median_layer_ms"] for s in SYSTEM_NAMES}
         best_z = min(ZEPP_VARIANTS, key=lambda s: m[s])
@@ -213,6 +271,7 @@ def write(args, cells, cals, fit, t_run, t_total) -> None:
     md.append("| median abs error | | | " + " | ".join(f"{np.median(np.abs(errs[s])):.0%}" for s in SYSTEM_NAMES)
               + " |")
     md += ["", "Cells marked ** disagree by more than 25%; reasons: see the notes below.", ""]
+    md += _before_after(args, rows, errs)
     with open(args.out + ".json", "w") as f:
         json.dump({"args": vars(args), "rows": rows, "calibration": cals, "fit": fit,
                    "seconds": {"runs": t_run, "total": t_total}}, f, indent=1, default=float)

@@ -1,4 +1,4 @@
-"""The simulator against the emulated cluster: calibrate, model this executor, compare.
+"""The simulator against the emulated cluster: calibrate, simulate this executor, compare.
 
 Three parts:
 
@@ -12,32 +12,36 @@ Three parts:
    (so the CPU contention of R processes on this machine's cores is in the figure), timing the
    runtime's own ``grouped_up``/``grouped_down`` on ``rows`` rows spread over ``groups`` slots,
    fitted by least squares to ``t = c_group * groups + c_row * rows``.
-3. ``layer_graph`` / ``simulate_system``: a task graph of the runtime's executor (not of the paper's GPU baselines)
-   for ``zepp.sim.engine.simulate``:
+3. ``layer_graph`` / ``simulate_system``: the simulator's one layer builder,
+   ``zepp.sim.layer.build_layer`` (the one every system's simulation uses), fed the FlowPlan
+   through ``LayerPlan.of`` and the executor's record from ``zepp.emulate.glooexec``:
 
-   - per rank: metadata all-gather + planning (a fixed task: the worker's own measured median
-     ``plan`` time of that system in the same run: planning is CPU time the model does not try
-     to predict), then per stage one ``all_to_all_single``. gloo's ``alltoallv`` walks the peers
-     in a ring (step ``i``: send to ``rank+i``, receive from ``rank-i``), and on these links it
-     behaves as one peer at a time: the 2x2 all-to-all of 1 MB per peer in
+   - per rank: metadata all-gather + planning as the prologue (a fixed task: the worker's own
+     measured median ``plan`` time of that system in the same run: planning is CPU time the
+     model does not try to predict), then per stage one ``all_to_all_single``
+     (``Mechanics.stage_collectives``, ``zepp.sim.collectives``). gloo's ``alltoallv`` walks
+     the peers in a ring (step ``i``: send to ``rank+i``, receive from ``rank-i``), and on these
+     links it behaves as one peer at a time: the 2x2 all-to-all of 1 MB per peer in
      ``benchmarks/results/emulate_links.md`` takes 31 ms at 1000 Mbit/s, what three sequential
      steps of 1 MB NIC messages cost (25 ms + fixed costs), not the 17 ms of concurrent sends.
-     So each rank's messages of a stage are transfers one after another in ring order (each
-     also waits for its receiver to post the collective), sharing the NIC and veth links
+     So each rank's messages of a call (every peer, empty ones too) go one after another in
+     ring order, each waiting for its receiver to post the call, sharing the NIC and veth links
      max-min fairly with other ranks' messages and paying the link's measured per-message
-     cost; a rank leaves the stage when its sends and receives are done; a stage's send of
-     forwarded rows waits for the stage that brought them (the data dependency).
-   - expert compute as one task per arrival group on the rank's compute stream with the fitted
-     ``c_group * groups + c_row * rows``;
-   - CPU cost of moving bytes and of Python: before each posted all-to-all, a rank spends
-     ``stage_overhead`` seconds (free parameter 1) plus ``cpu_per_byte`` seconds per byte it
-     sends and receives in it (free parameter 2: TCP through veth is kernel copying on the same
-     2 cores that compute, and the gather/scatter of rows costs CPU too), times the ranks that
-     share a core, ``max(1, R / cores)``. Both are fitted on the ``a2av`` measurements only
-     (``fit_free_parameters``) and then used unchanged for every other system.
-   - ``overlap`` systems (``zepp``): own rows compute while stage 0 is on the wire, each stage's
-     received rows while the next stage is on the wire; combine stage 0 leaves in one wave per
-     destination node (ring order, own node last), each wave's sends after its second GEMM.
+     cost; a rank leaves the call when its sends and receives are done and posts the next one.
+   - expert compute: ``build_layer``'s GEMM tasks timed by the fitted
+     ``c_group * groups + c_row * rows`` (``glooexec.AdditiveGemm``) instead of a GPU roofline;
+   - CPU cost of moving bytes and of Python: before each posted call a rank spends
+     ``Net.call_cpu`` = ``stage_overhead`` (free parameter 1) plus the measured empty-collective
+     cost beyond its messages' costs, and ``Net.cpu_per_byte`` = ``cpu_per_byte`` (free
+     parameter 2: TCP through veth is kernel copying on the same 2 cores that compute, and the
+     gather/scatter of rows costs CPU too) times the ranks that share a core,
+     ``max(1, R / cores)``, per byte it sends and receives in the call. Both are fitted on the
+     ``a2av`` measurements only (``fit_free_parameters``) and then used unchanged for every
+     other system.
+   - ``overlap`` systems (``zepp-overlap``): GEMM 1 in arrival-stage groups (own rows while
+     stage 0 is on the wire, each stage's received rows while the next stage is on the wire);
+     combine stage 0 as one asynchronous call per wave (destination node in ring order, own
+     node last), each wave's call posted after its second GEMM.
 
    What it leaves out: CPU contention between communication (TCP copies through the kernel
    cost CPU on this 2-core machine) and compute, beyond the two parameters; ranks drifting
@@ -178,13 +182,14 @@ def calibrate(cl, hidden: int, ffn: int, points=None, link_kwargs=None) -> dict:
 # the simulated layer: the simulator's one layer builder with the executor's record (glooexec)
 
 
-def layer_graph(plan, spec, cal: dict, overlap: bool, plan_s: float, params: dict):
+def layer_graph(plan, spec, cal: dict, mech, plan_s: float, params: dict):
     """The task graph of one layer of ``plan`` on the runtime's gloo executor:
-    ``zepp.sim.layer.build_layer`` with ``zepp.emulate.glooexec``'s mechanics, net, cluster and
-    GEMM cost. ``spec``: the layer's ``MoESpec`` with the wire dtype (``row_bytes`` of the plan);
+    ``zepp.sim.layer.build_layer`` with ``mech`` (``zepp.emulate.glooexec.gloo_mechanics`` of the
+    system) and glooexec's net, cluster and GEMM cost. ``spec``: the layer's ``MoESpec`` with
+    the wire dtype (``row_bytes`` of the plan);
     ``params``: ``stage_overhead``, ``cpu_per_byte``, ``bw_scale`` (see ``fit_free_parameters``).
     Returns ``(graph, cluster, net)``."""
-    from zepp.emulate.glooexec import GLOO_BLOCKING, GLOO_OVERLAP, emulated_cluster, emulated_gemm, emulated_net
+    from zepp.emulate.glooexec import emulated_cluster, emulated_gemm, emulated_net
     from zepp.sim.engine import TaskGraph
     from zepp.sim.layer import LayerPlan, build_layer
 
@@ -194,22 +199,22 @@ def layer_graph(plan, spec, cal: dict, overlap: bool, plan_s: float, params: dic
     cl = emulated_cluster(cal, R // L, L, params.get("bw_scale", 1.0))
     net = emulated_net(cal, R, L, params["stage_overhead"], params.get("cpu_per_byte", 0.0))
     g = TaskGraph(cl)
-    build_layer(g, cl, spec, LayerPlan.of(plan), GLOO_OVERLAP if overlap else GLOO_BLOCKING, net, np.full(R, plan_s),
+    build_layer(g, cl, spec, LayerPlan.of(plan), mech, net, np.full(R, plan_s),
                 planning=np.full(R, plan_s), gemm_cost=emulated_gemm(cal))
     return g, cl, net
 
 
-def simulate_layer(plan, spec, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
+def simulate_layer(plan, spec, cal: dict, mech, plan_s: float, params: dict) -> float:
     """Simulated layer latency (seconds, slowest rank) of one plan (exact engine: no coarsening)."""
     from zepp.sim.engine import simulate
 
-    g, cl, net = layer_graph(plan, spec, cal, overlap, plan_s, params)
+    g, cl, net = layer_graph(plan, spec, cal, mech, plan_s, params)
     return simulate(g, nic_bw=cl.nic_bw * net.nic_eff, labels=False).latency
 
 
-def simulate_system(plans: list, spec, cal: dict, overlap: bool, plan_s: float, params: dict) -> float:
+def simulate_system(plans: list, spec, cal: dict, mech, plan_s: float, params: dict) -> float:
     """Median over the timed iterations' plans (the measured metric: median of the per-iteration max)."""
-    return float(np.median([simulate_layer(p, spec, cal, overlap, plan_s, params) for p in plans]))
+    return float(np.median([simulate_layer(p, spec, cal, mech, plan_s, params) for p in plans]))
 
 
 def fit_free_parameters(cases: list[dict], cal_of) -> dict:
@@ -222,10 +227,14 @@ def fit_free_parameters(cases: list[dict], cal_of) -> dict:
     weighted least squares on relative error (non-negative) gives the values; a final
     simulation reports the fit's residuals.
     """
+    from zepp.emulate.glooexec import gloo_mechanics
+    from zepp.registry import system
+
+    mech = gloo_mechanics(system("a2av"))
     meas = np.array([c["measured_s"] for c in cases])
 
     def sim(o, b):
-        return np.array([simulate_system(c["plans"], c["spec"], cal_of(c["key"]), False, c["plan_s"],
+        return np.array([simulate_system(c["plans"], c["spec"], cal_of(c["key"]), mech, c["plan_s"],
                                          {"stage_overhead": o, "cpu_per_byte": b}) for c in cases])
 
     base = sim(0.0, 0.0)
