@@ -13,7 +13,9 @@ Modules, by what they own:
 - ``runner`` + ``rankrun``: ``zepp run --emulate`` (the runtime worker in every rank, with
   per-layer interface counters through the worker's hooks);
 - ``linkcal``, ``jobs``, ``rankmain``, ``simcheck``: measuring the links, small gloo jobs, the
-  entry point of ``EmulatedCluster.call``, and the simulator against the emulated cluster.
+  entry point of ``EmulatedCluster.call``, and the simulator against the emulated cluster;
+- ``glooexec``: the runtime's gloo executor as the simulator's layer builder sees it (its
+  ``Mechanics``, its ``Net`` and cluster from the calibration, the measured GEMM cost).
 """
 
 from zepp.emulate.counters import LinkCounters
