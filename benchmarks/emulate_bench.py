@@ -134,7 +134,7 @@ def resimulate(path: str, args) -> int:
     with open(path) as f:
         saved = json.load(f)
     a = argparse.Namespace(**{**vars(args), **saved["args"]})
-    a.out = args.out
+    a.out, a.before = args.out, args.before
     cells = [_renamed(row["cell"]) for row in saved["rows"]]
     fit = simulate_cells(cells, saved["calibration"])
     write(a, cells, saved["calibration"], fit, saved["seconds"]["runs"], saved["seconds"]["total"])
