@@ -26,6 +26,9 @@ over the cells given; the latency is close to affine in ``(put_c0, put_c1, 1 / n
 each round simulates every cell at four parameter points, solves the linear least-squares
 problem, and re-centres. ``benchmarks/calibrate.py`` runs it and writes
 ``benchmarks/results/calibration.{json,md}``; the values below are its output.
+
+Today's presets (``h100-8``, ``h200-8``, ``gb200-nvl72``) have no measured column to fit: their
+``Net`` is DeepEP's published figures (``PUBLISHED``; ``zepp.sim.mechanics.DEEPEP_NET``).
 """
 
 from __future__ import annotations
