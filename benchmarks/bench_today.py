@@ -109,6 +109,32 @@ def run_config(point, traces_dir, seed: int) -> dict:
                 floor_ms=min(v["floor_ms"] for v in out.values()), cpu_s=time.process_time() - t0)
 
 
+DIAGNOSE = (("gb200-nvl72", 2, 64, "deepseek-v3", 4096),)  # where vllm-eplb beats everyone: what differs
+
+
+def diagnose(point, traces_dir, seed: int) -> dict:
+    """Per system of one configuration's first batch: the busiest GPU's rows over the mean, the
+    busiest GPU's GEMM seconds, when the dispatch ends and the layer's latency (ms)."""
+    from zepp.sim.run import simulate_plan
+
+    cfg, _ = config(*point, traces_dir, seed, 1)
+    shared = Shared()
+    R = cfg.cluster.ranks
+    out = {}
+    for name in ("sglang-deepep", "vllm-eplb", "zepp-deepep-overlap"):
+        s = registry.system(registry.pick_variant(name, point[4], {}) if registry.SYSTEMS[name].best_of else name)
+        plan = shared.plan(s, cfg, 0)
+        slot = plan.routing.slot.ravel()
+        rows = np.bincount(slot[slot >= 0] // plan.routing.placement.slots_per_rank, minlength=R)
+        tl, _, _ = simulate_plan(cfg, s, plan, keep=True)
+        kind = np.array(tl.kind)
+        gemm = np.bincount(tl.rank[kind == "gemm"], weights=(tl.end - tl.start)[kind == "gemm"], minlength=R)
+        out[s.name] = dict(busiest_gpu_rows_over_mean=float(rows.max() / rows.mean()),
+                           busiest_gpu_gemm_ms=float(gemm.max() * 1e3),
+                           dispatch_end_ms=float(tl.end[kind == "dispatch"].max() * 1e3), latency_ms=tl.latency * 1e3)
+    return dict(point=list(point), systems=out)
+
+
 def note(r: dict) -> str:
     """Why Zepp does not beat ``sglang-deepep`` on a row, read off the row's own figures."""
     s, z = r["systems"]["sglang-deepep"], r["systems"]["zepp-deepep"]
@@ -168,10 +194,22 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
             "Zepp's best of " + ", ".join(dict.fromkeys(DECODE_ZEPP)) + " (decode) and "
             + ", ".join(PREFILL_ZEPP) + " (prefill). Floors: each system's own physical lower bound; "
             "the configuration's floor is the smallest.", "", *summary, "",
-            *lines, "", "Not run:", *[f"- {x}" for x in NOT_RUN], "",
+            *lines, "", *diagnosis_lines(meta.get("diagnosis", [])), "Not run:", *[f"- {x}" for x in NOT_RUN], "",
             f"CPU: {meta['cpu_s']:.0f} s in all ({meta['grid']} configurations), seed {meta['seed']}."]
     (out / "bench_today.md").write_text("\n".join(text) + "\n")
     plot(rows, out / "bench_today.png")
+
+
+def diagnosis_lines(diag: list[dict]) -> list[str]:
+    out = []
+    for d in diag:
+        c, n, gpn, m, t = d["point"]
+        out.append(f"Where vllm-eplb is fastest ({c} {n}x{gpn}, {m}, {t} tokens per GPU, first batch): "
+                   + "; ".join(f"{k}: busiest GPU {v['busiest_gpu_rows_over_mean']:.2f}x the mean rows, "
+                               f"{v['busiest_gpu_gemm_ms']:.2f} ms of GEMM, dispatch ends at {v['dispatch_end_ms']:.2f} ms, "
+                               f"layer {v['latency_ms']:.2f} ms" for k, v in d["systems"].items()) + ".")
+        out.append("")
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -208,10 +246,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--only", default=None, help="comma list of grid indices (timing)")
     ap.add_argument("--from-json", default=None, help="rewrite the .md and .png from a results JSON (no simulation)")
+    ap.add_argument("--diagnose-only", action="store_true", help="add the DIAGNOSE figures to --from-json's file")
     args = ap.parse_args()
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         rows = data.pop("rows")
+        if args.diagnose_only:
+            data["diagnosis"] = [diagnose(p, args.traces, args.seed) for p in DIAGNOSE]
+            Path(args.from_json).write_text(json.dumps(dict(data, rows=rows), indent=1))
         write(rows, data, Path(args.out))
         return
     grid = [GRID[int(i)] for i in args.only.split(",")] if args.only else list(GRID)
@@ -232,6 +274,9 @@ def main() -> None:
                     cpu_s=time.process_time() - t0, not_run=list(NOT_RUN),
                     network="DeepEP published (zepp.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
                     prefill_zepp=list(PREFILL_ZEPP))
+        write(rows, meta, out)
+    if not args.only:
+        meta["diagnosis"] = [diagnose(p, args.traces, args.seed) for p in DIAGNOSE]
         write(rows, meta, out)
 
 
