@@ -113,3 +113,22 @@ def test_todays_presets_simulate_with_deepeps_published_network(capsys):
           "0.5", "--iters", "1", "--warmup", "0", "--systems", "sglang-deepep,zepp-deepep", "--jobs", "1"])
     out = capsys.readouterr().out
     assert "sglang-deepep ms" in out and "zepp-deepep ms" in out
+
+
+def normal_dispatch_rdma_rate(nodes: int, tokens: int = 4096) -> float:
+    """DeepEP's normal-mode "RDMA bandwidth": a rank's bytes sent over its NIC in the dispatch
+    over the dispatch's time (mean over ranks), bytes/s."""
+    cfg = uniform_config(nodes, tokens=tokens)
+    tl = timeline(cfg, "sglang-deepep-normal")
+    kind, res = np.array(tl.kind), np.array(tl.resource).astype(str)
+    d = kind == "dispatch"
+    nic = d & np.char.startswith(res, "nic")
+    return float(np.bincount(tl.rank[nic], weights=tl.bytes[nic], minlength=cfg.cluster.ranks).mean()
+                 / (tl.end[d].max() - tl.start[d].min()))
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the simulator forwards whole messages, DeepEP's normal kernels "
+                   "pipeline NIC and NVLink stages in chunks; simulated 24 GB/s at EP 16 (README, bench_today.md)")
+def test_normal_kernels_reach_deepeps_published_rdma_rate():
+    # PAPER.md section 5: "DeepEP normal mode: 43-58 GB/s RDMA bottleneck bandwidth at EP 16-64"
+    assert normal_dispatch_rdma_rate(2) >= 43e9
