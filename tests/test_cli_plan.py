@@ -44,10 +44,13 @@ def test_plan_table_json_and_dump(tmp_path, capsys):
                               "--json", str(out_json), "--dump", str(dump)], capsys)
     assert code == 0, err
     assert "every plan validated" in out
-    from zepp.registry import names_for
+    from zepp.registry import SYSTEMS, names_for, variants
 
-    for system in names_for("plan"):  # "all" = every system plan supports; zepp = its variants
-        if system != "zepp":
+    for system in names_for("plan"):  # "all" = every system plan supports; a meta-system = its variants
+        if SYSTEMS[system].best_of:
+            assert f"\n{system} " not in out
+            assert all(f"\n{v} " in out for v in variants(system, "plan"))
+        else:
             assert f"\n{system} " in out
     assert "\nzepp " not in out
     payload = json.loads(out_json.read_text())

@@ -97,8 +97,8 @@ def run_unit(unit: dict) -> dict:
                       floor_ms=float(np.median(res.lower_bound)) * 1e3,
                       swapped_slots=int(np.sum(res.swapped_slots)), variant=None)
     for s in unit["systems"]:
-        if s not in plain:  # a meta-system: its variants' best, as zepp.sim.run.run_system picks it
-            best = min(registry.variants(s, "sim"), key=lambda v: out[v]["median_ms"])
+        if s not in plain:  # a meta-system: the variant zepp.sim.run.run_system picks
+            best = registry.pick_variant(s, cfg.batches.shape[2], {v: out[v]["median_ms"] for v in plain})
             out[s] = dict(out[best], variant=best)
     return dict(key=unit["key"], unit=list(unit["systems"]), systems=out, cpu_s=time.process_time() - t0)
 
@@ -106,7 +106,8 @@ def run_unit(unit: dict) -> dict:
 # Relative simulation cost per mechanics (CPU seconds per system at 16 nodes, K2, 4 MB, over
 # a2av's; measured once with cProfile-free timing): only the progress bar's estimate uses it.
 _COST = {"serial-barrier": 1.0, "fast": 0.35, "comet": 0.95, "eplb-staged": 2.7, "epic-relay": 0.55, "moonep": 1.6,
-         "signals": 0.8, "zepp-overlap": 1.0, "best-of": 0.0}
+         "signals": 0.8, "zepp-overlap": 1.0, "best-of": 0.0, "by-tokens": 0.0, "deepep-normal": 0.8,
+         "deepep-ll": 0.8, "deepep-overlap": 1.0}
 
 
 def unit_weight(job: dict, systems: list[str]) -> float:
@@ -122,9 +123,16 @@ def unit_weight(job: dict, systems: list[str]) -> float:
 
 
 def _units(job: dict, systems: list[str]) -> list[list[str]]:
-    """Zepp's variants (and ``zepp``) run in one unit: they share placement and routing."""
+    """Zepp's variants (and ``zepp``) run in one unit: they share placement and routing; any
+    other meta-system runs in one unit with its variants."""
     zepp_family = [s for s in systems if registry.SYSTEMS[s].placement == "zepp"]
-    return [[s] for s in systems if s not in zepp_family] + ([zepp_family] if zepp_family else [])
+    units: list[list[str]] = []
+    grouped = set(zepp_family)
+    for s in systems:
+        if s not in grouped and registry.SYSTEMS[s].best_of:
+            units.append([v for v in systems if v in registry.SYSTEMS[s].best_of and v not in grouped] + [s])
+            grouped.update(units[-1])
+    return units + [[s] for s in systems if s not in grouped] + ([zepp_family] if zepp_family else [])
 
 
 def config_key(job: dict) -> str:

@@ -26,6 +26,9 @@ over the cells given; the latency is close to affine in ``(put_c0, put_c1, 1 / n
 each round simulates every cell at four parameter points, solves the linear least-squares
 problem, and re-centres. ``benchmarks/calibrate.py`` runs it and writes
 ``benchmarks/results/calibration.{json,md}``; the values below are its output.
+
+Today's presets (``h100-8``, ``h200-8``, ``gb200-nvl72``) have no measured column to fit: their
+``Net`` is DeepEP's published figures (``PUBLISHED``; ``zepp.sim.mechanics.DEEPEP_NET``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 from zepp.cluster import Cluster, cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.measured import fig9, weak_a2av
-from zepp.sim.mechanics import Net
+from zepp.sim.mechanics import DEEPEP_NET, Net
 
 # GEMM curve and fixed costs from the figures above (same for both presets).
 HARDWARE = dict(gemm_eff_max=0.5, gemm_rows_half=64.0, nvlink_msg_cost=10e-6, kernel_launch=10e-6)
@@ -47,13 +50,29 @@ FITTED: dict[str, Net] = {
 }
 
 
+# Today's clusters: nothing measured here to fit, so their network stack is DeepEP's from its
+# published figures (``zepp.sim.mechanics.DEEPEP_NET``, PAPER.md section 5), not a fit.
+PUBLISHED: dict[str, Net] = {"h100-8": DEEPEP_NET, "h200-8": DEEPEP_NET, "gb200-nvl72": DEEPEP_NET}
+
+
+def network_of(preset: str) -> tuple[Net, str]:
+    """A preset's simulator ``Net`` and where it comes from (``fitted`` on the paper's ``a2av``
+    column, or ``published``: DeepEP's figures)."""
+    if preset in FITTED:
+        return FITTED[preset], "fitted"
+    if preset in PUBLISHED:
+        return PUBLISHED[preset], "published"
+    raise ZeppInputError(f"cluster preset {preset!r} has no network figures for the simulator; simulated presets: "
+                         f"{', '.join((*FITTED, *PUBLISHED))}")
+
+
 def calibrated(preset: str, nodes: int, net: Net | None = None, gpus_per_node: int = 4) -> tuple[Cluster, Net]:
-    """The preset cluster with the calibration's hardware figures, and its fitted ``Net``."""
-    if net is None and preset not in FITTED:
-        raise ZeppInputError(f"cluster preset {preset!r} has no network calibration for the simulator; simulated "
-                             f"presets: {', '.join(FITTED)}")
+    """The preset cluster with the calibration's hardware figures, and its ``Net`` (fitted, or
+    DeepEP's published figures for today's clusters; see ``network_of``)."""
+    if net is None:
+        net, _ = network_of(preset)
     cl = cluster_preset(preset, nodes, gpus_per_node, **HARDWARE)
-    return cl, (FITTED[preset] if net is None else net)
+    return cl, net
 
 
 # ----------------------------------------------------------------------------- cells

@@ -52,15 +52,16 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
 
 def simulated_ms(cluster, spec: MoESpec, system: str, plan, relaxation: float, extra: int, hist) -> float | None:
     """The simulated layer time of ``plan`` on ``cluster`` (``None`` where the simulator has no
-    network calibration for the cluster's preset or does not run the system)."""
-    from zepp.calibrate import FITTED, HARDWARE
+    network figures for the cluster's preset, fitted or published, or does not run the system)."""
+    from zepp.calibrate import FITTED, HARDWARE, PUBLISHED
     from zepp.sim.run import Config, simulate_plan
 
     s = registry.system(system)
-    if cluster.name not in FITTED or not s.supports("sim") or s.adaptation != "none" or s.plugins:
+    nets = {**FITTED, **PUBLISHED}
+    if cluster.name not in nets or not s.supports("sim") or s.adaptation != "none" or s.plugins:
         return None
     cl = cluster.with_(**HARDWARE)
-    cfg = Config(cl, spec, FITTED[cluster.name], hist, plan.routing.topk_ids[None], warmup=0, relaxation=relaxation,
+    cfg = Config(cl, spec, nets[cluster.name], hist, plan.routing.topk_ids[None], warmup=0, relaxation=relaxation,
                  extra=extra)
     tl, _, _ = simulate_plan(cfg, s, plan)
     return tl.latency * 1e3

@@ -12,7 +12,7 @@ defaults (``gemm_eff_max`` 0.5, ``gemm_rows_half`` 64) are the simulator's hardw
 PAPER.md section 5 (``zepp.calibrate.HARDWARE``); a measured H200 curve is in
 ``benchmarks/results/gpu_gemm_h200.md``. The network costs the paper-testbed simulation fits
 (per-put cost growing with the rank count, achieved NIC efficiency) live in
-``zepp.calibrate.FITTED``, not here: ``nvlink_msg_cost`` and ``nic_msg_cost`` are the flat
+``zepp.calibrate.FITTED`` (today's presets: DeepEP's published figures, ``zepp.calibrate.PUBLISHED``), not here: ``nvlink_msg_cost`` and ``nic_msg_cost`` are the flat
 per-message costs used where no such fit applies (the emulated cluster's model, which measures
 them with ``zepp.emulate.linkcal``).
 """

@@ -13,8 +13,9 @@ implement exactly these names.
 
 Executors: ``plan`` (``zepp plan``: placement, routing and flows, bytes per link), ``sim`` (the
 simulator: ``zepp bench``, ``zepp timeline``) and ``runtime`` (``zepp run`` on torch.distributed).
-A meta-system (``best_of``) is the per-configuration best of its variants; commands that do not
-compare latencies (``plan``, ``run``) expand it into its variants.
+A meta-system (``best_of``) is the per-configuration best of its variants, or, with
+``switch_tokens``, the variant a batch's size picks (an engine that switches kernels by batch
+size); commands that do not compare latencies (``plan``, ``run``) expand it into its variants.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class System:
     ``plugins``: named simulator parts that replace or add to the FlowPlan-driven phases
     (``zepp.sim.plugins``); ``planning``: name of the planning-cost model (``zepp.sim.planning``).
     ``best_of``: a meta-system's variants (then the stage fields describe the family).
+    ``switch_tokens``: a meta-system that is not the best of its two variants but runs the first
+    on batches of at most this many tokens per GPU and the second on larger ones
+    (``pick_variant``).
     """
 
     name: str
@@ -102,6 +106,7 @@ class System:
     overlap_comm: str = "collective"  # runtime: overlap via async all-to-alls, or "p2p"
     paper_column: str | None = None  # column of PAPER.md section 4's measured table
     best_of: tuple[str, ...] = field(default=())
+    switch_tokens: int | None = None
 
     @property
     def swaps(self) -> bool:
@@ -150,6 +155,48 @@ _ROWS = (
     System("sglang", "EPLB replicas with SGLang's static locality dispatch over all-to-all-v",
            "SGLang static locality dispatch (--ep-dispatch-algorithm static)",
            "eplb", "locality", "a2av", "a2av", mechanics="signals"),
+    # ---- today's clusters: DeepEP's kernels (zepp.sim.mechanics deepep-*). SGLang 0.5 (read in
+    # its wheel, 0.5.23): with EPLB and a DeepEP backend --ep-dispatch-algorithm defaults to
+    # static; --deepep-mode auto runs low-latency kernels on decode batches and normal ones when
+    # the batch extends (DeepEPMode.resolve); the low-latency buffer holds
+    # SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens (default 128; a deployment decoding
+    # 256 tokens per GPU raises it). A simulated batch has only a size: at most 256 tokens per GPU
+    # (issue 12's largest decode batch) is a decode batch. vLLM's EPLB picks a pseudo-random replica
+    # per token (INTEROP.md) and runs DeepEP through --all2all-backend deepep_low_latency /
+    # deepep_high_throughput: the same kernels, switched here at the same size.
+    System("sglang-deepep", "SGLang + DeepEP + EPLB: low-latency kernels up to 256 tokens per GPU, normal kernels above",
+           "SGLang --moe-a2a-backend deepep --deepep-mode auto --enable-eplb (static dispatch)",
+           "eplb", "locality", "relay", "reduce", mechanics="by-tokens", best_of=("sglang-deepep-ll", "sglang-deepep-normal"),
+           switch_tokens=256, executors=("plan", "sim")),
+    System("sglang-deepep-ll", "EPLB replicas, SGLang static dispatch, DeepEP low-latency kernels (entries straight to their GPU)",
+           "SGLang + DeepEP low-latency mode (decode)", "eplb", "locality", "a2av", "a2av", mechanics="deepep-ll",
+           executors=("plan", "sim")),
+    System("sglang-deepep-normal", "EPLB replicas, SGLang static dispatch, DeepEP normal kernels (NIC once per node, reduced combine)",
+           "SGLang + DeepEP normal mode (prefill)", "eplb", "locality", "relay", "reduce", mechanics="deepep-normal",
+           executors=("plan", "sim")),
+    System("vllm-eplb", "vLLM + EPLB: pseudo-random replica per entry over DeepEP, low-latency up to 256 tokens per GPU",
+           "vLLM --enable-eplb with the DeepEP all2all backends", "eplb", "random", "relay", "reduce",
+           mechanics="by-tokens", best_of=("vllm-eplb-ll", "vllm-eplb-normal"), switch_tokens=256,
+           executors=("plan", "sim")),
+    System("vllm-eplb-ll", "EPLB replicas, vLLM's random replica choice, DeepEP low-latency kernels",
+           "vLLM + EPLB, deepep_low_latency (decode)", "eplb", "random", "a2av", "a2av", mechanics="deepep-ll",
+           executors=("plan", "sim")),
+    System("vllm-eplb-normal", "EPLB replicas, vLLM's random replica choice, DeepEP normal kernels",
+           "vLLM + EPLB, deepep_high_throughput (prefill)", "eplb", "random", "relay", "reduce",
+           mechanics="deepep-normal", executors=("plan", "sim")),
+    System("zepp-deepep", "Zepp on DeepEP's kernels: the best of zepp-deepep-ll, zepp-deepep-normal and zepp-deepep-overlap",
+           "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",
+           planning="zepp", best_of=("zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
+           executors=("plan", "sim")),
+    System("zepp-deepep-ll", "Zepp's placement and routing over DeepEP's low-latency kernels",
+           "Zepp variant (DeepEP low-latency)", "zepp", "zepp", "a2av", "a2av", mechanics="deepep-ll", planning="zepp",
+           executors=("plan", "sim")),
+    System("zepp-deepep-normal", "Zepp's placement, routing and transport over DeepEP's normal-kernel figures",
+           "Zepp variant (DeepEP normal)", "zepp", "zepp", "zepp", "reduce", mechanics="deepep-normal", planning="zepp",
+           executors=("plan", "sim")),
+    System("zepp-deepep-overlap", "zepp-deepep-normal with Zepp's dispatch groups and combine waves",
+           "Zepp variant (DeepEP normal + overlap)", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
+           mechanics="deepep-overlap", planning="zepp", executors=("plan", "sim")),
     # ---- Zepp and its variants
     System("zepp", "Zepp: the best of zepp-a2av, zepp-overlap and zepp-swap per configuration (as in the paper)",
            "the paper's Zepp number", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
@@ -194,6 +241,8 @@ def _check_table() -> None:
                 raise AssertionError(f"registry row {s.name!r}: variant {v!r} is not a plain system")
         if s.best_of and set(s.executors) != {e for v in s.best_of for e in SYSTEMS[v].executors}:
             raise AssertionError(f"registry row {s.name!r}: executors must be those of its variants")
+        if s.switch_tokens is not None and (len(s.best_of) != 2 or s.switch_tokens < 1):
+            raise AssertionError(f"registry row {s.name!r}: switch_tokens needs two variants and a positive size")
 
 
 def system(name: str) -> System:
@@ -213,6 +262,16 @@ def variants(name: str, executor: str) -> tuple[str, ...]:
     """What ``name`` runs as under ``executor``: a meta-system's supported variants, else itself."""
     s = system(name)
     return tuple(v for v in s.best_of if SYSTEMS[v].supports(executor)) if s.best_of else (name,)
+
+
+def pick_variant(name: str, tokens_per_rank: int, medians: dict[str, float]) -> str:
+    """The variant a meta-system runs as on a batch of ``tokens_per_rank`` tokens per GPU:
+    with ``switch_tokens``, the first variant up to that size and the second above it; else the
+    variant of ``medians`` (simulated median seconds per variant) that is fastest."""
+    s = system(name)
+    if s.switch_tokens is not None:
+        return s.best_of[0] if tokens_per_rank <= s.switch_tokens else s.best_of[1]
+    return min((v for v in s.best_of if v in medians), key=medians.get)
 
 
 def parse_systems(text: str, executor: str, option: str = "--systems", default_all: tuple[str, ...] | None = None,
@@ -271,7 +330,7 @@ def format_systems() -> str:
         out.append(line(r))
         out.append("    " + s.summary + (f" [stands for: {s.stands_for}]" if s.stands_for else ""))
         if s.best_of:
-            out.append("    best of: " + ", ".join(s.best_of))
+            out.append("    " + _meta_text(s))
     for title, table in (("placements", PLACEMENTS), ("routings", ROUTINGS), ("dispatch transports", DISPATCH_TRANSPORTS),
                          ("combine transports", COMBINE_TRANSPORTS), ("overlap", OVERLAPS),
                          ("adaptation", ADAPTATIONS)):
@@ -282,12 +341,18 @@ def format_systems() -> str:
     return "\n".join(out)
 
 
+def _meta_text(s: System) -> str:
+    if s.switch_tokens is not None:
+        return f"runs {s.best_of[0]} up to {s.switch_tokens} tokens per GPU, {s.best_of[1]} above"
+    return "best of: " + ", ".join(s.best_of)
+
+
 def markdown_table() -> str:
     """The README's system table (a test checks the README holds exactly this)."""
     head = "| system | what it is | stands for | placement | routing | dispatch | combine | overlap | adaptation | runs in |"
     out = [head, "| " + " | ".join("---" for _ in range(10)) + " |"]
     for s in _ROWS:
-        what = s.summary + (f" (best of {', '.join(s.best_of)})" if s.best_of and "best of" not in s.summary else "")
+        what = s.summary + (f" ({_meta_text(s)})" if s.best_of and "best of" not in s.summary else "")
         out.append(f"| `{s.name}` | {what} | {s.stands_for} | {s.placement} | {s.routing} | {s.dispatch} | "
                    f"{s.combine} | {s.overlap} | {s.adaptation} | {', '.join(s.executors)} |")
     return "\n".join(out)

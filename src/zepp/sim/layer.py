@@ -129,7 +129,8 @@ class LayerBuilder:
     # ---------------------------------------------------------------- transfers
     def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None):
         """Create transfers; returns ``(entry_task, exit_task)`` arrays. ``concurrent``
-        cross-node puts first take a proxy issue slot on the source's proxy stream."""
+        cross-node puts first take a proxy issue slot on the source's proxy stream (unless the
+        mechanics' puts are GPU-initiated, ``Mechanics.proxy`` False)."""
         src = np.asarray(src, np.int64)
         dst = np.asarray(dst, np.int64)
         n = src.size
@@ -137,6 +138,7 @@ class LayerBuilder:
         put = self.net.put(self.R)
         fixed = np.where(cross, put, self.cl.nvlink_msg_cost)
         entry = np.zeros(n, np.int64)
+        mode = "concurrent" if mode == "concurrent" and self.mech.proxy else "gpu-initiated"
         if mode == "concurrent" and cross.any():
             issue = put / self.net.proxy_inflight
             fixed = np.where(cross, put - issue, fixed)
@@ -273,6 +275,9 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     out["prologue"] = pro
     owner, token, comp, slot, jdx = plan.owner, plan.token, plan.comp, plan.slot, plan.entry
     rb = float(spec.row_bytes)
+    rb_dispatch = dispatch_row_bytes(spec, mech)
+    call = cluster.kernel_launch + net.signal  # one GPU-initiated kernel of a phase (Mechanics.kernel_calls)
+    kc_dispatch = kc_combine = None
 
     # Overlap needs data per source / destination node: with dispatch groups a forwarded message
     # carries one source node's rows (it leaves as they arrive), with combine waves a message
@@ -284,8 +289,13 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
 
     # ---- dispatch
     if custom_dispatch is None:
-        d = b.phase_messages(plan.dispatch, mech.dispatch_puts, "dispatch", rb)
+        d = b.phase_messages(plan.dispatch, mech.dispatch_puts, "dispatch", rb_dispatch)
         g.after(pro[d.src], d.entry_task)  # nothing leaves a rank before its planning is done
+        if mech.kernel_calls[0]:
+            kc_dispatch = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[0] * call), kind="dispatch",
+                                      stream=None, label="dispatch kernels")
+            g.after(pro, kc_dispatch)
+            g.after(kc_dispatch[d.src], d.entry_task)
         b.stage_deps(plan.dispatch, d)
         extra_tail = _extra_calls(b, d, pro, "dispatch")
         dispatch_done = _phase_end(g, net, R, mech.dispatch_barrier, d, extra_tail)
@@ -321,6 +331,8 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     for r in range(R):
         a1, a2 = tab1[:, r][tab1[:, r] >= 0], tab2[:, r][tab2[:, r] >= 0]
         g.after(pro[r], a1)
+        if kc_dispatch is not None:
+            g.after(kc_dispatch[r], a1)
         if a1.size and a2.size:
             g.after_all(a1, a2)  # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank
     all1 = tab1[tab1 >= 0]
@@ -378,6 +390,13 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         extra_tail = _extra_calls(b, cm, None, "combine")
         red_deps_msgs = cm
         combine_done = _phase_end(g, net, R, mech.combine_barrier, cm, extra_tail)
+        if mech.kernel_calls[1]:  # the receivers' combine kernels end after their last partial
+            kc_combine = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[1] * call), kind="combine",
+                                     stream=None, label="combine kernels")
+            g.after(pro, kc_combine)
+            g.after(cm.exit_task, kc_combine[cm.dst])
+            for r in range(R):
+                g.after(tab2[:, r][tab2[:, r] >= 0], kc_combine[r])
     else:
         # per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
         # computes nothing) its prologue and dispatch
@@ -409,8 +428,18 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
             raise SimulationError("stage_collectives mechanics run the Hops-driven phases (no custom_dispatch/combine)")
         add_stage_collectives(b, d, red_deps_msgs, plan.combine, tab1, tab2, G, pro, red, rb, n_dispatch,
                               plan.combine.num_stages)
+    if kc_combine is not None:
+        g.after(kc_combine, red)
     out.update(gemm1=all1, gemm2=all2, reduce=red)
     return out
+
+
+def dispatch_row_bytes(spec: MoESpec, mech: Mechanics) -> float:
+    """Bytes of one row on the dispatch wire (``Mechanics.dispatch_value_bytes``, else the
+    model's dtype)."""
+    if mech.dispatch_value_bytes is None:
+        return float(spec.row_bytes)
+    return float(spec.hidden * mech.dispatch_value_bytes)
 
 
 def _phase_end(g, net, R: int, barrier, msgs, extra_tail: np.ndarray):

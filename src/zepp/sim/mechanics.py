@@ -20,6 +20,17 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   groups (own node, remote), GEMM 2 in waves (its dense all-gather is the ``comet-allgather``
   plug-in).
 - ``fast``: synchronous host-driven rounds (the ``fast-rounds`` plug-in), nothing overlaps.
+
+DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections 5 and 6):
+
+- ``deepep-normal``: DeepEP's normal (high-throughput) kernels: GPU-initiated puts (no host
+  proxy, no world barrier), two kernels per dispatch (count notify, then dispatch) and one per
+  combine, FP8 rows on the dispatch wire (BF16 combine); run with the ``relay`` dispatch
+  (one NIC crossing per token and node, NVLink fan-out) and ``reduce`` combine.
+- ``deepep-ll``: DeepEP's low-latency kernels: the same GPU-initiated puts straight to the
+  computing GPU (``a2av`` both ways, one row per entry), one kernel per phase.
+- ``deepep-overlap``: ``deepep-normal``'s figures with Zepp's dispatch groups and combine waves
+  (Zepp's overlap on DeepEP's transport, not a DeepEP kernel).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class Net:
     signal: float = 2e-6
     call_cpu: float = 0.0
     cpu_per_byte: float = 0.0
+    nvlink_eff: float = 1.0  # fraction of the cluster's NVLink rate the kernels reach
 
     def put(self, ranks: int) -> float:
         return self.put_c0 + self.put_c1 * ranks
@@ -92,6 +104,13 @@ class Mechanics:
       puts are then ordered per call in ring order (every pair exchanges a message, empty or
       not) and the barriers should be ``None`` (a rank leaves a call when its own sends and
       receives are done).
+    - ``proxy``: ``concurrent`` cross-node puts take an issue slot on the source's host proxy
+      (NVSHMEM's proxy); ``False``: GPU-initiated puts (DeepEP), no proxy task.
+    - ``kernel_calls``: ``(dispatch, combine)`` kernels per phase, each costing every rank a
+      kernel launch plus one flag wait (``Net.signal``): dispatch ones before its first put
+      leaves, combine ones after its last partial arrives.
+    - ``dispatch_value_bytes``: bytes per hidden value on the dispatch wire (``None``: the
+      model's dtype); the combine always moves the model's dtype.
     """
 
     dispatch_puts: str = "serial"
@@ -108,10 +127,31 @@ class Mechanics:
     per_expert_gemm: bool = False
     pad_rows: int = 1
     stage_collectives: bool = False
+    proxy: bool = True
+    kernel_calls: tuple[int, int] = (0, 0)
+    dispatch_value_bytes: float | None = None
+
+
+# DeepEP on 8-GPU NVSwitch nodes with one 400 Gb/s NIC per GPU (PAPER.md section 5):
+# - put_c0: one GPU-initiated RDMA put's fixed cost, "RDMA one-way latency about 1-2 us raw"
+#   (the upper figure); put_c1 = 0: no host proxy whose queue grows with the job.
+# - nic_eff = 1: DeepEP's normal kernels reach "43-58 GB/s RDMA bottleneck bandwidth at EP
+#   16-64", which brackets the NDR NIC's achieved "45-48 GB/s" (the presets' nic_bw, 46 GB/s):
+#   its kernels run the NIC at its achieved rate.
+# - nvlink_eff: DeepEP's "153-158 GB/s NVLink intra-node" (the lower figure) over NCCL's
+#   "about 370 GB/s effective per GPU ... on 8-GPU NVSwitch boards" (the presets' NVLink rate).
+# - signal: a receiver's flag wait, 2 us (PAPER.md section 7, as for the paper's testbeds).
+# Not fitted to anything; tests/test_today.py checks the low-latency kernels against DeepEP's
+# published "dispatch 77-194 us, combine 114-369 us for EP 8-256" at 128 tokens.
+DEEPEP_NET = Net(put_c0=2e-6, put_c1=0.0, nic_eff=1.0, signal=2e-6, nvlink_eff=153e9 / 370e9)
+# FP8 values plus one fp32 scale per 128 values: DeepEP's published benchmarks (both kernel
+# modes) dispatch FP8 and combine BF16 (DeepEP's README; not a PAPER.md figure).
+DEEPEP_FP8 = 1.0 + 4.0 / 128
 
 
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
 _CONCURRENT = dict(dispatch_puts="concurrent", combine_puts="concurrent", dispatch_barrier=None, combine_barrier=None)
+_DEEPEP = dict(_CONCURRENT, proxy=False, dispatch_value_bytes=DEEPEP_FP8)
 
 MECHANICS: dict[str, Mechanics] = {
     "serial-barrier": Mechanics(),
@@ -123,6 +163,9 @@ MECHANICS: dict[str, Mechanics] = {
     "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
     "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="waves", gemm_eff_scale=COMET_FUSED_EFF),
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
+    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1)),
+    "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1)),
+    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves"),
 }
 
 

@@ -8,7 +8,8 @@ does; their weight copies run this batch), the row's planning model (``zepp.sim.
 the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
 ``simulate``. Latency = max over ranks; the result holds every timed iteration.
 
-A meta-system (``zepp``: ``best_of``) is its variants' best median per configuration.
+A meta-system (``zepp``: ``best_of``) is its variants' best median per configuration; one with
+``switch_tokens`` (``sglang-deepep``) runs the variant the batch size picks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from zepp.plan import FlowPlan, Placement
 from zepp.routing import route
 from zepp.sim import plugins
 from zepp.sim.engine import TaskGraph, Timeline, simulate
-from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer
+from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
 from zepp.sim.mechanics import Net, mechanics
 from zepp.sim.planning import planning_seconds
 
@@ -101,17 +102,18 @@ class Shared:
         return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
 
 
-def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None) -> float:
+def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: float | None = None) -> float:
     """A system's own physical floor: busiest NIC direction's bytes at the nominal NIC rate,
-    busiest GPU's FLOPs at peak, busiest GPU's expert-weight reads at HBM rate."""
+    busiest GPU's FLOPs at peak, busiest GPU's expert-weight reads at HBM rate.
+    ``dispatch_row_bytes``: a dispatch row's bytes on the wire (default: the model's row)."""
     cl, spec = cfg.cluster, cfg.spec
     R, L = cl.ranks, cl.gpus_per_node
     send = np.zeros(R)
     recv = np.zeros(R)
-    for h in (lp.dispatch, lp.combine):
+    for h, rb in ((lp.dispatch, dispatch_row_bytes or spec.row_bytes), (lp.combine, spec.row_bytes)):
         cross = (h.src // L) != (h.dst // L)
-        send += np.bincount(h.src[cross], minlength=R) * spec.row_bytes
-        recv += np.bincount(h.dst[cross], minlength=R) * spec.row_bytes
+        send += np.bincount(h.src[cross], minlength=R) * rb
+        recv += np.bincount(h.dst[cross], minlength=R) * rb
     if extra_nic is not None:
         send += extra_nic[0]
         recv += extra_nic[1]
@@ -135,13 +137,15 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
     lp = LayerPlan.of(plan, **kw)
-    floor = own_floor(cfg, lp, ctx.extra_nic)
+    mech = mechanics(s.mechanics)
+    floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
     T = plan.routing.topk_ids.shape[1]
     prologue, planning = planning_seconds(s.planning, s, cfg.cluster, cfg.spec, T, cfg.net)
     g = TaskGraph(cfg.cluster)
-    build_layer(g, cfg.cluster, cfg.spec, lp, mechanics(s.mechanics), cfg.net, np.full(cfg.cluster.ranks, prologue),
+    build_layer(g, cfg.cluster, cfg.spec, lp, mech, cfg.net, np.full(cfg.cluster.ranks, prologue),
                 ctx.custom_dispatch, ctx.custom_combine, planning=np.full(cfg.cluster.ranks, planning))
-    tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, labels=keep, **(cfg.sim_opts or SIM_OPTS))
+    tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, nvlink_bw=cfg.cluster.nvlink_bw * cfg.net.nvlink_eff,
+                  labels=keep, **(cfg.sim_opts or SIM_OPTS))
     return tl, planning, floor
 
 
@@ -156,8 +160,10 @@ def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shar
         raise ZeppInputError(f"system {name!r} does not run in the simulator (runs in: {', '.join(s.executors)})")
     shared = Shared() if shared is None else shared
     if s.best_of:
-        results = [run_system(v, cfg, keep_timeline, shared) for v in registry.variants(name, "sim")]
-        best = min(results, key=lambda r: r.median)
+        T = cfg.batches.shape[2]
+        names = [registry.pick_variant(name, T, {})] if s.switch_tokens is not None else registry.variants(name, "sim")
+        results = {v: run_system(v, cfg, keep_timeline, shared) for v in names}
+        best = results[registry.pick_variant(name, T, {v: r.median for v, r in results.items()})]
         return SystemResult(name, best.latencies, best.planning, best.lower_bound, best.swapped_slots, best.timeline,
                             variant=best.name)
     res = SystemResult(name)
