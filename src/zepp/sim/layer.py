@@ -122,14 +122,15 @@ class LayerBuilder:
         self.R, self.L, self.N = cluster.ranks, cluster.gpus_per_node, cluster.nodes
 
     # ---------------------------------------------------------------- transfers
-    def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None):
+    def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None, put: float | None = None):
         """Create transfers; returns ``(entry_task, exit_task)`` arrays. ``concurrent``
-        cross-node puts first take a proxy issue slot on the source's proxy stream."""
+        cross-node puts first take a proxy issue slot on the source's proxy stream. ``put``:
+        fixed seconds of one cross-node put (default the calibrated ``net.put(W)``)."""
         src = np.asarray(src, np.int64)
         dst = np.asarray(dst, np.int64)
         n = src.size
         cross = (src // self.L) != (dst // self.L)
-        put = self.net.put(self.R)
+        put = self.net.put(self.R) if put is None else put
         fixed = np.where(cross, put, self.cl.nvlink_msg_cost)
         entry = np.zeros(n, np.int64)
         if mode == "concurrent" and cross.any():
@@ -164,7 +165,8 @@ class LayerBuilder:
             if sel.size == 0:
                 continue
             e, x = self.transfers(m.src[sel], m.dst[sel], m.rows[sel] * row_bytes,
-                                  "serial" if is_serial else "concurrent", kind, kind)
+                                  "serial" if is_serial else "concurrent", kind, kind,
+                                  put=self.mech.serial_put if is_serial else None)
             m.entry_task[sel], m.exit_task[sel] = e, x
         if mode == "serial":
             self.chain_serial(m, np.flatnonzero(serial_stage))

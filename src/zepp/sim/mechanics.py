@@ -82,6 +82,8 @@ class Mechanics:
       ring order, own node last).
     - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
       ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
+    - ``serial_put``: seconds of fixed cost of one cross-node put of the ``serial`` stages where
+      the system's own measured figure is known (``None``: the calibrated ``Net.put(W)``).
     """
 
     dispatch_puts: str = "serial"
@@ -97,9 +99,12 @@ class Mechanics:
     gemm_eff_scale: float = 1.0
     per_expert_gemm: bool = False
     pad_rows: int = 1
+    serial_put: float | None = None
 
 
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
+# EPIC's serial relay stages: "about 0.34-0.45 ms per proxy put per round" (PAPER.md section 7, epic); midpoint.
+EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)
 _CONCURRENT = dict(dispatch_puts="concurrent", combine_puts="concurrent", dispatch_barrier=None, combine_barrier=None)
 
 MECHANICS: dict[str, Mechanics] = {
@@ -107,8 +112,11 @@ MECHANICS: dict[str, Mechanics] = {
     "signals": Mechanics(**_CONCURRENT),
     "zepp-overlap": Mechanics(**_CONCURRENT, gemm1="arrival", gemm2="waves"),
     "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True),
-    "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="concurrent",
-                            dispatch_barrier=None, combine_barrier=None),
+    # PAPER.md section 7, epic: relay dispatch whose NIC stage (stage 1) is a round of blocking
+    # proxy puts, one per remote node, at EPIC_RELAY_PUT each; "hierarchical combine with one round
+    # of N-1 puts after GEMM 2" (reduce-direct's stage 1), the same serial proxy puts; no barrier.
+    "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="serial",
+                            dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT),
     "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
     "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="waves", gemm_eff_scale=COMET_FUSED_EFF),
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
