@@ -120,6 +120,7 @@ class LayerBuilder:
     def __init__(self, graph: TaskGraph, cluster: Cluster, spec: MoESpec, net: Net, mech: Mechanics):
         self.g, self.cl, self.spec, self.net, self.mech = graph, cluster, spec, net, mech
         self.R, self.L, self.N = cluster.ranks, cluster.gpus_per_node, cluster.nodes
+        self.column_splits = None  # [splits, ncls, R] GEMM 2 column-split tasks (gemm2 == "columns")
 
     # ---------------------------------------------------------------- transfers
     def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None, put: float | None = None):
@@ -199,9 +200,14 @@ class LayerBuilder:
                         self.g.after(j, m.entry_task[c])
 
     # ---------------------------------------------------------------- GEMMs
-    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str) -> np.ndarray:
+    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str,
+                   splits: int = 1) -> np.ndarray:
         """One grouped-GEMM task per (class, rank) holding entries; ``cls [n]`` in ``[0, ncls)``,
-        ``slot [n]`` global slots. Returns ``table [ncls, R]`` of task ids (-1: no task)."""
+        ``slot [n]`` global slots. Returns ``table [ncls, R]`` of task ids (-1: no task).
+
+        ``splits > 1``: each task is run as ``splits`` column splits in sequence (each 1 / splits
+        of the FLOPs and weight reads, plus a launch); the returned table holds the first split,
+        ``self.column_splits [splits, ncls, R]`` all of them (see ``column_split_tasks``)."""
         R, S = self.R, self.S
         pair_cnt = np.bincount(cls.astype(np.int64) * (R * S) + slot, minlength=ncls * R * S)
         nz = np.flatnonzero(pair_cnt)
@@ -225,10 +231,28 @@ class LayerBuilder:
                 eff = cl.gemm_efficiency(tot / np.maximum(act, 1)) * scale
                 dur = np.maximum(tot * flops_row / (cl.peak_flops * eff), act * w_bytes / cl.hbm_bw) + cl.kernel_launch
         keys = np.unique(tkey)
+        if splits > 1:
+            return self.column_split_tasks(keys, dur[keys], prio_of_cls(keys // R), ncls, splits, label)
         table = np.full(space, -1, np.int64)
         table[keys] = self.g.add_fixed(keys % R, dur[keys], kind="gemm", stream="compute",
                                        prio=prio_of_cls(keys // R), label=label)
         return table.reshape(ncls, R)
+
+    def column_split_tasks(self, keys: np.ndarray, dur: np.ndarray, prio, ncls: int, splits: int,
+                           label: str) -> np.ndarray:
+        """A GEMM per ``keys [n]`` (class * R + rank) of ``dur [n]`` seconds run as ``splits``
+        column splits, chained: each ``(dur - launch) / splits + launch``. Sets
+        ``self.column_splits [splits, ncls, R]``; returns the first split's ``[ncls, R]``."""
+        R = self.R
+        part = (dur - self.cl.kernel_launch) / splits + self.cl.kernel_launch
+        cols = np.full((splits, ncls * R), -1, np.int64)
+        for c in range(splits):
+            cols[c, keys] = self.g.add_fixed(keys % R, part, kind="gemm", stream="compute",
+                                             prio=prio, label=f"{label} cols {c}")
+            if c:
+                self.g.after(cols[c - 1, keys], cols[c, keys])
+        self.column_splits = cols.reshape(splits, ncls, R)
+        return self.column_splits[0]
 
 
 def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPlan, mech: Mechanics, net: Net,
@@ -297,15 +321,18 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     swapped = plan.swapped[slot].astype(np.int64) if plan.swapped is not None else np.zeros(comp.size, np.int64)
     tab1 = b.gemm_tasks(swapped * G + group_of(owner, comp), slot, 2 * G,
                         lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1")
+    # GEMM 2 in column splits (COMET): tab2 holds the first split, tab2_end the last
+    col_splits = L if mech.gemm2 == "columns" else 1
     tab2 = b.gemm_tasks(swapped * N + wave_of(owner, comp), slot, 2 * N,
-                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2")
+                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", splits=col_splits)
+    tab2_end = b.column_splits[-1] if col_splits > 1 else tab2
     for r in range(R):
         a1, a2 = tab1[:, r][tab1[:, r] >= 0], tab2[:, r][tab2[:, r] >= 0]
         g.after(pro[r], a1)
         if a1.size and a2.size:
             g.after_all(a1, a2)  # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank
     all1 = tab1[tab1 >= 0]
-    all2 = tab2[tab2 >= 0]
+    all2 = tab2_end[tab2_end >= 0]
     if dispatch_done is not None:
         g.after(dispatch_done, all1)
     if local_done is not None:
@@ -350,7 +377,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         key = _uniq(cm.hop_msg * N + wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
         msg, wv = key // N, key % N
         for sw in (0, 1):
-            t = tab2[sw * N + wv, cm.src[msg]]
+            t = tab2_end[sw * N + wv, cm.src[msg]]
             ok = t >= 0
             g.after(t[ok], cm.entry_task[msg[ok]])
         b.stage_deps(h, cm)
@@ -363,7 +390,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         ready = np.empty(R, np.int64)
         for r in range(R):
             ready[r] = g.add_fixed(r, 0.0, kind="barrier", stream=None, label="gemm2 done")
-            g.after(tab2[:, r][tab2[:, r] >= 0], ready[r])
+            g.after(tab2_end[:, r][tab2_end[:, r] >= 0], ready[r])
             g.after(pro[r], ready[r])
             g.after(tab1[:, r][tab1[:, r] >= 0], ready[r])
             if dispatch_done is not None:
@@ -377,7 +404,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     red = g.add_fixed(np.arange(R), np.full(R, red_bytes / cluster.hbm_bw + cluster.kernel_launch), kind="reduce",
                       stream="compute", prio=np.full(R, 10**6), label="reduce")
     for r in range(R):
-        g.after(tab2[:, r][tab2[:, r] >= 0], red[r])
+        g.after(tab2_end[:, r][tab2_end[:, r] >= 0], red[r])
     if red_deps_msgs is not None:
         cm = red_deps_msgs
         g.after(cm.exit_task, red[cm.dst])

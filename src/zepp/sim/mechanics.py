@@ -79,7 +79,8 @@ class Mechanics:
       moves ``extra_call_bytes`` per row (fp32 route weights).
     - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
       | ``local-remote``; ``gemm2``: ``single`` | ``waves`` (one wave per destination node,
-      ring order, own node last).
+      ring order, own node last) | ``columns`` (``L`` column splits in sequence, each reading its
+      slice of the weights once; a custom combine may start on each split).
     - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
       ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
     - ``serial_put``: seconds of fixed cost of one cross-node put of the ``serial`` stages where
@@ -118,7 +119,13 @@ MECHANICS: dict[str, Mechanics] = {
     "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="serial",
                             dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT),
     "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
-    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="waves", gemm_eff_scale=COMET_FUSED_EFF),
+    # PAPER.md section 7, comet: GEMM tiles wait on per-source flags, "so only the intra-node part
+    # overlaps compute" (GEMM 1 in two groups: own node, remote); GEMM 2 is split by columns, not
+    # by destination ("GEMM 2 publishes per column-split barriers"; each split reads its slice of
+    # w2 once: one GEMM 2 of weight reads);
+    # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
+    # comet-allgather and comet-ring-combine plug-ins.
+    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF),
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
 }
 
