@@ -12,13 +12,17 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   in waves per destination node (ring order, own node last).
 - ``eplb-staged``: one non-blocking put per destination, two team barriers per call, hidden rows
   and fp32 route weights as separate calls, one kernel per expert (per-expert GEMM).
-- ``epic-relay``: relay dispatch whose NIC stage runs as serial blocking puts (one per remote
-  node, 0.34-0.45 ms each through the proxy), concurrent combine puts, one GEMM.
+- ``epic-relay``: relay dispatch whose NIC stage (stage 1) runs as serial blocking proxy puts,
+  one per remote node, at EPIC's own measured ``EPIC_RELAY_PUT`` (0.34-0.45 ms "per proxy put per
+  round", not the a2av-fitted put), and the hierarchical combine's "one round of N-1 puts after
+  GEMM 2" (``reduce-direct``'s stage 1) the same way (``serial_put``); one un-overlapped GEMM.
 - ``moonep``: two calls (rows, then fp32 weights) with two barriers each, rows per slot padded
-  to 128 (its weight pulls are the ``moonep-pulls`` plug-in).
+  to 128 (its weight pulls from the home ranks are the ``moonep-pulls`` plug-in).
 - ``comet``: fused tile-gated GEMM at 62.5 / 132.5 TFLOP/s of the unfused one, GEMM 1 in two
-  groups (own node, remote), GEMM 2 in waves (its dense all-gather is the ``comet-allgather``
-  plug-in).
+  groups (own node, remote: tiles wait on per-source flags, only the intra-node part overlaps),
+  GEMM 2 in ``L`` column splits (``columns``: "GEMM 2 publishes per column-split barriers"; each
+  split reads its slice of w2 once). Its dense all-gather and its in-node ring combine with
+  put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` plug-ins.
 - ``fast``: synchronous host-driven rounds (the ``fast-rounds`` plug-in), nothing overlaps.
 """
 
