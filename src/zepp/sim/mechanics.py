@@ -113,15 +113,24 @@ EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)
 _CONCURRENT = dict(dispatch_puts="concurrent", combine_puts="concurrent", dispatch_barrier=None, combine_barrier=None)
 
 MECHANICS: dict[str, Mechanics] = {
+    # PAPER.md section 7, a2av: "one blocking put per destination rank, in ring order (W-1 puts in
+    # series per rank), then a world barrier"; unfused grouped GEMM after the barrier.
     "serial-barrier": Mechanics(),
     "signals": Mechanics(**_CONCURRENT),
     "zepp-overlap": Mechanics(**_CONCURRENT, gemm1="arrival", gemm2="waves"),
+    # PAPER.md section 7, eplb: "a staged all-to-all (one non-blocking put per destination, two
+    # team barriers per call; hidden rows and fp32 route weights as separate calls), per-expert
+    # GEMM, combine as the mirror image". The team barrier is Net.barrier (ceil(log2 W) rounds at
+    # the a2av-fitted put), dearer than EPLB's measured phase times allow at 64 ranks
+    # (benchmarks/results/baseline_mechanics.md); its planner is the eplb-torch planning model.
     "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True),
     # PAPER.md section 7, epic: relay dispatch whose NIC stage (stage 1) is a round of blocking
     # proxy puts, one per remote node, at EPIC_RELAY_PUT each; "hierarchical combine with one round
     # of N-1 puts after GEMM 2" (reduce-direct's stage 1), the same serial proxy puts; no barrier.
     "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="serial",
                             dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT),
+    # PAPER.md section 7, moonep: "segments padded to 128 rows", "two all-to-all calls (rows, then
+    # fp32 weights), two barriers each"; the pulls from the hot home ranks are moonep-pulls.
     "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
     # PAPER.md section 7, comet: GEMM tiles wait on per-source flags, "so only the intra-node part
     # overlaps compute" (GEMM 1 in two groups: own node, remote); GEMM 2 is split by columns, not
@@ -130,6 +139,8 @@ MECHANICS: dict[str, Mechanics] = {
     # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
     # comet-allgather and comet-ring-combine plug-ins.
     "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF),
+    # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
+    # rounds, each ending in a world barrier, are the fast-rounds plug-in; one GEMM after them).
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
 }
 
