@@ -133,3 +133,11 @@ def test_moonep_gemms_wait_for_the_pulled_weights(cfg):
     for r in np.unique(pulls[:, 1]):
         mine = gemms[rank[gemms] == r]
         assert tl.start[mine].min() >= tl.end[copies[rank[copies] == r]].max() - 1e-12
+
+
+def test_new_mechanics_are_bit_identical_across_runs(cfg):
+    """The ring combine, column splits and EPIC's serial puts are deterministic."""
+    for name in ("comet", "comet+eplb", "epic"):
+        a, _ = sim(cfg, name)
+        b, _ = sim(cfg, name)
+        assert a.latency == b.latency and np.array_equal(a.end, b.end)
