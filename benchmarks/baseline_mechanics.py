@@ -79,10 +79,11 @@ def report(before: str, after: str, phases: bool) -> str:
             out.append(f"| {s}{' (fitted)' if s == 'a2av' else ''} | {b[1] * 100:.1f}% | **{a[1] * 100:.1f}%** | "
                        f"{b[2] * 100:+.0f}% | {a[2] * 100:+.0f}% | {a[0] * 100:+.1f}% |")
     out += ["", "Per cell, after (before in brackets):", "",
-            "| nodes | model | MB | " + " | ".join(BASELINES) + " |", "| --- | --- | --- | " + " | ".join("---" for _ in BASELINES) + " |"]
+            "| nodes | model | MB | " + " | ".join(BASELINES) + " |",
+            "| --- | --- | --- | " + " | ".join("---" for _ in BASELINES) + " |"]
     for key in sorted(ea):
-        cells = [f"{ea[key][s] * 100:+.0f}% ({eb.get(key, {}).get(s, float('nan')) * 100:+.0f}%)" if s in ea[key] else "-"
-                 for s in BASELINES]
+        cells = [f"{ea[key][s] * 100:+.0f}% ({eb.get(key, {}).get(s, float('nan')) * 100:+.0f}%)"
+                 if s in ea[key] else "-" for s in BASELINES]
         out.append(f"| {key[0]} | {key[1]} | {key[2]:g} | " + " | ".join(cells) + " |")
     if phases:
         out += ["", "EPLB phase times (K2, 1 MB; PAPER.md section 7 measured):", ""] + eplb_phases()

@@ -141,8 +141,9 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     T = plan.routing.topk_ids.shape[1]
     prologue, planning = planning_seconds(s.planning, s, cfg.cluster, cfg.spec, T, cfg.net)
     g = TaskGraph(cfg.cluster)
-    build_layer(g, cfg.cluster, cfg.spec, lp, mech or mechanics(s.mechanics), cfg.net, np.full(cfg.cluster.ranks, prologue),
-                ctx.custom_dispatch, ctx.custom_combine, planning=np.full(cfg.cluster.ranks, planning))
+    build_layer(g, cfg.cluster, cfg.spec, lp, mech or mechanics(s.mechanics), cfg.net,
+                np.full(cfg.cluster.ranks, prologue), ctx.custom_dispatch, ctx.custom_combine,
+                planning=np.full(cfg.cluster.ranks, planning))
     tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, labels=keep, **(cfg.sim_opts or SIM_OPTS))
     return tl, planning, floor
 
