@@ -125,17 +125,19 @@ class LayerBuilder:
         self.g, self.cl, self.spec, self.net, self.mech = graph, cluster, spec, net, mech
         self.gemm_cost = gemm_cost
         self.R, self.L, self.N = cluster.ranks, cluster.gpus_per_node, cluster.nodes
+        self.column_splits = None  # [splits, ncls, R] GEMM 2 column-split tasks (gemm2 == "columns")
 
     # ---------------------------------------------------------------- transfers
-    def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None):
+    def transfers(self, src, dst, nbytes, mode: str, kind: str, label: str, prio=None, put: float | None = None):
         """Create transfers; returns ``(entry_task, exit_task)`` arrays. ``concurrent``
         cross-node puts first take a proxy issue slot on the source's proxy stream (unless the
-        mechanics' puts are GPU-initiated, ``Mechanics.proxy`` False)."""
+        mechanics' puts are GPU-initiated, ``Mechanics.proxy`` False). ``put``: fixed seconds of
+        one cross-node put (default the calibrated ``net.put(W)``)."""
         src = np.asarray(src, np.int64)
         dst = np.asarray(dst, np.int64)
         n = src.size
         cross = (src // self.L) != (dst // self.L)
-        put = self.net.put(self.R)
+        put = self.net.put(self.R) if put is None else put
         fixed = np.where(cross, put, self.cl.nvlink_msg_cost)
         entry = np.zeros(n, np.int64)
         mode = "concurrent" if mode == "concurrent" and self.mech.proxy else "gpu-initiated"
@@ -173,7 +175,8 @@ class LayerBuilder:
             if sel.size == 0:
                 continue
             e, x = self.transfers(m.src[sel], m.dst[sel], m.rows[sel] * row_bytes,
-                                  "serial" if is_serial else "concurrent", kind, kind)
+                                  "serial" if is_serial else "concurrent", kind, kind,
+                                  put=self.mech.serial_put if is_serial else None)
             m.entry_task[sel], m.exit_task[sel] = e, x
         if mode == "serial" and not self.mech.stage_collectives:
             self.chain_serial(m, np.flatnonzero(serial_stage))
@@ -206,11 +209,15 @@ class LayerBuilder:
                         self.g.after(j, m.entry_task[c])
 
     # ---------------------------------------------------------------- GEMMs
-    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str, which: int = 1
-                   ) -> np.ndarray:
+    def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str, which: int = 1,
+                   splits: int = 1) -> np.ndarray:
         """One grouped-GEMM task per (class, rank) holding entries; ``cls [n]`` in ``[0, ncls)``,
         ``slot [n]`` global slots; ``which``: GEMM 1 or 2. Returns ``table [ncls, R]`` of task
-        ids (-1: no task)."""
+        ids (-1: no task).
+
+        ``splits > 1``: each task is run as ``splits`` column splits in sequence (each 1 / splits
+        of the FLOPs and weight reads, plus a launch); the returned table holds the first split,
+        ``self.column_splits [splits, ncls, R]`` all of them (see ``column_split_tasks``)."""
         R, S = self.R, self.S
         pair_cnt = np.bincount(cls.astype(np.int64) * (R * S) + slot, minlength=ncls * R * S)
         nz = np.flatnonzero(pair_cnt)
@@ -241,10 +248,28 @@ class LayerBuilder:
                 eff = cl.gemm_efficiency(tot / np.maximum(act, 1)) * scale
                 dur = np.maximum(tot * flops_row / (cl.peak_flops * eff), act * w_bytes / cl.hbm_bw) + cl.kernel_launch
         keys = np.unique(tkey)
+        if splits > 1:
+            return self.column_split_tasks(keys, dur[keys], prio_of_cls(keys // R), ncls, splits, label)
         table = np.full(space, -1, np.int64)
         table[keys] = self.g.add_fixed(keys % R, dur[keys], kind="gemm", stream="compute",
                                        prio=prio_of_cls(keys // R), label=label)
         return table.reshape(ncls, R)
+
+    def column_split_tasks(self, keys: np.ndarray, dur: np.ndarray, prio, ncls: int, splits: int,
+                           label: str) -> np.ndarray:
+        """A GEMM per ``keys [n]`` (class * R + rank) of ``dur [n]`` seconds run as ``splits``
+        column splits, chained: each ``(dur - launch) / splits + launch``. Sets
+        ``self.column_splits [splits, ncls, R]``; returns the first split's ``[ncls, R]``."""
+        R = self.R
+        part = (dur - self.cl.kernel_launch) / splits + self.cl.kernel_launch
+        cols = np.full((splits, ncls * R), -1, np.int64)
+        for c in range(splits):
+            cols[c, keys] = self.g.add_fixed(keys % R, part, kind="gemm", stream="compute",
+                                             prio=prio, label=f"{label} cols {c}")
+            if c:
+                self.g.after(cols[c - 1, keys], cols[c, keys])
+        self.column_splits = cols.reshape(splits, ncls, R)
+        return self.column_splits[0]
 
 
 def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPlan, mech: Mechanics, net: Net,
@@ -326,8 +351,11 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     grp1 = arrival_stage(owner, token, comp, plan.dispatch, T) if mech.gemm1 == "stage" else group_of(owner, comp)
     tab1 = b.gemm_tasks(swapped * G + grp1, slot, 2 * G,
                         lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
+    # GEMM 2 in column splits (COMET): tab2 holds the first split, tab2_end the last
+    col_splits = L if mech.gemm2 == "columns" else 1
     tab2 = b.gemm_tasks(swapped * N + wave_of(owner, comp), slot, 2 * N,
-                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2)
+                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
+    tab2_end = b.column_splits[-1] if col_splits > 1 else tab2
     for r in range(R):
         a1, a2 = tab1[:, r][tab1[:, r] >= 0], tab2[:, r][tab2[:, r] >= 0]
         g.after(pro[r], a1)
@@ -336,7 +364,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         if a1.size and a2.size:
             g.after_all(a1, a2)  # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank
     all1 = tab1[tab1 >= 0]
-    all2 = tab2[tab2 >= 0]
+    all2 = tab2_end[tab2_end >= 0]
     if dispatch_done is not None:
         g.after(dispatch_done, all1)
     if local_done is not None:
@@ -383,7 +411,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         key = _uniq(cm.hop_msg * N + wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
         msg, wv = key // N, key % N
         for sw in (0, 1):
-            t = tab2[sw * N + wv, cm.src[msg]]
+            t = tab2_end[sw * N + wv, cm.src[msg]]
             ok = t >= 0
             g.after(t[ok], cm.entry_task[msg[ok]])
         b.stage_deps(h, cm)
@@ -403,7 +431,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         ready = np.empty(R, np.int64)
         for r in range(R):
             ready[r] = g.add_fixed(r, 0.0, kind="barrier", stream=None, label="gemm2 done")
-            g.after(tab2[:, r][tab2[:, r] >= 0], ready[r])
+            g.after(tab2_end[:, r][tab2_end[:, r] >= 0], ready[r])
             g.after(pro[r], ready[r])
             g.after(tab1[:, r][tab1[:, r] >= 0], ready[r])
             if dispatch_done is not None:
@@ -417,7 +445,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     red = g.add_fixed(np.arange(R), np.full(R, red_bytes / cluster.hbm_bw + cluster.kernel_launch), kind="reduce",
                       stream="compute", prio=np.full(R, 10**6), label="reduce")
     for r in range(R):
-        g.after(tab2[:, r][tab2[:, r] >= 0], red[r])
+        g.after(tab2_end[:, r][tab2_end[:, r] >= 0], red[r])
     if red_deps_msgs is not None:
         cm = red_deps_msgs
         g.after(cm.exit_task, red[cm.dst])

@@ -12,13 +12,17 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   in waves per destination node (ring order, own node last).
 - ``eplb-staged``: one non-blocking put per destination, two team barriers per call, hidden rows
   and fp32 route weights as separate calls, one kernel per expert (per-expert GEMM).
-- ``epic-relay``: relay dispatch whose NIC stage runs as serial blocking puts (one per remote
-  node, 0.34-0.45 ms each through the proxy), concurrent combine puts, one GEMM.
+- ``epic-relay``: relay dispatch whose NIC stage (stage 1) runs as serial blocking proxy puts,
+  one per remote node, at EPIC's own measured ``EPIC_RELAY_PUT`` (0.34-0.45 ms "per proxy put per
+  round", not the a2av-fitted put), and the hierarchical combine's "one round of N-1 puts after
+  GEMM 2" (``reduce-direct``'s stage 1) the same way (``serial_put``); one un-overlapped GEMM.
 - ``moonep``: two calls (rows, then fp32 weights) with two barriers each, rows per slot padded
-  to 128 (its weight pulls are the ``moonep-pulls`` plug-in).
+  to 128 (its weight pulls from the home ranks are the ``moonep-pulls`` plug-in).
 - ``comet``: fused tile-gated GEMM at 62.5 / 132.5 TFLOP/s of the unfused one, GEMM 1 in two
-  groups (own node, remote), GEMM 2 in waves (its dense all-gather is the ``comet-allgather``
-  plug-in).
+  groups (own node, remote: tiles wait on per-source flags, only the intra-node part overlaps),
+  GEMM 2 in ``L`` column splits (``columns``: "GEMM 2 publishes per column-split barriers"; each
+  split reads its slice of w2 once). Its dense all-gather and its in-node ring combine with
+  put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` plug-ins.
 - ``fast``: synchronous host-driven rounds (the ``fast-rounds`` plug-in), nothing overlaps.
 
 DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections 5 and 6):
@@ -96,7 +100,8 @@ class Mechanics:
     - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
       | ``local-remote`` | ``stage`` (own rows, then the rows first delivered by each dispatch
       stage: ``zepp.grouping.arrival_stage``); ``gemm2``: ``single`` | ``waves`` (one wave per
-      destination node, ring order, own node last).
+      destination node, ring order, own node last) | ``columns`` (``L`` column splits in sequence,
+      each reading its slice of the weights once; a custom combine may start on each split).
     - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
       ``per_expert_gemm``: one kernel per slot; ``pad_rows``: rows per slot rounded up.
     - ``stage_collectives``: each stage is one collective call per rank, as
@@ -111,6 +116,8 @@ class Mechanics:
       leaves, combine ones after its last partial arrives.
     - ``dispatch_value_bytes``: bytes per hidden value on the dispatch wire (``None``: the
       model's dtype); the combine always moves the model's dtype.
+    - ``serial_put``: seconds of fixed cost of one cross-node put of the ``serial`` stages where
+      the system's own measured figure is known (``None``: the calibrated ``Net.put(W)``).
     """
 
     dispatch_puts: str = "serial"
@@ -130,6 +137,7 @@ class Mechanics:
     proxy: bool = True
     kernel_calls: tuple[int, int] = (0, 0)
     dispatch_value_bytes: float | None = None
+    serial_put: float | None = None
 
 
 # DeepEP on 8-GPU NVSwitch nodes with one 400 Gb/s NIC per GPU (PAPER.md section 5):
@@ -150,18 +158,40 @@ DEEPEP_FP8 = 1.0 + 4.0 / 128
 
 
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
+# EPIC's serial relay stages: "about 0.34-0.45 ms per proxy put per round" (PAPER.md section 7, epic); midpoint.
+EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)
 _CONCURRENT = dict(dispatch_puts="concurrent", combine_puts="concurrent", dispatch_barrier=None, combine_barrier=None)
 _DEEPEP = dict(_CONCURRENT, proxy=False, dispatch_value_bytes=DEEPEP_FP8)
 
 MECHANICS: dict[str, Mechanics] = {
+    # PAPER.md section 7, a2av: "one blocking put per destination rank, in ring order (W-1 puts in
+    # series per rank), then a world barrier"; unfused grouped GEMM after the barrier.
     "serial-barrier": Mechanics(),
     "signals": Mechanics(**_CONCURRENT),
     "zepp-overlap": Mechanics(**_CONCURRENT, gemm1="arrival", gemm2="waves"),
+    # PAPER.md section 7, eplb: "a staged all-to-all (one non-blocking put per destination, two
+    # team barriers per call; hidden rows and fp32 route weights as separate calls), per-expert
+    # GEMM, combine as the mirror image". The team barrier is Net.barrier (ceil(log2 W) rounds at
+    # the a2av-fitted put), dearer than EPLB's measured phase times allow at 64 ranks
+    # (benchmarks/results/baseline_mechanics.md); its planner is the eplb-torch planning model.
     "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True),
-    "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="concurrent",
-                            dispatch_barrier=None, combine_barrier=None),
+    # PAPER.md section 7, epic: relay dispatch whose NIC stage (stage 1) is a round of blocking
+    # proxy puts, one per remote node, at EPIC_RELAY_PUT each; "hierarchical combine with one round
+    # of N-1 puts after GEMM 2" (reduce-direct's stage 1), the same serial proxy puts; no barrier.
+    "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="serial",
+                            dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT),
+    # PAPER.md section 7, moonep: "segments padded to 128 rows", "two all-to-all calls (rows, then
+    # fp32 weights), two barriers each"; the pulls from the hot home ranks are moonep-pulls.
     "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
-    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="waves", gemm_eff_scale=COMET_FUSED_EFF),
+    # PAPER.md section 7, comet: GEMM tiles wait on per-source flags, "so only the intra-node part
+    # overlaps compute" (GEMM 1 in two groups: own node, remote); GEMM 2 is split by columns, not
+    # by destination ("GEMM 2 publishes per column-split barriers"; each split reads its slice of
+    # w2 once: one GEMM 2 of weight reads);
+    # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
+    # comet-allgather and comet-ring-combine plug-ins.
+    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF),
+    # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
+    # rounds, each ending in a world barrier, are the fast-rounds plug-in; one GEMM after them).
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
     "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1)),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1)),

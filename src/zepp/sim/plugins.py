@@ -6,8 +6,19 @@ change the batch's ``Batch`` context before the layer's task graph is built:
 - ``comet-allgather`` (COMET, PAPER.md section 7): dispatch is a dense, routing-oblivious
   all-gather: each rank gets its same-index peer's whole shard from every remote node (``N-1``
   concurrent gets), a node barrier, then an NVLink fan-out of those shards to the node's other
-  GPUs; the own node's shards arrive over NVLink at once. Replaces the dispatch phase; adds its
-  bytes to the physical floor.
+  GPUs; the own node's shards arrive over NVLink at once; GEMM tiles wait on per-source flags
+  (one 2 us signal wait per source rank before the local / remote rows). Replaces the dispatch
+  phase; adds its bytes to the physical floor.
+- ``comet-ring-combine`` (COMET, PAPER.md section 7: "GEMM 2 publishes per column-split barriers;
+  partials reduce in a ring inside the owner node group and go out with put-with-signal"): the
+  hidden columns are split into ``L`` column chunks (one per GPU of a node, as a ring
+  reduce-scatter splits them); per node and chunk a node barrier after the node's GEMM 2, then
+  ``L-1`` NVLink ring steps that sum the node's partials of the chunk (every token with an entry
+  on the node) onto the chunk's GPU, which puts the chunk to every owner rank with a signal
+  (concurrent proxy puts); each owner polls one flag per (node, chunk) it receives (2 us each,
+  "a signal wait on the receiver costs about 2 us"). Replaces the combine; its NIC bytes replace
+  the hop table's in the physical floor. With ``gemm2 = "columns"`` chunk ``c``'s barrier waits
+  for GEMM 2's column split ``c`` only, so the ring overlaps the later splits.
 - ``fast-rounds`` (FAST): the node-level byte matrix of each phase is decomposed Birkhoff-von
   Neumann style (padded to equal line sums, then bottleneck perfect matchings) into one-to-one
   inter-node rounds; before the rounds each node evens out its GPUs' outgoing bytes over NVLink,
@@ -22,7 +33,7 @@ change the batch's ``Batch`` context before the layer's task graph is built:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,7 +75,18 @@ class Batch:
 
 def _comet(ctx: Batch) -> None:
     ctx.custom_dispatch = _comet_dispatch(ctx)
-    ctx.extra_nic = _comet_extra_nic(ctx)
+    ctx.extra_nic = _add_nic(ctx.extra_nic, _comet_extra_nic(ctx))
+
+
+def _comet_ring(ctx: Batch) -> None:
+    rows_no = comet_node_owner_rows(ctx.plan, ctx.cluster.gpus_per_node)
+    ctx.custom_combine = _comet_ring_combine(ctx, rows_no)
+    ctx.plan = replace(ctx.plan, combine=Hops.empty())  # the ring's bytes go to the floor as extra_nic
+    ctx.extra_nic = _add_nic(ctx.extra_nic, _ring_nic(ctx, rows_no))
+
+
+def _add_nic(a, b):
+    return b if a is None else (a[0] + b[0], a[1] + b[1])
 
 
 def _fast(ctx: Batch) -> None:
@@ -102,7 +124,8 @@ def moonep_pulls(plan: FlowPlan) -> np.ndarray:
     return np.stack([pre[r, s] // epr, r], axis=1).astype(np.int64).reshape(-1, 2)
 
 
-PLUGINS = {"comet-allgather": _comet, "fast-rounds": _fast, "moonep-pulls": _moonep}
+PLUGINS = {"comet-allgather": _comet, "comet-ring-combine": _comet_ring, "fast-rounds": _fast,
+           "moonep-pulls": _moonep}
 
 
 def apply(name: str, ctx: Batch) -> None:
@@ -152,11 +175,12 @@ def _comet_dispatch(cfg):
                 fe, ft = b.transfers(fs, fd, np.full(fs.size, (N - 1) * shard), "concurrent", "dispatch", "fan-out")
                 g.after(bar, fe)
             for i in mine.tolist():
-                jl = g.add_fixed(i, 0.0, kind="barrier", stream=None, label="local rows")
+                # GEMM tiles wait on per-source flags (PAPER.md section 7): one 2 us wait per source rank
+                jl = g.add_fixed(i, (L - 1) * b.net.signal, kind="barrier", stream=None, label="local rows")
                 g.after(lt[ld == i], jl)
                 g.after(pro[i], jl)
                 local_done[i] = jl
-                jr = g.add_fixed(i, 0.0, kind="barrier", stream=None, label="remote rows")
+                jr = g.add_fixed(i, (R - L) * b.net.signal, kind="barrier", stream=None, label="remote rows")
                 g.after(bar, jr)
                 if N > 1:
                     g.after(ft[fd == i], jr)
@@ -171,6 +195,89 @@ def _comet_extra_nic(cfg) -> tuple[np.ndarray, np.ndarray]:
     T = cfg.tokens_per_rank
     b = (cl.nodes - 1) * T * float(cfg.spec.row_bytes)
     return np.full(cl.ranks, b), np.full(cl.ranks, b)
+
+
+def comet_node_owner_rows(plan: FlowPlan, L: int) -> np.ndarray:
+    """``[N, R]`` rows of owner rank ``o``'s tokens with at least one entry computed on node
+    ``n`` (the partial rows node ``n`` reduces and returns to ``o``)."""
+    r = plan.routing
+    R, T, k = r.topk_ids.shape
+    N = R // L
+    slot = r.slot.reshape(R, T * k).astype(np.int64)
+    owner = np.repeat(np.arange(R), T * k).reshape(R, T * k)
+    token = np.repeat(np.arange(T), k)[None, :].repeat(R, 0)
+    ok = slot >= 0
+    node = slot[ok] // r.placement.slots_per_rank // L
+    key = (node * R + owner[ok]) * T + token[ok]
+    u = np.unique(key)
+    return np.bincount(u // T, minlength=N * R).reshape(N, R).astype(float)
+
+
+def _ring_nic(cfg, rows_no: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NIC bytes of the ring combine: ``(send [R], recv [R])``."""
+    cl = cfg.cluster
+    R, L, N = cl.ranks, cl.gpus_per_node, cl.nodes
+    rb = float(cfg.spec.row_bytes)
+    remote = np.arange(N)[:, None] != (np.arange(R) // L)[None, :]  # [N, R]
+    out_node = (rows_no * remote).sum(1) * rb  # [N] bytes leaving node n, spread over its L chunk GPUs
+    send = np.repeat(out_node / L, L)
+    recv = (rows_no * remote).sum(0) * rb
+    return send, recv
+
+
+def _comet_ring_combine(cfg, rows_no: np.ndarray):
+    """COMET's combine as custom tasks: ``rows_no [N, R]`` (``comet_node_owner_rows``)."""
+    cl = cfg.cluster
+    R, L, N = cl.ranks, cl.gpus_per_node, cl.nodes
+    rb = float(cfg.spec.row_bytes)
+
+    def build(b, ready):
+        g, net = b.g, b.net
+        ready = np.asarray(ready, np.int64)
+        n_idx, c_idx = np.divmod(np.arange(N * L), L)  # one (node, chunk) per entry; chunk c ends on GPU c
+        home = n_idx * L + c_idx
+        # per column-split barrier: the node's L GPUs have their partials of the chunk
+        bar = g.add_fixed(home, np.full(N * L, net.node_barrier(L)), kind="barrier", stream=None,
+                          label="column-split barrier")
+        cols = b.column_splits  # [L, ncls, R] with gemm2 == "columns": chunk c waits for split c only
+        for j in range(L):
+            r = n_idx * L + j
+            if cols is None:
+                g.after(ready[r], bar)
+                continue
+            t = cols[c_idx, :, r]  # [N * L, ncls]
+            for k in range(t.shape[1]):
+                ok = t[:, k] >= 0
+                g.after(t[ok, k], bar[ok])
+            idle = ~(cols[:, :, r] >= 0).any(axis=(0, 1))  # a rank without GEMM 2 work: its ready task
+            g.after(ready[r[idle]], bar[idle])
+        chunk_bytes = rows_no.sum(1)[n_idx] * rb / L
+        prev = bar
+        for s in range(L - 1):  # ring reduce-scatter: chunk c starts on GPU c+1, ends on GPU c
+            src = n_idx * L + (c_idx + 1 + s) % L
+            dst = n_idx * L + (c_idx + 2 + s) % L
+            e, x = b.transfers(src, dst, chunk_bytes, "concurrent", "combine", "ring step")
+            g.after(prev, e)
+            prev = x
+        # put-with-signal of each reduced chunk to every owner rank that has rows in it
+        nn, oo = np.nonzero(rows_no)
+        cc = np.tile(np.arange(L), nn.size)
+        nn, oo = np.repeat(nn, L), np.repeat(oo, L)
+        src = nn * L + cc
+        keep = src != oo
+        src, nn, oo, cc = src[keep], nn[keep], oo[keep], cc[keep]
+        e, x = b.transfers(src, oo, rows_no[nn, oo] * rb / L, "concurrent", "combine", "put-with-signal")
+        g.after(prev[nn * L + cc], e)
+        # owners poll one flag per incoming (node, chunk)
+        flags = np.bincount(oo, minlength=R)
+        poll = g.add_fixed(np.arange(R), flags * net.signal, kind="barrier", stream=None, label="flag polls")
+        g.after(x, poll[oo])
+        g.after(prev[np.arange(R)], poll)  # an owner's own chunk (chunk c of node n ends on rank n * L + c)
+        done = g.add_fixed(0, 0.0, kind="barrier", stream=None, label="combine done")
+        g.after(poll, done)
+        return done
+
+    return build
 
 
 # ----------------------------------------------------------------------------- FAST

@@ -29,7 +29,7 @@ from zepp.routing import route
 from zepp.sim import plugins
 from zepp.sim.engine import TaskGraph, Timeline, simulate
 from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
-from zepp.sim.mechanics import Net, mechanics
+from zepp.sim.mechanics import Mechanics, Net, mechanics
 from zepp.sim.planning import planning_seconds
 
 
@@ -124,10 +124,12 @@ def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: fl
 
 
 def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = False,
-                  swap_copies: np.ndarray | None = None, swapped: np.ndarray | None = None):
+                  swap_copies: np.ndarray | None = None, swapped: np.ndarray | None = None,
+                  mech: Mechanics | None = None):
     """Simulate one batch of system ``s`` from its FlowPlan. Returns ``(Timeline, planning s,
     floor s)``. ``swap_copies [M, 2]`` (src rank, dst rank) weight copies of this batch's swaps and
-    ``swapped [R*S]`` the slots whose weights arrive with them."""
+    ``swapped [R*S]`` the slots whose weights arrive with them. ``mech``: a ``Mechanics`` record
+    instead of the row's (tests that switch one mechanism off)."""
     ctx = plugins.Batch(cfg, plan)
     for name in s.plugins:
         plugins.apply(name, ctx)
@@ -136,8 +138,8 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
         kw = dict(weight_copies=swap_copies, swapped=swapped)
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
-    lp = LayerPlan.of(plan, **kw)
-    mech = mechanics(s.mechanics)
+    lp = LayerPlan.of(ctx.plan, **kw)  # a plug-in may replace a phase's hop table
+    mech = mech or mechanics(s.mechanics)
     floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
     T = plan.routing.topk_ids.shape[1]
     prologue, planning = planning_seconds(s.planning, s, cfg.cluster, cfg.spec, T, cfg.net)
