@@ -21,6 +21,7 @@ from zepp import registry
 from zepp.cluster import Cluster
 from zepp.errors import ZeppInputError
 from zepp.flows import build_flows
+from zepp.granularity import Figures, Granularity, choose
 from zepp.model import MoESpec
 from zepp.placement import make_placement
 from zepp.plan import FlowPlan, Placement
@@ -72,6 +73,7 @@ class SystemResult:
     swapped_slots: list = field(default_factory=list)
     timeline: Timeline | None = None
     variant: str | None = None
+    granularity: list = field(default_factory=list)  # per timed iteration: (groups, waves) or None
 
     @property
     def median(self) -> float:
@@ -121,11 +123,23 @@ def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None) -> float:
                      active.max() * spec.expert_weight_bytes / cl.hbm_bw))
 
 
+def plan_granularity(cfg: Config, s: registry.System, plan: FlowPlan) -> Granularity | None:
+    """The granularity system ``s`` runs ``plan`` with: chosen per batch by
+    ``zepp.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
+    calibrated NIC rate and put cost), else ``None`` (the mechanics' fixed groups / waves)."""
+    if s.overlap != "zepp-auto":
+        return None
+    cl = cfg.cluster
+    return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks)))
+
+
 def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = False,
-                  swap_copies: np.ndarray | None = None, swapped: np.ndarray | None = None):
+                  swap_copies: np.ndarray | None = None, swapped: np.ndarray | None = None,
+                  granularity: Granularity | None = None):
     """Simulate one batch of system ``s`` from its FlowPlan. Returns ``(Timeline, planning s,
     floor s)``. ``swap_copies [M, 2]`` (src rank, dst rank) weight copies of this batch's swaps and
-    ``swapped [R*S]`` the slots whose weights arrive with them."""
+    ``swapped [R*S]`` the slots whose weights arrive with them; ``granularity``: the batch's
+    groups / waves (default: ``plan_granularity``)."""
     ctx = plugins.Batch(cfg, plan)
     for name in s.plugins:
         plugins.apply(name, ctx)
@@ -134,7 +148,7 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
         kw = dict(weight_copies=swap_copies, swapped=swapped)
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
-    lp = LayerPlan.of(plan, **kw)
+    lp = LayerPlan.of(plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     floor = own_floor(cfg, lp, ctx.extra_nic)
     T = plan.routing.topk_ids.shape[1]
     prologue, planning = planning_seconds(s.planning, s, cfg.cluster, cfg.spec, T, cfg.net)
@@ -159,19 +173,23 @@ def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shar
         results = [run_system(v, cfg, keep_timeline, shared) for v in registry.variants(name, "sim")]
         best = min(results, key=lambda r: r.median)
         return SystemResult(name, best.latencies, best.planning, best.lower_bound, best.swapped_slots, best.timeline,
-                            variant=best.name)
+                            variant=best.name, granularity=best.granularity)
     res = SystemResult(name)
     iters = cfg.batches.shape[0]
     if s.adaptation == "zepp-swap":
         return _run_swapping(s, cfg, keep_timeline, shared, res)
     for it in range(cfg.warmup, iters):
         keep = keep_timeline and it == iters - 1
-        tl, planning, floor = simulate_plan(cfg, s, shared.plan(s, cfg, it), keep)
-        _record(res, tl, planning, floor, keep, 0)
+        plan = shared.plan(s, cfg, it)
+        gran = plan_granularity(cfg, s, plan)
+        tl, planning, floor = simulate_plan(cfg, s, plan, keep, granularity=gran)
+        _record(res, tl, planning, floor, keep, 0, gran)
     return res
 
 
-def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep: bool, swapped: int) -> None:
+def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep: bool, swapped: int,
+            gran: Granularity | None = None) -> None:
+    res.granularity.append(None if gran is None else (gran.groups, gran.waves))
     res.latencies.append(tl.latency)
     res.planning.append(planning)
     res.lower_bound.append(floor)
@@ -207,6 +225,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
             continue
         keep = keep_timeline and it == iters - 1
         plan = build_flows(r, s.dispatch, cfg.spec.row_bytes, s.combine)
-        tl, planning, floor = simulate_plan(cfg, s, plan, keep, copies, swapped)
-        _record(res, tl, planning, floor, keep, n_swapped)
+        gran = plan_granularity(cfg, s, plan)
+        tl, planning, floor = simulate_plan(cfg, s, plan, keep, copies, swapped, granularity=gran)
+        _record(res, tl, planning, floor, keep, n_swapped, gran)
     return res
