@@ -23,8 +23,9 @@ Candidates (adjacent fine groups / waves merged, order kept; ``Granularity.group
   ``waves = 1`` is one GEMM 2 and one combine.
 
 Cost model (``predict``; seconds; every rank evaluates it on the same FlowPlan with the same
-cluster figures, so the choice is identical on every rank; numpy over ranks and groups, a loop
-over the candidates only):
+cluster figures, so the choice is identical on every rank; numpy over hops, ranks and groups,
+loops over the candidates and their groups only; ``candidates``: every count up to 4 nodes, a
+handful beyond):
 
 - arrival of a fine dispatch group at its computing rank: own tokens at 0; own-node rows after
   one NVLink message; a remote node's rows when its NIC flows complete, each NIC flow at the
@@ -184,66 +185,94 @@ class Figures:
         return np.where(rows > 0, t, 0.0)
 
 
-def predict(plan, spec, fig: Figures) -> np.ndarray:
-    """``[N + 1, N]`` modelled layer seconds of every candidate ``(groups, waves)`` (index
-    ``[groups - 1, waves - 1]``) for ``plan`` (a ``FlowPlan``) of model ``spec`` (see the
-    module notes)."""
+def candidates(nodes: int) -> tuple[list[int], list[int]]:
+    """The candidate group and wave counts of a cluster of ``nodes`` nodes: every count up to 4
+    nodes; beyond, one and the per-node extremes plus ``2^i + 1`` in between (a handful)."""
+    N = nodes
+    steps = {1, 2, 3} | {2**i + 1 for i in range(2, max(N, 2).bit_length() + 1)}
+    groups = sorted({g for g in steps if g <= N + 1} | {N, N + 1} | (set(range(1, N + 2)) if N <= 4 else set()))
+    waves = sorted({w for w in steps if w <= N} | {N} | (set(range(1, N + 1)) if N <= 4 else set()))
+    return groups, waves
+
+
+def predict(plan, spec, fig: Figures) -> tuple[list[int], list[int], np.ndarray]:
+    """Modelled layer seconds of every candidate for ``plan`` (a ``FlowPlan``) of model
+    ``spec``: ``(groups [a], waves [b], cost [a, b])`` (see the module notes and ``candidates``)."""
     routing = plan.routing
     p = routing.placement
     R, L, S = p.ranks, plan.gpus_per_node, p.slots_per_rank
     N = R // L
     F = N + 1
     rb = float(plan.row_bytes)
+    ranks = np.arange(R)
+    # entries per (computing rank, owner rank, local slot): one pass over the entries
     owner, comp, ls = _entries(routing)
-    fg = dispatch_group(owner, comp, L, N)
-    fw = combine_wave(owner, comp, L, N)
-    rows1 = np.bincount(comp * F + fg, minlength=R * F).reshape(R, F).astype(float)
-    pres1 = (np.bincount((comp * F + fg) * S + ls, minlength=R * F * S).reshape(R, F, S) > 0).astype(float)
-    rows2 = np.bincount(comp * N + fw, minlength=R * N).reshape(R, N).astype(float)
-    pres2 = (np.bincount((comp * N + fw) * S + ls, minlength=R * N * S).reshape(R, N, S) > 0).astype(float)
+    cnt = np.bincount((comp * R + owner) * S + ls, minlength=R * R * S).reshape(R, R, S)  # [comp, owner, slot]
+    fg_pair = dispatch_group(ranks[None, :], ranks[:, None], L, N)  # [comp, owner] fine group
+    fw_pair = combine_wave(ranks[None, :], ranks[:, None], L, N)
+    G1 = np.zeros((R, R, F))
+    G1[ranks[:, None], ranks[None, :], fg_pair] = 1.0  # [comp, owner, fine group]
+    W1 = np.zeros((R, R, N))
+    W1[ranks[:, None], ranks[None, :], fw_pair] = 1.0
+    rows1 = np.einsum("cos,cof->cf", cnt, G1)
+    pres1 = (np.einsum("cos,cof->cfs", cnt, G1) > 0).astype(float)  # [R, F, S]
+    rows2 = np.einsum("cos,cow->cw", cnt, W1)
+    pres2 = (np.einsum("cos,cow->cws", cnt, W1) > 0).astype(float)  # [R, N, S]
     gemm = lambda rows, act: fig.gemm(rows, act, spec.hidden, spec.ffn, spec.dtype_bytes)  # noqa: E731
 
-    # ---- arrival of each fine dispatch group at each rank: A [R, F]
+    # ---- arrival of each fine dispatch group at each rank: A [R, F]; hops by (dst, src, owner node)
     d = plan.dispatch
-    src, dst, own = d.src.astype(np.int64), d.dst.astype(np.int64), d.owner.astype(np.int64)
-    cross = (src // L) != (dst // L)
+    dn = np.arange(N)
+    hk = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, minlength=R * R * N).reshape(R, R, N)
+    stage_gt0 = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, weights=(d.stage > 0),
+                            minlength=R * R * N).reshape(R, R, N)
+    node_of = ranks // L
+    cross_pair = node_of[:, None] != node_of[None, :]  # [dst, src]
+    g_of = np.where(dn[None, :] == node_of[:, None], 1, 1 + (dn[None, :] - node_of[:, None]) % N)  # [dst, owner node]
     A = np.zeros((R, F))
-    if cross.any():
-        cs, cd, co = src[cross], dst[cross], own[cross]
-        gf = dispatch_group(co, cd, L, N)
-        recv = np.bincount(cd * F + gf, minlength=R * F).reshape(R, F) * rb
-        send = np.bincount(cs * R + cd, minlength=R * R).reshape(R, R) * rb
+    xk = np.where(cross_pair[:, :, None], hk, 0) * rb  # [dst, src, owner node] bytes over the NIC
+    if xk.any():
+        recv = np.zeros((R, F))
+        np.add.at(recv, (ranks[:, None].repeat(N, 1), g_of), xk.sum(axis=1))  # [dst, group]
+        send = xk.sum(axis=2).T  # [src, dst]
         t_recv = _fair_share_completion(recv) / fig.nic_bw
         t_send = _fair_share_completion(send) / fig.nic_bw
-        hop_t = np.maximum(t_recv[cd, gf], t_send[cs, cd])
-        arr = np.zeros(R * F)
-        np.maximum.at(arr, cd * F + gf, hop_t)
+        # per (dst, owner node): its slowest sender, then per (dst, group)
+        t_src = np.where(xk > 0, t_send.T[:, :, None], 0.0).max(axis=1)  # [dst, owner node]
+        t_src_g = np.zeros((R, F))
+        np.maximum.at(t_src_g, (ranks[:, None].repeat(N, 1), g_of), t_src)
+        arr = np.where(recv > 0, np.maximum(t_recv, t_src_g), 0.0)
         node_arr = arr.reshape(N, L, F).max(axis=1) + fig.nic_msg  # [N, F]: the node's slowest gateway
         A = np.repeat(node_arr, L, axis=0)
-    fwd = ~cross & (d.stage > 0)
-    nv = ~cross & (d.stage == 0)
-    if fwd.any():  # NVLink fan-out of rows that crossed to a gateway
-        gfw = dispatch_group(own[fwd], dst[fwd], L, N)
-        fb = np.bincount(dst[fwd] * F + gfw, minlength=R * F).reshape(R, F) * rb
+    fwd = np.where(~cross_pair[:, :, None], stage_gt0, 0).sum(axis=1) * rb  # [dst, owner node] NVLink fan-out
+    if fwd.any():  # rows that crossed to a gateway, then NVLink to their computing rank
+        fb = np.zeros((R, F))
+        np.add.at(fb, (ranks[:, None].repeat(N, 1), g_of), fwd)
         A[:, 2:] += np.where(fb[:, 2:] > 0, fig.nvlink_msg + fb[:, 2:] / fig.nvlink_bw, 0.0)
-    own_nv = np.bincount(dst[nv], minlength=R) * rb
+    own_nv = (np.where(~cross_pair[:, :, None], hk - stage_gt0, 0).sum(axis=(1, 2))) * rb
     A[:, 0] = 0.0
     A[:, 1] = np.where(own_nv > 0, fig.nvlink_msg + own_nv / fig.nvlink_bw, 0.0)
     A = np.where(rows1 > 0, A, 0.0)
 
     # ---- combine NIC bytes per (sending rank, fine wave) and whether they leave from a gateway
     c = plan.combine
-    csrc, cdst, cown = c.src.astype(np.int64), c.dst.astype(np.int64), c.owner.astype(np.int64)
-    ccross = (csrc // L) != (cdst // L)
-    cs, co = csrc[ccross], cown[ccross]
-    cw = combine_wave(co, cs, L, N)
-    gate = c.stage[ccross] > 0  # forwarded: waits for the whole node's wave
-    cbytes = np.bincount(cs * N + cw, minlength=R * N).reshape(R, N) * rb
-    direct_w = np.bincount(cs * N + cw, weights=(~gate).astype(float), minlength=R * N).reshape(R, N) > 0
-    gate_w = np.bincount(cs * N + cw, weights=gate.astype(float), minlength=R * N).reshape(R, N) > 0
+    ck = (c.src.astype(np.int64) * R + c.dst) * N + c.owner // L
+    ch = np.bincount(ck, minlength=R * R * N).reshape(R, R, N)  # [src, dst, owner node]
+    cg = np.bincount(ck, weights=(c.stage > 0), minlength=R * R * N).reshape(R, R, N)
+    w_of = (dn[None, :] - node_of[:, None] - 1) % N  # [src, owner node] fine wave
+    per_src = np.where(cross_pair[:, :, None], ch, 0).sum(axis=1)  # [src, owner node]
+    gate_src = np.where(cross_pair[:, :, None], cg, 0).sum(axis=1)
+    cbytes = np.zeros((R, N))
+    np.add.at(cbytes, (ranks[:, None].repeat(N, 1), w_of), per_src * rb)
+    gate_w = np.zeros((R, N))
+    np.add.at(gate_w, (ranks[:, None].repeat(N, 1), w_of), gate_src)
+    direct_w = ((cbytes / rb - gate_w) > 0).astype(float)
+    gate_w = (gate_w > 0).astype(float)
 
-    cost = np.full((F, N), np.inf)
-    for g in range(1, F + 1):
+    groups, waves = candidates(N)
+    # GEMM 1 per coarse group, in order, each after its arrival: end of GEMM 1 per (candidate, rank)
+    e1 = np.zeros((len(groups), R))
+    for gi, g in enumerate(groups):
         M = _onehot(group_map(g, N))  # [F, C]
         Rc = rows1 @ M
         Ac = (np.einsum("rfs,fc->rcs", pres1, M) > 0).sum(axis=2)
@@ -252,31 +281,29 @@ def predict(plan, spec, fig: Figures) -> np.ndarray:
         t = np.zeros(R)
         for ci in range(M.shape[1]):
             t = np.where(Rc[:, ci] > 0, np.maximum(t, Tc[:, ci]) + d1[:, ci], t)
-        e1 = np.maximum(t, A.max(axis=1))  # GEMM 2 needs all rows of GEMM 1 (GELU)
-        for w in range(1, N + 1):
-            M2 = _onehot(wave_map(w, N))  # [N, W]
-            Rw = rows2 @ M2
-            Aw = (np.einsum("rfs,fw->rws", pres2, M2) > 0).sum(axis=2)
-            f2 = e1[:, None] + np.cumsum(gemm(Rw, Aw), axis=1)  # [R, W] end of each wave's GEMM 2
-            node_f2 = np.repeat(f2.reshape(N, L, -1).max(axis=1), L, axis=0) + fig.nvlink_msg
-            Bw = cbytes @ M2
-            ready = np.maximum(np.where((direct_w.astype(float) @ M2) > 0, f2, 0.0),
-                               np.where((gate_w.astype(float) @ M2) > 0, node_f2, 0.0))
-            s_end = np.zeros(R)
-            for wi in range(M2.shape[1]):
-                s_end = np.where(Bw[:, wi] > 0, np.maximum(s_end, ready[:, wi] + fig.nic_msg) + Bw[:, wi] / fig.nic_bw,
-                                 s_end)
-            cost[g - 1, w - 1] = max(float(s_end.max()), float(f2[:, -1].max()))
-    return cost
+        e1[gi] = np.maximum(t, A.max(axis=1))  # GEMM 2 needs all rows of GEMM 1 (GELU)
+    cost = np.zeros((len(groups), len(waves)))
+    for wi, w in enumerate(waves):
+        M2 = _onehot(wave_map(w, N))  # [N, W]
+        Aw = (np.einsum("rfs,fw->rws", pres2, M2) > 0).sum(axis=2)
+        f2 = e1[:, :, None] + np.cumsum(gemm(rows2 @ M2, Aw), axis=1)[None]  # [G, R, W] end of each GEMM 2
+        node_f2 = np.repeat(f2.reshape(len(groups), N, L, -1).max(axis=2), L, axis=1) + fig.nvlink_msg
+        Bw = cbytes @ M2
+        ready = np.maximum(np.where((direct_w @ M2) > 0, f2, 0.0), np.where((gate_w @ M2) > 0, node_f2, 0.0))
+        s_end = np.zeros((len(groups), R))
+        for k in range(M2.shape[1]):  # one NIC per rank: a wave's sends after its GEMM and the earlier sends
+            s_end = np.where(Bw[:, k] > 0, np.maximum(s_end, ready[:, :, k] + fig.nic_msg) + Bw[:, k] / fig.nic_bw,
+                             s_end)
+        cost[:, wi] = np.maximum(s_end, f2[:, :, -1]).max(axis=1)
+    return groups, waves, cost
 
 
 def choose(plan, spec, fig: Figures) -> Granularity:
     """The granularity of ``plan`` (a ``FlowPlan``): the cheapest candidate of ``predict``, ties
     (within ``TIE``) to fewer groups, then fewer waves. Deterministic: every rank that holds the
     same plan and figures gets the same record."""
-    routing = plan.routing
-    N = routing.placement.ranks // plan.gpus_per_node
-    cost = predict(plan, spec, fig)
+    N = plan.routing.placement.ranks // plan.gpus_per_node
+    groups, waves, cost = predict(plan, spec, fig)
     best = float(cost.min())
-    g, w = np.argwhere(cost <= best * (1.0 + TIE))[0]  # row-major: fewest groups, then fewest waves
-    return Granularity(N, int(g) + 1, int(w) + 1, predicted=float(cost[g, w]))
+    gi, wi = np.argwhere(cost <= best * (1.0 + TIE))[0]  # row-major: fewest groups, then fewest waves
+    return Granularity(N, groups[gi], waves[wi], predicted=float(cost[gi, wi]))
