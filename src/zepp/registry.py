@@ -163,7 +163,8 @@ _ROWS = (
            planning="zepp"),
     System("zepp-auto", "zepp-overlap with as many dispatch groups and combine waves as the planner's cost model "
            "chooses per batch (one GEMM per phase up to one per node)", "Zepp variant (overlap, planned granularity)",
-           "zepp", "zepp", "zepp", "reduce", overlap="zepp-auto", mechanics="zepp-overlap", planning="zepp"),
+           "zepp", "zepp", "zepp", "reduce", overlap="zepp-auto", mechanics="zepp-overlap",
+           planning="zepp+granularity"),
     System("zepp-swap", "zepp-overlap plus intra-node expert swaps planned from the previous batch's loads",
            "Zepp variant (overlap + swaps)", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
            adaptation="zepp-swap", mechanics="zepp-overlap", planning="zepp+swap", executors=("sim", "runtime")),
