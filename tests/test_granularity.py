@@ -62,7 +62,9 @@ def test_choice_is_identical_every_time_and_from_a_rebuilt_plan():
     _, again = _plan()
     for p in (plan, again, plan):
         assert choose(p, spec, fig) == first
-    np.testing.assert_array_equal(predict(plan, spec, fig), predict(again, spec, fig))
+    (g1, w1, c1), (g2, w2, c2) = predict(plan, spec, fig), predict(again, spec, fig)
+    assert (g1, w1) == (g2, w2)
+    np.testing.assert_array_equal(c1, c2)  # bit-identical costs
 
 
 def test_one_group_and_one_wave_when_nothing_crosses():
@@ -132,13 +134,16 @@ def test_zepp_auto_in_the_simulator_is_deterministic_and_zepp_takes_it(cfg):
     assert a.latencies == b.latencies and a.granularity == b.granularity
     assert all(g is not None for g in a.granularity)
     assert "zepp-auto" in registry.SYSTEMS["zepp"].best_of
-    # the per-node granularity through the auto path reproduces zepp-overlap bit for bit
-    s = registry.system("zepp-auto")
-    shared = Shared()
-    plan = shared.plan(s, cfg, 1)
-    fixed = simulate_plan(cfg, registry.system("zepp-overlap"), shared.plan(registry.system("zepp-overlap"), cfg, 1))
+    # the per-node granularity through the coarse-group path reproduces zepp-overlap bit for bit
+    s = registry.system("zepp-overlap")
+    plan = Shared().plan(s, cfg, 1)
+    fixed = simulate_plan(cfg, s, plan)
     via = simulate_plan(cfg, s, plan, granularity=Granularity.per_node(cfg.cluster.nodes))
     assert fixed[0].latency == via[0].latency
+    # and one group / one wave is zepp-sync's compute and messages
+    sync = simulate_plan(cfg, registry.system("zepp-sync"), plan)
+    one = simulate_plan(cfg, s, plan, granularity=Granularity.single(cfg.cluster.nodes))
+    assert sync[0].latency == one[0].latency
 
 
 @pytest.mark.parametrize("nodes,L", [(2, 2), (4, 2), (3, 1)])
