@@ -12,7 +12,10 @@ links and expert compute calibrated (``zepp.emulate.simcheck.calibrate``); the c
   runtime posts every combine wave as one collective;
 - GEMM: the fitted ``t = c_group * groups + c_row * rows`` of the runtime's grouped MLP, as
   ``hbm_bw = H * F * 4 / c_group`` (one weight read per active expert) and ``peak_flops = 2 H F /
-  c_row`` with a flat efficiency curve (the model takes the max of the two; the fit adds them).
+  c_row`` with a flat efficiency curve (the model takes the max of the two; the fit adds them);
+- ``overlap`` (``Figures.overlap``, the fraction of transfer time a rank computes through): a
+  rank's share of the machine's cores, ``min(1, cores / ranks)``: gloo's TCP copies through veth
+  run on the same cores as the GEMMs (``--overlap`` overrides it; 1 is the GPU assumption).
 
 Then ``zepp-overlap`` (fixed: one group per arrival event, one wave per node), ``zepp-auto``
 (the choice) and ``zepp-sync`` (one GEMM per phase, blocking collectives) run interleaved
@@ -41,7 +44,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SYSTEMS = ["zepp-overlap", "zepp-auto", "zepp-sync"]
 
 
-def cost_cluster(cal: dict, nodes: int, L: int, hidden: int, ffn: int) -> dict:
+def cost_cluster(cal: dict, nodes: int, L: int, hidden: int, ffn: int, overlap: float) -> dict:
     """``zepp.cluster.Cluster`` fields for ``zepp.granularity`` from an emulated-cluster calibration."""
     f, comp = cal["cluster_fields"], cal["compute"]
     c_group = max((comp["up"][0] + comp["down"][0]) / 2, 1e-9)
@@ -49,7 +52,7 @@ def cost_cluster(cal: dict, nodes: int, L: int, hidden: int, ffn: int) -> dict:
     return dict(name="emulated", nodes=nodes, gpus_per_node=L, nic_bw=f["nic_bw"], nvlink_bw=f["nvlink_bw"],
                 nic_msg_cost=f["nic_msg_cost"] + cal["a2a_empty_s"], nvlink_msg_cost=f["nvlink_msg_cost"],
                 hbm_bw=hidden * ffn * 4 / c_group, peak_flops=2.0 * hidden * ffn / c_row, gemm_eff_max=1.0,
-                gemm_rows_half=1e-9, kernel_launch=0.0)
+                gemm_rows_half=1e-9, kernel_launch=0.0, overlap=overlap)
 
 
 def main() -> int:
@@ -62,6 +65,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(OUT, "emulate_granularity"))
+    ap.add_argument("--overlap", type=float, default=None, help="Figures.overlap (default: min(1, cores / ranks))")
     args = ap.parse_args()
     ok, reason = availability()
     if not ok:
@@ -75,7 +79,8 @@ def main() -> int:
             t0 = time.monotonic()
             cal = calibrate(cl, args.hidden, args.ffn, points=[[64, 8], [256, 8], [512, 32], [1024, 32], [2048, 32]],
                             link_kwargs={"sizes": (65536, 1 << 20), "reps": 3, "trials": 2})
-            fig = cost_cluster(cal, N, L, args.hidden, args.ffn)
+            overlap = min(1.0, (os.cpu_count() or 1) / (N * L)) if args.overlap is None else args.overlap
+            fig = cost_cluster(cal, N, L, args.hidden, args.ffn, overlap)
             print(f"[{shape}] calibrated in {time.monotonic() - t0:.0f}s: {fig}", flush=True)
             for T in (int(t) for t in args.tokens.split(",")):
                 cfg = default_config()
@@ -134,7 +139,7 @@ def write(args, cells: list[dict], seconds: float) -> None:
         md.append(f"- {c['shape']}: NIC {f['nic_bw'] / 1e6:.0f} MB/s, per wave/group {f['nic_msg_cost'] * 1e3:.2f} ms; "
                   f"veth {f['nvlink_bw'] / 1e6:.0f} MB/s; weight read per active expert "
                   f"{args.hidden * args.ffn * 4 / f['hbm_bw'] * 1e6:.0f} us, per row "
-                  f"{2 * args.hidden * args.ffn / f['peak_flops'] * 1e6:.1f} us")
+                  f"{2 * args.hidden * args.ffn / f['peak_flops'] * 1e6:.1f} us; overlap {f['overlap']:.2f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".md", "w") as fh:
         fh.write("\n".join(md) + "\n")

@@ -41,6 +41,11 @@ handful beyond):
   rank's earlier waves' sends (one NIC, first in first out), each wave paying one NIC message
   cost; the layer ends at the last send or the last GEMM, whichever is later, on any rank.
 
+``Figures.overlap`` (default 1) is the fraction of transfer time a rank can compute through;
+below 1 (an executor whose transfers take the same CPU cores as its GEMMs, as the emulated
+cluster's gloo ranks) the cost blends toward the serial sum ``last arrival + all GEMMs + all
+sends``.
+
 Ties (within ``TIE`` relative) go to fewer groups, then fewer waves: a split must buy time
 the model can see.
 """
@@ -165,13 +170,14 @@ class Figures:
     launch: float
     eff_max: float
     rows_half: float
+    overlap: float = 1.0  # fraction of transfer time a rank can compute through (1: GPUs, NICs apart)
 
     @classmethod
-    def of(cls, cluster, nic_bw: float | None = None, nic_msg: float | None = None) -> "Figures":
+    def of(cls, cluster, nic_bw: float | None = None, nic_msg: float | None = None, overlap: float = 1.0) -> "Figures":
         return cls(nic_bw=cluster.nic_bw if nic_bw is None else nic_bw, nvlink_bw=cluster.nvlink_bw,
                    nic_msg=cluster.nic_msg_cost if nic_msg is None else nic_msg, nvlink_msg=cluster.nvlink_msg_cost,
                    peak_flops=cluster.peak_flops, hbm_bw=cluster.hbm_bw, launch=cluster.kernel_launch,
-                   eff_max=cluster.gemm_eff_max, rows_half=cluster.gemm_rows_half)
+                   eff_max=cluster.gemm_eff_max, rows_half=cluster.gemm_rows_half, overlap=overlap)
 
     def gemm(self, rows: np.ndarray, active: np.ndarray, hidden: int, ffn: int, dtype_bytes: int) -> np.ndarray:
         """Seconds of one grouped GEMM (``H -> F`` or ``F -> H``) per cell of ``rows`` / ``active``
@@ -272,12 +278,14 @@ def predict(plan, spec, fig: Figures) -> tuple[list[int], list[int], np.ndarray]
     groups, waves = candidates(N)
     # GEMM 1 per coarse group, in order, each after its arrival: end of GEMM 1 per (candidate, rank)
     e1 = np.zeros((len(groups), R))
+    c1 = np.zeros((len(groups), R))  # GEMM 1 seconds per rank (for the serial bound)
     for gi, g in enumerate(groups):
         M = _onehot(group_map(g, N))  # [F, C]
         Rc = rows1 @ M
         Ac = (np.einsum("rfs,fc->rcs", pres1, M) > 0).sum(axis=2)
         Tc = (A[:, :, None] * M[None]).max(axis=1)
         d1 = gemm(Rc, Ac)
+        c1[gi] = d1.sum(axis=1)
         t = np.zeros(R)
         for ci in range(M.shape[1]):
             t = np.where(Rc[:, ci] > 0, np.maximum(t, Tc[:, ci]) + d1[:, ci], t)
@@ -286,7 +294,8 @@ def predict(plan, spec, fig: Figures) -> tuple[list[int], list[int], np.ndarray]
     for wi, w in enumerate(waves):
         M2 = _onehot(wave_map(w, N))  # [N, W]
         Aw = (np.einsum("rfs,fw->rws", pres2, M2) > 0).sum(axis=2)
-        f2 = e1[:, :, None] + np.cumsum(gemm(rows2 @ M2, Aw), axis=1)[None]  # [G, R, W] end of each GEMM 2
+        d2 = gemm(rows2 @ M2, Aw)
+        f2 = e1[:, :, None] + np.cumsum(d2, axis=1)[None]  # [G, R, W] end of each GEMM 2
         node_f2 = np.repeat(f2.reshape(len(groups), N, L, -1).max(axis=2), L, axis=1) + fig.nvlink_msg
         Bw = cbytes @ M2
         ready = np.maximum(np.where((direct_w @ M2) > 0, f2, 0.0), np.where((gate_w @ M2) > 0, node_f2, 0.0))
@@ -294,7 +303,12 @@ def predict(plan, spec, fig: Figures) -> tuple[list[int], list[int], np.ndarray]
         for k in range(M2.shape[1]):  # one NIC per rank: a wave's sends after its GEMM and the earlier sends
             s_end = np.where(Bw[:, k] > 0, np.maximum(s_end, ready[:, :, k] + fig.nic_msg) + Bw[:, k] / fig.nic_bw,
                              s_end)
-        cost[:, wi] = np.maximum(s_end, f2[:, :, -1]).max(axis=1)
+        pipelined = np.maximum(s_end, f2[:, :, -1]).max(axis=1)
+        if fig.overlap < 1.0:  # transfers and GEMMs of a rank share its cores: partly one after the other
+            sends = (Bw / fig.nic_bw + (Bw > 0) * fig.nic_msg).sum(axis=1)
+            serial = (A.max(axis=1)[None] + c1 + d2.sum(axis=1)[None] + sends[None]).max(axis=1)
+            pipelined = fig.overlap * pipelined + (1.0 - fig.overlap) * np.maximum(serial, pipelined)
+        cost[:, wi] = pipelined
     return groups, waves, cost
 
 

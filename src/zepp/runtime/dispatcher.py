@@ -327,18 +327,23 @@ class Dispatcher:
         """
         h = self._prepare(x, topk_ids, topk_weights)
         t0 = time.perf_counter()
-        if self.overlap:
+        if self.overlap and not h.prog.single_gemm:
             for _ in self.arrivals(h):
                 pass
         else:
-            held = h._held
-            for s, st in enumerate(h.prog.dispatch):
-                send = self._gather_rows("send", held, st.send_idx)
-                recv = held[st.recv_off: st.recv_off + st.n_recv]
-                self._a2a(recv, send, st, "dispatch")
-            torch.index_select(held, 0, self._idx(h.prog.e_pos), out=h.inputs.rows)
+            self.dispatch_blocking(h)
         self.timing["dispatch"] = time.perf_counter() - t0
         return h.inputs, h
+
+    def dispatch_blocking(self, h: DispatchHandle) -> None:
+        """Run a prepared batch's dispatch with one blocking all-to-all per stage (also what an
+        overlapped Dispatcher does when the batch's granularity is one GEMM per phase)."""
+        held = h._held
+        for s, st in enumerate(h.prog.dispatch):
+            send = self._gather_rows("send", held, st.send_idx)
+            recv = held[st.recv_off: st.recv_off + st.n_recv]
+            self._a2a(recv, send, st, "dispatch")
+        torch.index_select(held, 0, self._idx(h.prog.e_pos), out=h.inputs.rows)
 
     def dispatch_begin(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:
         """Plan and stage a batch for ``arrivals`` (overlapped dispatch)."""
@@ -414,23 +419,27 @@ class Dispatcher:
         ``y[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` (fixed summation order, see
         ``zepp.runtime.program``)."""
         t0 = time.perf_counter()
-        if self.overlap:
+        if self.overlap and not h.prog.single_gemm:
             cs = self.combine_begin(h)
             for grp in cs.waves():
                 cs.submit(grp, expert_outputs[self._idx(grp)])
             y = cs.finish()
         else:
-            prog = h.prog
-            store = self._new_store(h, expert_outputs.shape[1])
-            self._accumulate_entries(store, h, np.arange(prog.n_entries), expert_outputs)
-            for s, st in enumerate(prog.combine):
-                send = self._take_units(store, st.send_idx, h)
-                recv = self._buffer("crecv", st.n_recv, store.shape[1], send.dtype)
-                self._a2a(recv, send, st, "combine")
-                self._accumulate_received(store, recv, st)
-            y = self._final(store, h)
+            y = self.combine_blocking(expert_outputs, h)
         self.timing["combine"] = time.perf_counter() - t0
         return y
+
+    def combine_blocking(self, expert_outputs: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
+        """The combine with one blocking all-to-all per stage (see ``dispatch_blocking``)."""
+        prog = h.prog
+        store = self._new_store(h, expert_outputs.shape[1])
+        self._accumulate_entries(store, h, np.arange(prog.n_entries), expert_outputs)
+        for s, st in enumerate(prog.combine):
+            send = self._take_units(store, st.send_idx, h)
+            recv = self._buffer("crecv", st.n_recv, store.shape[1], send.dtype)
+            self._a2a(recv, send, st, "combine")
+            self._accumulate_received(store, recv, st)
+        return self._final(store, h)
 
     def combine_begin(self, h: DispatchHandle) -> "CombineStream":
         """Start an overlapped combine: iterate ``waves()``, ``submit`` each wave's outputs."""

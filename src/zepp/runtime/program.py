@@ -103,6 +103,12 @@ class RankProgram:
     def n_entries(self) -> int:
         return int(self.e_slot.shape[0])
 
+    @property
+    def single_gemm(self) -> bool:
+        """A chosen granularity of one dispatch group and one combine wave: nothing overlaps,
+        the Dispatcher runs the blocking schedule."""
+        return self.group_need is not None and self.group_need.size == 1 and self.num_waves == 1
+
 
 def _lookup(sorted_keys: np.ndarray, order: np.ndarray, want: np.ndarray, what: str, rank: int) -> np.ndarray:
     i = np.searchsorted(sorted_keys, want)

@@ -108,13 +108,16 @@ def default_config() -> dict:
 
 def cost_figures(cfg: dict):
     """``zepp.granularity.Figures`` of ``cfg["cost_cluster"]`` (a dict of ``zepp.cluster.Cluster``
-    fields, the same in every rank's config), or ``None`` (the Dispatcher's default)."""
+    fields plus an optional ``overlap``, ``Figures.overlap``; the same in every rank's config), or
+    ``None`` (the Dispatcher's default)."""
     if not cfg.get("cost_cluster"):
         return None
     from zepp.cluster import Cluster
     from zepp.granularity import Figures
 
-    return Figures.of(Cluster(**cfg["cost_cluster"]))
+    fields = dict(cfg["cost_cluster"])
+    overlap = float(fields.pop("overlap", 1.0))
+    return Figures.of(Cluster(**fields), overlap=overlap)
 
 
 def load_traces(cfg: dict, spec):
