@@ -153,7 +153,8 @@ def test_runtime_numerics_unchanged_by_the_grouping(nodes, L):
     ids = np.argsort(rng.random((R, T, E)), axis=2)[:, :, :k]
     hist = rng.integers(0, 50, (nodes, E))
     plan = build_flows(route("zepp", ids, make_placement("zepp", hist, E, R, L)), "zepp", H * 4)
-    x, w = torch.randn(R, T, H), torch.rand(R, T, k)
+    gen = torch.Generator().manual_seed(nodes * 10 + L)
+    x, w = torch.randn(R, T, H, generator=gen), torch.rand(R, T, k, generator=gen)
     ref = torch.stack([reference_moe(x[r], ids[r], w[r], 3, 6) for r in range(R)])
     y0, sd0, sc0 = execute_local(plan, x, w, seed=3, ffn=6, waves=True)
     for g in range(1, nodes + 2):
@@ -170,3 +171,19 @@ def test_runtime_numerics_unchanged_by_the_grouping(nodes, L):
                 # a group is released after the last arrival event its rows need
                 for gi in np.unique(p.e_group).tolist():
                     assert p.group_need[gi] == p.e_event[p.e_group == gi].max()
+
+
+def test_transfers_sharing_the_cores_favour_fewer_splits():
+    """``Figures.overlap`` below 1 (transfers take the cores the GEMMs need) never makes a split
+    look more attractive; at 0 the communication-dominated case is no longer split finely."""
+    ids, plan = _plan(nodes=4, L=2, E=16, k=4, T=512, row_bytes=16384)
+    spec = model_preset("qwen").with_(hidden=8192, ffn=64, num_experts=16, top_k=4)
+    cl = cluster_preset("a100", 4, 2, nic_bw=0.5e9, kernel_launch=1e-7, peak_flops=2e12)
+    full = choose(plan, spec, Figures.of(cl))
+    none = choose(plan, spec, Figures.of(cl, overlap=0.0))
+    assert (none.groups, none.waves) <= (full.groups, full.waves)
+    assert none.predicted >= full.predicted
+    for r in range(8):
+        assert compile_rank(plan, r, waves=True, granularity=Granularity.single(4)).single_gemm
+        assert not compile_rank(plan, r, waves=True, granularity=Granularity.per_node(4)).single_gemm
+        assert not compile_rank(plan, r, waves=True).single_gemm
