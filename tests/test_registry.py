@@ -38,7 +38,7 @@ def test_parse_accepts_exactly_the_supported_names(executor):
 
 
 def test_meta_system_expands_to_its_supported_variants():
-    assert registry.parse_systems("zepp", "plan", expand=True) == ["zepp-a2av", "zepp-overlap"]  # no swaps in plan
+    assert registry.parse_systems("zepp", "plan", expand=True) == ["zepp-a2av", "zepp-overlap", "zepp-auto"]  # no swaps
     assert registry.parse_systems("zepp", "runtime", expand=True) == list(registry.SYSTEMS["zepp"].best_of)
 
 

@@ -18,7 +18,11 @@ from zepp.runtime.launch import RankFailure, spawn_local
 from zepp.runtime.worker import default_config
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-ALL = ["a2av", "eplb", "relay", "zepp-overlap", "zepp-a2av", "zepp-sync", "zepp-swap", "zepp-p2p"]
+ALL = ["a2av", "eplb", "relay", "zepp-overlap", "zepp-a2av", "zepp-sync", "zepp-swap", "zepp-p2p", "zepp-auto"]
+# zepp-auto's cost figures for the random case: a slow NIC and free weight reads, so the choice
+# splits (groups > 1: compute as long as the transfers) and the coarse-group path of the runtime runs
+SPLIT_FIGURES = dict(name="slow-nic", nodes=2, gpus_per_node=2, nic_bw=1e6, hbm_bw=1e15, kernel_launch=1e-9,
+                     peak_flops=1e9)
 
 
 def _assert_ok(report: dict, label: str) -> None:
@@ -42,14 +46,16 @@ def test_two_nodes_two_ranks_all_systems():
     k2 = _trace_files("k2")
     cases = [
         # random skewed batches (no trace files), fp32, tight relaxation so swaps fire
-        dict(model="olmoe", experts=16, topk=4, hidden=32, ffn=16, tokens=24, relaxation=0.1, label="random"),
+        dict(model="olmoe", experts=16, topk=4, hidden=32, ffn=16, tokens=24, relaxation=0.1, label="random",
+             cost_cluster=SPLIT_FIGURES),
         # Kimi-K2 ids: the recorded traces when present, else the built-in ones
         dict(model="k2", hidden=32, ffn=16, tokens=32, label="k2-real" if k2 else "k2-builtin", **k2),
         # bf16 activations and weights
         dict(model="olmoe", experts=16, topk=4, hidden=32, ffn=16, tokens=16, dtype="bfloat16",
              systems=["a2av", "relay", "zepp-overlap", "zepp-p2p"], label="bf16"),
     ]
-    cases.append(dict(cases[0], label="random-again", systems=["zepp-overlap", "zepp-p2p", "zepp-sync", "relay"]))
+    cases.append(dict(cases[0], label="random-again",
+                      systems=["zepp-overlap", "zepp-p2p", "zepp-sync", "relay", "zepp-auto"]))
     cfg["cases"] = cases
     report = spawn_local(cfg)
     for case, rep in zip(cases, report["cases"]):
@@ -60,6 +66,13 @@ def test_two_nodes_two_ranks_all_systems():
     for name in again:
         assert again[name]["output_digest"] == rnd[name]["output_digest"], name
     assert rnd["zepp-swap"]["swapped_slots"] > 0, "the swap path was not exercised"
+    # zepp-auto: every rank chose the same granularity, per batch; the split path ran
+    for rep in report["cases"][:2]:
+        auto = rep["systems"]["zepp-auto"]
+        assert auto["granularity_same_on_all_ranks"] and all(g is not None for g in auto["granularity"])
+    assert any(g[0] > 1 for g in rnd["zepp-auto"]["granularity"]), rnd["zepp-auto"]["granularity"]
+    # K2 with the default (a100) figures: tiny layer, weight-read bound: one GEMM, the blocking path
+    assert all(g == [1, 1] for g in report["cases"][1]["systems"]["zepp-auto"]["granularity"])
     assert rnd["zepp-swap"]["swap_bytes"] > 0
     # the transports really differ: zepp crosses the NICs with fewer bytes than a2av
     k2sys = report["cases"][1]["systems"]

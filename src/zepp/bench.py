@@ -95,7 +95,8 @@ def run_unit(unit: dict) -> dict:
         out[s] = dict(iters_ms=[x * 1e3 for x in res.latencies], median_ms=res.median * 1e3,
                       planning_ms=float(np.median(res.planning)) * 1e3,
                       floor_ms=float(np.median(res.lower_bound)) * 1e3,
-                      swapped_slots=int(np.sum(res.swapped_slots)), variant=None)
+                      swapped_slots=int(np.sum(res.swapped_slots)), variant=None,
+                      granularity=res.granularity if any(g is not None for g in res.granularity) else None)
     for s in unit["systems"]:
         if s not in plain:  # a meta-system: the variant zepp.sim.run.run_system picks
             best = registry.pick_variant(s, cfg.batches.shape[2], {v: out[v]["median_ms"] for v in plain})

@@ -74,6 +74,17 @@ def split_by_owner_node(h: Hops, gpus_per_node: int) -> Hops:
     return Hops(h.stage, h.src, h.dst, h.owner, h.token, msg.astype(np.int32), h.entry)
 
 
+def split_by_key(h: Hops, key: np.ndarray) -> Hops:
+    """The same hops with message keys refined by ``key [M]`` (ints >= 0): hops of one message
+    with different keys become different messages (coarse dispatch groups / combine waves of a
+    ``zepp.granularity.Granularity``)."""
+    if h.size == 0:
+        return h
+    key = np.asarray(key, np.int64)
+    msg = h.msg.astype(np.int64) * (int(key.max()) + 1) + key
+    return Hops(h.stage, h.src, h.dst, h.owner, h.token, msg.astype(np.int32), h.entry)
+
+
 @dataclass
 class Messages:
     """The messages of one phase: ``hop_msg [M]`` message index of each hop; per message

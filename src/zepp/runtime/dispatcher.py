@@ -20,6 +20,12 @@ the last bit, so overlapped and blocking results agree to fp rounding (about 1e-
   into own-node rows (computed first) and remote rows. Every rank posts the same sequence of
   operations (wave ``i`` sends to node ``node+i+1`` and receives from ``node-i-1``), as NCCL
   needs. Waits happen in a fixed order, never "whichever comes first".
+- ``granularity="auto"`` (with ``overlap``; registry overlap ``zepp-auto``): per batch,
+  ``zepp.granularity.choose`` picks how many dispatch groups and combine waves to run from the
+  FlowPlan and the cost figures ``figures`` (the same on every rank, so every rank picks the
+  same): GEMM 1 then runs per coarse dispatch group (``zepp.grouping``'s groups merged), each as
+  soon as the arrival events it needs are in, and the combine's stage 0 in that many waves.
+  ``"per-node"`` (default) keeps the arrival-event groups and one wave per node.
 
 Wire dtypes: dispatch rows travel in the activation dtype. Combine partials accumulate in fp32
 and travel in ``combine_dtype`` (default: the activation dtype, so the wire bytes equal the
@@ -122,7 +128,8 @@ class Dispatcher:
     def __init__(self, spec: MoESpec, placement: Placement, *, gpus_per_node: int | None = None,
                  routing: str = "zepp", relaxation: float = 0.25, dispatch: str = "zepp", combine: str | None = None,
                  overlap: bool = False, group=None, device=None, combine_dtype: torch.dtype | None = None,
-                 overlap_comm: str = "collective", planner: str = "auto"):
+                 overlap_comm: str = "collective", planner: str = "auto", granularity: str = "per-node",
+                 figures=None):
         dispatch, combine = check_transports(dispatch, combine)
         if dispatch == "allgather":
             raise ZeppInputError("the runtime executes hop tables; the 'allgather' dispatch has none")
@@ -154,6 +161,11 @@ class Dispatcher:
         if planner not in ("auto", "numpy", "torch"):
             raise ZeppInputError(f"planner must be 'auto', 'numpy' or 'torch', got {planner!r}")
         self.planner = planner  # see plan()
+        if granularity not in ("per-node", "auto"):
+            raise ZeppInputError(f"granularity must be 'per-node' or 'auto', got {granularity!r}")
+        self.granularity = granularity
+        self.figures = figures  # zepp.granularity.Figures for granularity="auto" (None: a100 preset figures)
+        self.last_granularity = None  # the last batch's zepp.granularity.Granularity (auto only)
         self.counter = LinkCounter(self.world)
         self.timing: dict[str, float] = {}
         self._buf: dict[str, torch.Tensor] = {}
@@ -172,7 +184,8 @@ class Dispatcher:
         if s.best_of:
             raise ZeppInputError(f"system {s.name!r} is the best of {', '.join(s.best_of)}; pick one of those")
         return cls(spec, placement, routing=s.routing, relaxation=relaxation, dispatch=s.dispatch, combine=s.combine,
-                   overlap=s.overlap == "zepp", overlap_comm=s.overlap_comm, **kw)
+                   overlap=s.overlap in ("zepp", "zepp-auto"), overlap_comm=s.overlap_comm,
+                   granularity="auto" if s.overlap == "zepp-auto" else "per-node", **kw)
 
     # ------------------------------------------------------------------ buffers
     def _buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -280,8 +293,10 @@ class Dispatcher:
         ids_all, w_all = self._gather_metadata(topk_ids, topk_weights)
         t1 = time.perf_counter()
         plan = self.plan(ids_all, x.shape[1] * x.element_size())
-        prog = compile_rank(plan, self.rank, waves=self.overlap)
+        gran = self._choose_granularity(plan) if self.overlap and self.granularity == "auto" else None
+        prog = compile_rank(plan, self.rank, waves=self.overlap, granularity=gran)
         self.last_plan = plan
+        self.last_granularity = gran
         weights = w_all[self._idx(prog.e_owner), self._idx(prog.e_token), self._idx(prog.e_j)]
         held = self._buffer("held", prog.held_size, x.shape[1], x.dtype)
         held[: prog.tokens].copy_(x)
@@ -291,6 +306,19 @@ class Dispatcher:
         inputs = ExpertInputs(rows, prog.counts, prog.e_slot)
         return DispatchHandle(plan, prog, weights, x.dtype, inputs, held)
 
+    def _choose_granularity(self, plan: FlowPlan):
+        """``zepp.granularity.choose`` on this batch's plan with ``self.figures`` (default: the
+        ``a100`` preset's figures at this shape); identical on every rank."""
+        from zepp.granularity import Figures, choose
+
+        fig = self.figures
+        if fig is None:
+            from zepp.cluster import cluster_preset
+
+            fig = self.figures = Figures.of(cluster_preset("a100", self.world // self.gpus_per_node,
+                                                           self.gpus_per_node))
+        return choose(plan, self.spec, fig)
+
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         """``x [T, H]``, ``topk_ids [T, k]``, ``topk_weights [T, k]`` -> ``(ExpertInputs, handle)``.
 
@@ -299,18 +327,23 @@ class Dispatcher:
         """
         h = self._prepare(x, topk_ids, topk_weights)
         t0 = time.perf_counter()
-        if self.overlap:
+        if self.overlap and not h.prog.single_gemm:
             for _ in self.arrivals(h):
                 pass
         else:
-            held = h._held
-            for s, st in enumerate(h.prog.dispatch):
-                send = self._gather_rows("send", held, st.send_idx)
-                recv = held[st.recv_off: st.recv_off + st.n_recv]
-                self._a2a(recv, send, st, "dispatch")
-            torch.index_select(held, 0, self._idx(h.prog.e_pos), out=h.inputs.rows)
+            self.dispatch_blocking(h)
         self.timing["dispatch"] = time.perf_counter() - t0
         return h.inputs, h
+
+    def dispatch_blocking(self, h: DispatchHandle) -> None:
+        """Run a prepared batch's dispatch with one blocking all-to-all per stage (also what an
+        overlapped Dispatcher does when the batch's granularity is one GEMM per phase)."""
+        held = h._held
+        for s, st in enumerate(h.prog.dispatch):
+            send = self._gather_rows("send", held, st.send_idx)
+            recv = held[st.recv_off: st.recv_off + st.n_recv]
+            self._a2a(recv, send, st, "dispatch")
+        torch.index_select(held, 0, self._idx(h.prog.e_pos), out=h.inputs.rows)
 
     def dispatch_begin(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:
         """Plan and stage a batch for ``arrivals`` (overlapped dispatch)."""
@@ -325,11 +358,21 @@ class Dispatcher:
         prog, held, rows = h.prog, h._held, h.inputs.rows
         L, N = self.gpus_per_node, self.world // self.gpus_per_node
 
-        def ready(ev):
-            idx = np.flatnonzero(np.isin(prog.e_event, ev))
+        def copy(idx):
             if idx.size:
                 rows[self._idx(idx)] = held[self._idx(prog.e_pos[idx])]
             return idx
+
+        released = np.zeros(0 if prog.group_need is None else prog.group_need.size, bool)
+
+        def ready(ev):
+            """The groups that events up to ``ev`` complete: the event's own rows, or (with a
+            granularity) every coarse group whose last needed event is in, in group order."""
+            if prog.group_need is None:
+                return [copy(np.flatnonzero(np.isin(prog.e_event, ev)))]
+            now = np.flatnonzero(~released & (prog.group_need <= int(np.max(ev))))
+            released[now] = True
+            return [copy(np.flatnonzero(prog.e_group == gi)) for gi in now.tolist()]
 
         pending = [0]  # groups complete but not yet handed out
         for s, st in enumerate(prog.dispatch):
@@ -338,33 +381,37 @@ class Dispatcher:
             if not self.p2p:  # one asynchronous all-to-all per stage
                 work = self._a2a(recv, send, st, "dispatch", wave=0, async_op=True)
                 for ev in pending:
-                    idx = ready(ev)
-                    if idx.size:
-                        yield idx
+                    for idx in ready(ev):
+                        if idx.size:
+                            yield idx
                 work.wait()
                 pending = [(1 + 2 * s, 2 + 2 * s)]
                 continue
             works, send_works = self._p2p(recv, send, st, "dispatch", tag=s, wave=0)
             for ev in pending:
-                idx = ready(ev)
-                if idx.size:
-                    yield idx
+                for idx in ready(ev):
+                    if idx.size:
+                        yield idx
             order = [q for stage, q in prog.events if stage == s]
             for remote in (False, True):
                 for q in order:
                     if q in works and ((q // L - self.rank // L) % N != 0) == remote:
                         works[q].wait()
                 if not remote:  # own-node rows are in: compute them while remote rows arrive
-                    idx = ready(1 + 2 * s)
-                    if idx.size:
-                        yield idx
+                    for idx in ready(1 + 2 * s):
+                        if idx.size:
+                            yield idx
             pending = [2 + 2 * s]
             for w in send_works:
                 w.wait()
         for ev in pending:
-            idx = ready(ev)
-            if idx.size:
-                yield idx
+            for idx in ready(ev):
+                if idx.size:
+                    yield idx
+        if prog.group_need is not None:  # groups whose rows need no event beyond the last (empty plans)
+            for idx in ready(np.iinfo(np.int64).max):
+                if idx.size:
+                    yield idx
 
     # ------------------------------------------------------------------ combine
     def combine(self, expert_outputs: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
@@ -372,23 +419,27 @@ class Dispatcher:
         ``y[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])`` (fixed summation order, see
         ``zepp.runtime.program``)."""
         t0 = time.perf_counter()
-        if self.overlap:
+        if self.overlap and not h.prog.single_gemm:
             cs = self.combine_begin(h)
             for grp in cs.waves():
                 cs.submit(grp, expert_outputs[self._idx(grp)])
             y = cs.finish()
         else:
-            prog = h.prog
-            store = self._new_store(h, expert_outputs.shape[1])
-            self._accumulate_entries(store, h, np.arange(prog.n_entries), expert_outputs)
-            for s, st in enumerate(prog.combine):
-                send = self._take_units(store, st.send_idx, h)
-                recv = self._buffer("crecv", st.n_recv, store.shape[1], send.dtype)
-                self._a2a(recv, send, st, "combine")
-                self._accumulate_received(store, recv, st)
-            y = self._final(store, h)
+            y = self.combine_blocking(expert_outputs, h)
         self.timing["combine"] = time.perf_counter() - t0
         return y
+
+    def combine_blocking(self, expert_outputs: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
+        """The combine with one blocking all-to-all per stage (see ``dispatch_blocking``)."""
+        prog = h.prog
+        store = self._new_store(h, expert_outputs.shape[1])
+        self._accumulate_entries(store, h, np.arange(prog.n_entries), expert_outputs)
+        for s, st in enumerate(prog.combine):
+            send = self._take_units(store, st.send_idx, h)
+            recv = self._buffer("crecv", st.n_recv, store.shape[1], send.dtype)
+            self._a2a(recv, send, st, "combine")
+            self._accumulate_received(store, recv, st)
+        return self._final(store, h)
 
     def combine_begin(self, h: DispatchHandle) -> "CombineStream":
         """Start an overlapped combine: iterate ``waves()``, ``submit`` each wave's outputs."""

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zepp.grouping import combine_wave
+from zepp.granularity import Granularity
+from zepp.grouping import combine_wave, dispatch_group
 from zepp.plan import FlowPlan, PlanInvariantError
 
 
@@ -93,10 +94,20 @@ class RankProgram:
     store_size: int
     final_rounds: list  # [(token [m], store_idx [m])] in unit order -1, 0..k-1
     num_waves: int
+    # with a granularity (``zepp.granularity``): coarse dispatch group of each entry and, per
+    # group, the last arrival event it needs (``None`` without one: entries go by arrival event)
+    e_group: np.ndarray | None = None
+    group_need: np.ndarray | None = None
 
     @property
     def n_entries(self) -> int:
         return int(self.e_slot.shape[0])
+
+    @property
+    def single_gemm(self) -> bool:
+        """A chosen granularity of one dispatch group and one combine wave: nothing overlaps,
+        the Dispatcher runs the blocking schedule."""
+        return self.group_need is not None and self.group_need.size == 1 and self.num_waves == 1
 
 
 def _lookup(sorted_keys: np.ndarray, order: np.ndarray, want: np.ndarray, what: str, rank: int) -> np.ndarray:
@@ -148,8 +159,11 @@ def present_tokens(topk_ids: np.ndarray, rank: int) -> int:
     return n
 
 
-def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
+def compile_rank(plan: FlowPlan, rank: int, waves: bool = False, granularity: Granularity | None = None) -> RankProgram:
     """This rank's program for ``plan``; ``waves`` groups combine stage 0 into per-node waves.
+    ``granularity`` (with ``waves``): merge adjacent waves to ``granularity.waves`` and group the
+    entries into ``granularity.groups`` coarse dispatch groups (``zepp.grouping``'s fine groups
+    mapped by ``Granularity.group_map``, as the simulator does); the numerics do not change.
 
     Padded entries (``topk_ids == -1``, slot ``-1``) are skipped; ``tokens`` of the program is
     this rank's present-token count ``T_r`` (see the module docstring)."""
@@ -227,18 +241,26 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
         return _lookup(store_keys, store_order, want, what, r)
 
     e_unit = sidx(e_ukey, "unit")
-    e_wave = wave_of(o_idx, np.full_like(o_idx, r), L, N) if waves else np.zeros(o_idx.size, np.int64)
-    n_w = N if waves else 1
+    gran = granularity if waves else None
+    wmap = gran.wave_map() if gran is not None else np.arange(N)
+    wave_of_ = lambda o, at: wmap[wave_of(o, at, L, N)]  # noqa: E731
+    e_wave = wave_of_(o_idx, np.full_like(o_idx, r)) if waves else np.zeros(o_idx.size, np.int64)
+    n_w = (gran.waves if gran is not None else N) if waves else 1
+    e_group = group_need = None
+    if gran is not None:
+        e_group = gran.group_map()[dispatch_group(o_idx, np.full_like(o_idx, r), L, N)]
+        group_need = np.full(gran.groups, -1, np.int64)
+        np.maximum.at(group_need, e_group, held_ev[e_pos])
     cstages: list[Stage] = []
     for s in range(c.num_stages):
         wv = waves and s == 0
         snd = np.flatnonzero((c.stage == s) & (c.src == r))
-        sw = wave_of(c.owner[snd], c.src[snd], L, N) if wv else np.zeros(snd.size, np.int64)
+        sw = wave_of_(c.owner[snd], c.src[snd]) if wv else np.zeros(snd.size, np.int64)
         o = np.lexsort((c.dst[snd], sw))
         snd, sw = snd[o], sw[o]
         send_idx = sidx(ukey_hop[snd], "combine unit")
         rcv = np.flatnonzero((c.stage == s) & (c.dst == r))
-        rw = wave_of(c.owner[rcv], c.src[rcv], L, N) if wv else np.zeros(rcv.size, np.int64)
+        rw = wave_of_(c.owner[rcv], c.src[rcv]) if wv else np.zeros(rcv.size, np.int64)
         o = np.lexsort((c.src[rcv], rw))
         rcv, rw = rcv[o], rw[o]
         w = n_w if wv else 1
@@ -261,5 +283,6 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False) -> RankProgram:
         held_event=held_ev, events=events, e_owner=o_idx, e_token=t_idx, e_j=j_idx, e_slot=slot,
         e_pos=e_pos.astype(np.int64), e_event=held_ev[e_pos], e_wave=e_wave, e_unit=e_unit.astype(np.int64),
         counts=counts, combine=cstages, store_size=int(store_keys.size), final_rounds=final_rounds, num_waves=n_w,
+        e_group=e_group, group_need=group_need,
     )
 

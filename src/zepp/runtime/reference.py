@@ -43,8 +43,13 @@ def reference_moe(x: torch.Tensor, topk_ids: np.ndarray, topk_weights: torch.Ten
 
 
 def execute_local(plan: FlowPlan, x: torch.Tensor, topk_weights: torch.Tensor, seed: int, ffn: int,
-                  waves: bool = False, cache: dict | None = None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+                  waves: bool = False, cache: dict | None = None,
+                  granularity=None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """Run all ranks' programs in this process.
+
+    ``granularity`` (a ``zepp.granularity.Granularity``, with ``waves``): the programs are
+    compiled with it and GEMM 1 runs per coarse dispatch group, GEMM 2 per coarse wave (as the
+    Dispatcher runs them), so its numerics can be compared with one GEMM per phase.
 
     ``x [R, T, H]``, ``topk_weights [R, T, k]`` -> ``(y [R, T, H], sent_dispatch [R, R],
     sent_combine [R, R])`` where ``sent_*[i, j]`` are bytes rank i sent to rank j. ``cache``: a
@@ -52,7 +57,7 @@ def execute_local(plan: FlowPlan, x: torch.Tensor, topk_weights: torch.Tensor, s
     """
     R, T, H = x.shape
     dev, dt = x.device, x.dtype
-    progs: list[RankProgram] = [compile_rank(plan, r, waves=waves) for r in range(R)]
+    progs: list[RankProgram] = [compile_rank(plan, r, waves=waves, granularity=granularity) for r in range(R)]
     row = H * x.element_size()
     sent_d = np.zeros((R, R), np.int64)
     sent_c = np.zeros((R, R), np.int64)
@@ -68,7 +73,22 @@ def execute_local(plan: FlowPlan, x: torch.Tensor, topk_weights: torch.Tensor, s
     for r, p in enumerate(progs):
         w1, w2 = slot_weights(plan.routing.placement.slot_expert[r], seed, H, ffn, dtype=dt, device=dev, cache=cache)
         rows = held[r][t(p.e_pos)]
-        outs.append(grouped_down(grouped_up(rows, p.e_slot, w1), p.e_slot, w2))
+        if p.e_group is None:
+            outs.append(grouped_down(grouped_up(rows, p.e_slot, w1), p.e_slot, w2))
+            continue
+        mid = None
+        for gi in range(p.group_need.size):  # GEMM 1 per coarse dispatch group
+            m = np.flatnonzero(p.e_group == gi)
+            if m.size:
+                part = grouped_up(rows[t(m)], p.e_slot[m], w1)
+                mid = torch.empty(rows.shape[0], part.shape[1], dtype=part.dtype, device=dev) if mid is None else mid
+                mid[t(m)] = part
+        out = torch.zeros(rows.shape[0], H, dtype=dt, device=dev)
+        for wi in range(p.num_waves):  # GEMM 2 per coarse combine wave
+            m = np.flatnonzero(p.e_wave == wi)
+            if m.size:
+                out[t(m)] = grouped_down(mid[t(m)], p.e_slot[m], w2)
+        outs.append(out)
     stores = []
     for r, p in enumerate(progs):
         st = torch.zeros(p.store_size, H, dtype=torch.float32, device=dev)

@@ -103,7 +103,21 @@ def default_config() -> dict:
     return dict(nodes=2, gpus_per_node=2, model="k2", experts=None, topk=None, hidden=None, ffn=None, tokens=None,
                 budget_mb=1.0, systems=["a2av", "zepp"], history=None, trace=None, iters=3, warmup=1, seed=0,
                 relaxation=0.25, extra=2, check=True, dtype="float32", device="cpu", backend="gloo", timeout=60.0,
-                out=None, fault=None, interleave=None)
+                out=None, fault=None, interleave=None, cost_cluster=None)
+
+
+def cost_figures(cfg: dict):
+    """``zepp.granularity.Figures`` of ``cfg["cost_cluster"]`` (a dict of ``zepp.cluster.Cluster``
+    fields plus an optional ``overlap``, ``Figures.overlap``; the same in every rank's config), or
+    ``None`` (the Dispatcher's default)."""
+    if not cfg.get("cost_cluster"):
+        return None
+    from zepp.cluster import Cluster
+    from zepp.granularity import Figures
+
+    fields = dict(cfg["cost_cluster"])
+    overlap = float(fields.pop("overlap", 1.0))
+    return Figures.of(Cluster(**fields), overlap=overlap)
 
 
 def load_traces(cfg: dict, spec):
@@ -198,9 +212,10 @@ def run_case(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
         sysd = SYSTEMS[name]
         placement = make_placement(sysd.placement, hist, spec.num_experts, world, L, extra=cfg["extra"])
         d = Dispatcher.for_system(spec, placement, sysd, relaxation=cfg["relaxation"], gpus_per_node=L,
-                                  device=device)
+                                  device=device, figures=cost_figures(cfg))
         results[name] = {"times": [], "plan_times": [], "max_rel_err": 0.0, "bytes_ok": True, "bytes": [],
-                         "swapped_slots": 0, "swap_bytes": 0, "metadata_bytes": {}, "weights_ok": True}
+                         "swapped_slots": 0, "swap_bytes": 0, "metadata_bytes": {}, "weights_ok": True,
+                         "granularity": []}
         layer = MoELayer(d, seed=cfg["seed"], dtype=dtype)
         index[name] = len(index)
         hooks.on_layer_created(index[name], name)
@@ -248,7 +263,9 @@ def run_case(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
                     and np.array_equal(b[same], st.nvlink[rank][same])):
                 rec["bytes_ok"] = False
         rec["metadata_bytes"] = d.counter.split("metadata", rank, L)
+        g = d.last_granularity
         if it >= warmup:
+            rec["granularity"].append(None if g is None else [g.groups, g.waves])
             rec["times"].append(elapsed)
             rec["plan_times"].append(d.timing.get("metadata", 0.0) + d.timing.get("plan", 0.0))
             rec["bytes"].append({"measured": measured, "planned": planned})
@@ -336,6 +353,9 @@ def summarize(cfg: dict, spec, T: int, per_rank: list[dict]) -> dict:
             "bytes_match": all(r["bytes_ok"] for r in recs),
             "bytes_per_iter": byt, "metadata_bytes_per_iter": meta,
             "swapped_slots": sum(r["swapped_slots"] for r in recs), "swap_bytes": sum(r["swap_bytes"] for r in recs),
+            # zepp-auto: (groups, waves) per timed iteration, and whether every rank chose the same
+            "granularity": recs[0]["granularity"],
+            "granularity_same_on_all_ranks": all(r["granularity"] == recs[0]["granularity"] for r in recs),
         }
     return report
 

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.cluster import Cluster
-from zepp.grouping import Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_owner_node
+from zepp.granularity import Granularity
+from zepp.grouping import (Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_key,
+                           split_by_owner_node)
 from zepp.model import MoESpec
 from zepp.plan import FlowPlan, Hops
 from zepp.sim.collectives import add_stage_collectives
@@ -67,6 +69,7 @@ class LayerPlan:
     swapped: np.ndarray | None = None
     weight_copies: np.ndarray | None = None
     copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
+    granularity: Granularity | None = None  # coarse groups / waves (zepp.granularity); None: per node
 
     @classmethod
     def of(cls, plan: FlowPlan, **kw) -> "LayerPlan":
@@ -307,10 +310,23 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     # Overlap needs data per source / destination node: with dispatch groups a forwarded message
     # carries one source node's rows (it leaves as they arrive), with combine waves a message
     # carries one destination node's partials (it leaves when its wave is done).
+    # A chosen granularity (``plan.granularity``) merges adjacent groups / waves: messages then
+    # split by coarse group / wave, and not at all when there is one.
+    gran = plan.granularity
+    gmap = gran.group_map() if gran is not None else np.arange(N + 1)
+    wmap = gran.wave_map() if gran is not None else np.arange(N)
     if mech.gemm1 == "arrival":
-        plan.dispatch = split_by_owner_node(plan.dispatch, L)
+        if gran is None:
+            plan.dispatch = split_by_owner_node(plan.dispatch, L)
+        elif gran.groups > 1:
+            h = plan.dispatch
+            plan.dispatch = split_by_key(h, gmap[dispatch_group(h.owner, h.dst, L, N)])
     if mech.gemm2 == "waves":
-        plan.combine = split_by_owner_node(plan.combine, L)
+        if gran is None:
+            plan.combine = split_by_owner_node(plan.combine, L)
+        elif gran.waves > 1:
+            h = plan.combine
+            plan.combine = split_by_key(h, wmap[combine_wave(h.owner, h.src, L, N)])
 
     # ---- dispatch
     if custom_dispatch is None:
@@ -336,14 +352,14 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
 
     def group_of(own, at):
         if mech.gemm1 == "arrival":
-            return dispatch_group(own, at, L, N)
+            return gmap[dispatch_group(own, at, L, N)]
         if mech.gemm1 == "local-remote":
             return ((own // L) != (at // L)).astype(np.int64)
         return np.zeros(np.shape(own), np.int64)
 
     def wave_of(own, at):
         if mech.gemm2 == "waves":
-            return combine_wave(own, at, L, N)
+            return wmap[combine_wave(own, at, L, N)]
         return np.zeros(np.shape(own), np.int64)
 
     swapped = plan.swapped[slot].astype(np.int64) if plan.swapped is not None else np.zeros(comp.size, np.int64)
@@ -424,7 +440,7 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
             g.after(pro, kc_combine)
             g.after(cm.exit_task, kc_combine[cm.dst])
             for r in range(R):
-                g.after(tab2[:, r][tab2[:, r] >= 0], kc_combine[r])
+                g.after(tab2_end[:, r][tab2_end[:, r] >= 0], kc_combine[r])
     else:
         # per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
         # computes nothing) its prologue and dispatch

@@ -16,7 +16,9 @@ The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
 - ``moonep``: all-gather of the top-k ids (not the loads), then 1.4 ms + 91 ns per entry of the
   rank (2.2 ms at K2 16 MB).
 
-Zepp's planner (``zepp``, ``zepp+swap``): counted operations times recorded per-operation costs.
+Zepp's planner (``zepp``, ``zepp+swap``, ``zepp+granularity``: plus the per-batch choice of
+``zepp.granularity``, its rounds recorded by ``benchmarks/granularity_cost.py``): counted
+operations times recorded per-operation costs.
 Each part of the planner (the routing, the flows of each transport pair, the swap planning)
 costs a recorded number of *rounds* of a fixed op mix (sorts, histograms, gathers, prefix sums,
 binary searches, masks over the batch's entries; ``benchmarks/planner_cost.py`` counted them),
@@ -41,7 +43,8 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 
-MODELS = ("none", "fast-host", "comet-routing", "eplb-torch", "epic", "moonep", "zepp", "zepp+swap")
+MODELS = ("none", "fast-host", "comet-routing", "eplb-torch", "epic", "moonep", "zepp", "zepp+swap",
+          "zepp+granularity")
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,12 +70,14 @@ def gpu_opmix_seconds(entries: int, hbm_bw: float) -> float:
     return floor + (here - floor) * float(d["gpu_opmix_source"]["hbm_bw"]) / hbm_bw
 
 
-def zepp_parts(dispatch: str, combine: str, swaps: bool) -> list[str]:
+def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = False) -> list[str]:
     """The planner parts of a Zepp row (names of ``planner_cost.json``)."""
-    return ["route:zepp", f"flows:{dispatch}/{combine}"] + (["swap"] if swaps else [])
+    return (["route:zepp", f"flows:{dispatch}/{combine}"] + (["swap"] if swaps else [])
+            + (["granularity"] if granularity else []))
 
 
-def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw: float) -> float:
+def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw: float,
+                  granularity: bool = False) -> float:
     """Seconds of Zepp's planner for a batch of ``entries``: per part the measured device time
     of the torch planner where one is recorded (``zepp.torchplan.costs``), else its op-mix rounds
     times the op mix's GPU time."""
@@ -80,7 +85,7 @@ def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw
 
     r = cost_data()["rounds"]
     total = 0.0
-    for part in zepp_parts(dispatch, combine, swaps):
+    for part in zepp_parts(dispatch, combine, swaps, granularity):
         measured = device_part_seconds(part, entries, hbm_bw)
         if measured is not None:
             total += measured
@@ -124,5 +129,5 @@ def planning_seconds(model: str, system, cluster, spec, tokens_per_rank: int, ne
         return net.allgather(R, rank_entries * 4.0, cluster.nic_bw) + planning, planning
     else:
         planning = zepp_planning(system.dispatch, system.combine, model == "zepp+swap", R * rank_entries,
-                                 cluster.hbm_bw)
+                                 cluster.hbm_bw, granularity=model == "zepp+granularity")
     return loads + planning, planning

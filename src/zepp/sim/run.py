@@ -22,6 +22,7 @@ from zepp import registry
 from zepp.cluster import Cluster
 from zepp.errors import ZeppInputError
 from zepp.flows import build_flows
+from zepp.granularity import Figures, Granularity, choose
 from zepp.model import MoESpec
 from zepp.placement import make_placement
 from zepp.plan import FlowPlan, Placement
@@ -73,6 +74,7 @@ class SystemResult:
     swapped_slots: list = field(default_factory=list)
     timeline: Timeline | None = None
     variant: str | None = None
+    granularity: list = field(default_factory=list)  # per timed iteration: (groups, waves) or None
 
     @property
     def median(self) -> float:
@@ -123,13 +125,24 @@ def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: fl
                      active.max() * spec.expert_weight_bytes / cl.hbm_bw))
 
 
+def plan_granularity(cfg: Config, s: registry.System, plan: FlowPlan) -> Granularity | None:
+    """The granularity system ``s`` runs ``plan`` with: chosen per batch by
+    ``zepp.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
+    calibrated NIC rate and put cost), else ``None`` (the mechanics' fixed groups / waves)."""
+    if s.overlap != "zepp-auto":
+        return None
+    cl = cfg.cluster
+    return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks)))
+
+
 def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = False,
                   swap_copies: np.ndarray | None = None, swapped: np.ndarray | None = None,
-                  mech: Mechanics | None = None):
+                  mech: Mechanics | None = None, granularity: Granularity | None = None):
     """Simulate one batch of system ``s`` from its FlowPlan. Returns ``(Timeline, planning s,
     floor s)``. ``swap_copies [M, 2]`` (src rank, dst rank) weight copies of this batch's swaps and
     ``swapped [R*S]`` the slots whose weights arrive with them. ``mech``: a ``Mechanics`` record
-    instead of the row's (tests that switch one mechanism off)."""
+    instead of the row's (tests that switch one mechanism off); ``granularity``: the batch's
+    groups / waves (default: ``plan_granularity``)."""
     ctx = plugins.Batch(cfg, plan)
     for name in s.plugins:
         plugins.apply(name, ctx)
@@ -138,7 +151,8 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
         kw = dict(weight_copies=swap_copies, swapped=swapped)
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
-    lp = LayerPlan.of(ctx.plan, **kw)  # a plug-in may replace a phase's hop table
+    # a plug-in may replace a phase's hop table
+    lp = LayerPlan.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     mech = mech or mechanics(s.mechanics)
     floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
     T = plan.routing.topk_ids.shape[1]
@@ -167,19 +181,23 @@ def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shar
         results = {v: run_system(v, cfg, keep_timeline, shared) for v in names}
         best = results[registry.pick_variant(name, T, {v: r.median for v, r in results.items()})]
         return SystemResult(name, best.latencies, best.planning, best.lower_bound, best.swapped_slots, best.timeline,
-                            variant=best.name)
+                            variant=best.name, granularity=best.granularity)
     res = SystemResult(name)
     iters = cfg.batches.shape[0]
     if s.adaptation == "zepp-swap":
         return _run_swapping(s, cfg, keep_timeline, shared, res)
     for it in range(cfg.warmup, iters):
         keep = keep_timeline and it == iters - 1
-        tl, planning, floor = simulate_plan(cfg, s, shared.plan(s, cfg, it), keep)
-        _record(res, tl, planning, floor, keep, 0)
+        plan = shared.plan(s, cfg, it)
+        gran = plan_granularity(cfg, s, plan)
+        tl, planning, floor = simulate_plan(cfg, s, plan, keep, granularity=gran)
+        _record(res, tl, planning, floor, keep, 0, gran)
     return res
 
 
-def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep: bool, swapped: int) -> None:
+def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep: bool, swapped: int,
+            gran: Granularity | None = None) -> None:
+    res.granularity.append(None if gran is None else (gran.groups, gran.waves))
     res.latencies.append(tl.latency)
     res.planning.append(planning)
     res.lower_bound.append(floor)
@@ -215,6 +233,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
             continue
         keep = keep_timeline and it == iters - 1
         plan = build_flows(r, s.dispatch, cfg.spec.row_bytes, s.combine)
-        tl, planning, floor = simulate_plan(cfg, s, plan, keep, copies, swapped)
-        _record(res, tl, planning, floor, keep, n_swapped)
+        gran = plan_granularity(cfg, s, plan)
+        tl, planning, floor = simulate_plan(cfg, s, plan, keep, copies, swapped, granularity=gran)
+        _record(res, tl, planning, floor, keep, n_swapped, gran)
     return res
