@@ -8,7 +8,7 @@ from zepp.errors import ZeppInputError
 from zepp.model import model_preset
 from zepp.sim.layer import LayerBuilder
 from zepp.sim.mechanics import Mechanics, Net
-from zepp.sim.engine import SimulationError, TaskGraph, maxmin_rates, simulate
+from zepp.sim.engine import SimulationError, TaskGraph, maxmin_rates, native_available, simulate
 
 BW = 25e9
 
@@ -142,3 +142,99 @@ def test_grouped_gemm_counts_active_experts():
     w = spec.hidden * spec.ffn * spec.dtype_bytes
     tab = b.gemm_tasks(np.zeros(3, np.int64), np.array([0, 1, 2]), 1, lambda k: k, "g")
     assert b.g.columns()["dur"][tab[0, 0]] == pytest.approx(3 * w / c.hbm_bw + c.kernel_launch)
+
+
+# ---------------------------------------------------------------- the compiled loop equals the Python loop
+
+needs_native = pytest.mark.skipif(not native_available(), reason="zepp.sim._engine not built (no C compiler at install)")
+
+
+def _random_graph(seed: int, nodes: int = 3, L: int = 4) -> TaskGraph:
+    """Transfers of all sizes (tiny ones too), fixed tasks on every stream, priorities, chains,
+    joins and fan-outs, several tasks per stream waiting at once."""
+    rng = np.random.default_rng(seed)
+    c = cluster_preset("a100", nodes, gpus_per_node=L)
+    g = TaskGraph(c)
+    R = c.ranks
+    ids = []
+    for _ in range(6):
+        n = int(rng.integers(5, 60))
+        src = rng.integers(0, R, n)
+        dst = (src + rng.integers(1, R, n)) % R
+        nbytes = np.where(rng.random(n) < 0.2, rng.integers(1, 400, n), rng.integers(10_000, 5_000_000, n))
+        x = g.add_transfer(src, dst, nbytes.astype(float), rng.choice([0.0, 2e-6, 20e-6], n),
+                           stream=rng.choice([None, "copy"]))
+        f = g.add_fixed(rng.integers(0, R, n), rng.random(n) * 50e-6, kind="gemm",
+                        stream=str(rng.choice(["compute", "proxy", "host"])),
+                        prio=rng.integers(0, 5, n) if rng.random() < 0.5 else None)
+        ids.extend([x, f])
+        if len(ids) > 2:
+            prev = ids[int(rng.integers(0, len(ids) - 2))]
+            k = min(prev.size, x.size)
+            g.after(prev[:k], x[:k])
+            g.after(x[rng.integers(0, x.size)], f)
+            g.after_all(ids[int(rng.integers(0, len(ids) - 2))][:3], f[: n // 2])  # edges go forward: no cycle
+    return g
+
+
+def _same(a, b) -> bool:
+    return (np.array_equal(a.start, b.start, equal_nan=True) and np.array_equal(a.end, b.end, equal_nan=True)
+            and a.events == b.events and a.latency == b.latency)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("opts", [dict(), dict(rel_quantum=5e-4, rate_tol=1e-3), dict(quantum=0.0, rate_tol=0.0)])
+def test_native_loop_gives_bit_identical_times_to_the_python_loop(seed, opts):
+    g = _random_graph(seed)
+    a = simulate(g, loop="python", **opts)
+    b = simulate(g, loop="native", **opts)
+    assert np.isfinite(a.end).all()
+    assert _same(a, b)
+
+
+@needs_native
+def test_native_loop_equals_python_loop_on_every_simulated_system():
+    from zepp.bench import make_config
+    from zepp.sim import run as simrun
+    from zepp.registry import SYSTEMS, names_for
+
+    cfg = make_config(dict(cluster="a100", nodes=2, gpus_per_node=4, model="qwen", budget_mb=1.0, iters=1, warmup=1,
+                           seed=0, traces=None))
+    graphs = []
+    orig = simrun.simulate
+
+    def capture(g, **kw):
+        graphs.append((g, kw))
+        return orig(g, **kw)
+
+    simrun.simulate = capture
+    try:
+        for name in names_for("sim"):
+            if not SYSTEMS[name].best_of:
+                simrun.run_system(name, cfg)
+    finally:
+        simrun.simulate = orig
+    assert len(graphs) >= 10
+    for g, kw in graphs:
+        kw = dict(kw, labels=False)
+        assert _same(simulate(g, loop="python", **kw), simulate(g, loop="native", **kw))
+
+
+@needs_native
+def test_native_loop_reports_a_cycle_like_the_python_loop():
+    g = TaskGraph(cl())
+    a = g.add_fixed(0, 1e-3)
+    b = g.add_transfer(0, 4, 1e6, 0.0, deps=a)
+    g.after(b, a)
+    for loop in ("python", "native"):
+        with pytest.raises(SimulationError, match="stuck after 0 of 2"):
+            simulate(g, loop=loop)
+
+
+def test_the_compiled_loop_is_built_in_ci():
+    import os
+
+    if not os.environ.get("CI"):
+        pytest.skip("only CI promises a C compiler")
+    assert native_available(), "CI installs with a C compiler: zepp.sim._engine must have been built"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zepp.intsort import sorted_with_order
 from zepp.plan import Hops, PlanInvariantError
 
 
@@ -105,12 +106,29 @@ def messages(h: Hops, ranks: int) -> Messages:
     R = ranks
     mmax = int(h.msg.max(initial=0)) + 1
     key = ((h.stage.astype(np.int64) * R + h.src) * R + h.dst) * mmax + h.msg
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
-    new = np.concatenate(([True], ks[1:] != ks[:-1])) if ks.size else np.zeros(0, bool)
-    uniq = ks[new]
+    uniq, inv, cnt = group_keys(key)
+    sd = uniq // mmax
+    return Messages(hop_msg=inv, stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt)
+
+
+def group_keys(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(uniq, inv, cnt)`` of integer keys ``[n]``: the sorted distinct keys, each key's index in
+    ``uniq`` and each distinct key's count (``int64`` each; ``np.unique``'s answer). Keys that
+    fit a table of a few times ``n`` entries are counted in one pass instead of sorted."""
+    key = np.asarray(key, np.int64)
+    if key.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z.copy(), z.copy()
+    lo, hi = int(key.min()), int(key.max())
+    if lo >= 0 and hi < max(1 << 20, 4 * key.size):
+        tab = np.bincount(key, minlength=hi + 1)
+        uniq = np.flatnonzero(tab)
+        pos = np.zeros(hi + 1, np.int64)
+        pos[uniq] = np.arange(uniq.size)
+        return uniq.astype(np.int64), pos[key], tab[uniq].astype(np.int64)
+    ks, order = sorted_with_order(key)
+    new = np.concatenate(([True], ks[1:] != ks[:-1]))
     inv = np.empty(key.size, np.int64)
     inv[order] = np.cumsum(new) - 1
     cnt = np.diff(np.concatenate((np.flatnonzero(new), [ks.size])))
-    sd = uniq // mmax
-    return Messages(hop_msg=inv.astype(np.int64), stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt)
+    return ks[new], inv, cnt.astype(np.int64)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zepp.intsort import stable_argsort
 from zepp.plan import Placement, Routing
 
 
@@ -60,14 +61,12 @@ def moonep_plan(topk_ids: np.ndarray, num_experts: int, gpus_per_node: int) -> t
     flat = topk_ids.ravel().astype(np.int64)
     slot = (home[flat] * S + flat % epr).astype(np.int64)
     # entries of each expert in batch order: the first keep_home stay home, the rest fill quotas
-    order = np.argsort(flat, kind="stable")
+    order = stable_argsort(flat)  # entries grouped by expert, each group in batch order
     starts = np.concatenate(([0], np.cumsum(demand)[:-1]))
-    pos = np.empty_like(order)
-    pos[order] = np.arange(order.size) - starts[flat[order]]
     for e, parts in quota.items():
         bounds = keep_home[e] + np.cumsum([p[2] for p in parts])
-        mine = np.flatnonzero(flat == e)
-        p = pos[mine]
+        mine = order[starts[e]:starts[e] + demand[e]]
+        p = np.arange(mine.size)  # each entry's position among its expert's entries
         moved = p >= keep_home[e]
         which = np.searchsorted(bounds, p[moved], side="right")
         tgt = np.array([p_[0] * S + p_[1] for p_ in parts], np.int64)

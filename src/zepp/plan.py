@@ -362,7 +362,8 @@ class EntryView:
     Token-GPU pairs (``tc_*``, ``[P]``): distinct (token, computing rank), ordered by (owner,
     token, rank). Token-node pairs (``tn_*``, ``[Q]``): distinct (token, computing node), ordered
     by (owner, token, node). ``tc_pair_node [P]`` indexes the token-node pair of each token-GPU
-    pair. Dedup sorts each token's ``k`` ranks, so it is linear in the entries.
+    pair. Dedup sorts each token's ``k`` ranks, so it is linear in the entries; the pairs are built
+    on first use (the a2av transports need none).
     """
 
     def __init__(self, routing: Routing):
@@ -374,8 +375,21 @@ class EntryView:
         missing = comp_all < 0
         self._valid = None if not missing.any() else np.flatnonzero(~missing)
         self.comp = comp_all if self._valid is None else comp_all[self._valid]
+        self._comp_all = comp_all
+
+    _PAIRS = ("tc_owner", "tc_token", "tc_comp", "tn_owner", "tn_token", "tn_node", "tc_pair_node")
+
+    def __getattr__(self, name: str):
+        # the token-GPU and token-node pairs are built on first use (a2av needs none of them)
+        if name in EntryView._PAIRS:
+            self._build_pairs()
+            return self.__dict__[name]
+        raise AttributeError(f"'EntryView' object has no attribute {name!r}")
+
+    def _build_pairs(self) -> None:
+        ranks, T, k = self.ranks, self.T, self.k
         G = ranks * T
-        comp = np.sort(comp_all.reshape(G, k), axis=1)  # a token's ranks, ascending (so nodes too); -1 first
+        comp = np.sort(self._comp_all.reshape(G, k), axis=1)  # a token's ranks, ascending (so nodes too); -1 first
         node = comp // self.L
         first_c = np.ones((G, k), bool)
         first_c[:, 1:] = comp[:, 1:] != comp[:, :-1]

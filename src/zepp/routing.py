@@ -135,7 +135,18 @@ def _choice(topk_ids: np.ndarray, placement: Placement, prefer_local: bool, per_
     R, T, k = topk_ids.shape
     e = np.maximum(topk_ids.reshape(-1), 0).astype(np.int64)
     src = np.arange(e.size, dtype=np.int64) // (T * k)
-    h = src if per_source else entry_hash(np.arange(e.size, dtype=np.int64))
+    if per_source:  # the pick depends on (source, expert) only: choose once per pair, then look up
+        E = placement.num_experts
+        pair_src, pair_e = np.divmod(np.arange(R * E, dtype=np.int64), E)
+        table = _pick(pair_e, pair_src, pair_src, placement, prefer_local)
+        return table[src * E + e].reshape(R, T, k).astype(np.int32)
+    h = entry_hash(np.arange(e.size, dtype=np.int64))
+    return _pick(e, src, h, placement, prefer_local).reshape(R, T, k).astype(np.int32)
+
+
+def _pick(e: np.ndarray, src: np.ndarray, h: np.ndarray, placement: Placement, prefer_local: bool) -> np.ndarray:
+    """``_choice``'s pick for entries of expert ``e [n]`` from rank ``src [n]`` with hash ``h [n]``:
+    their global slots ``[n]``."""
     reps = placement.replicas[e]  # [n, cmax] global slots, -1 padded
     valid = reps >= 0
     if prefer_local:
@@ -148,7 +159,7 @@ def _choice(topk_ids: np.ndarray, placement: Placement, prefer_local: bool, per_
     pick = h % cnt  # the pick-th candidate, in replica order
     nth = np.cumsum(valid, axis=1) - 1
     col = np.argmax(valid & (nth == pick[:, None]), axis=1)
-    return reps[np.arange(e.size), col].reshape(R, T, k).astype(np.int32)
+    return reps[np.arange(e.size), col]
 
 
 def _visit_priority(placement: Placement) -> np.ndarray:

@@ -43,6 +43,7 @@ graphs are built by zepp, so these are bugs, never bad user input.
 from __future__ import annotations
 
 import heapq
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,8 +115,15 @@ class TaskGraph:
         for k, v in cols.items():
             if k == "label":
                 self._cols[k].append(v if isinstance(v, list) else [v] * n)
+                continue
+            a = v if type(v) is np.ndarray else np.asarray(v)
+            if a.ndim == 0:
+                part = np.full(n, a, a.dtype)
+            elif a.shape == (n,):
+                part = a.copy()
             else:
-                self._cols[k].append(np.broadcast_to(np.asarray(v), (n,)).copy())
+                part = np.broadcast_to(a, (n,)).copy()
+            self._cols[k].append(part)
         self._n += n
         return ids
 
@@ -123,9 +131,8 @@ class TaskGraph:
     def _len(*vals) -> tuple[int, bool]:
         n, scalar = 1, True
         for v in vals:
-            a = np.asarray(v)
-            if a.ndim:
-                n, scalar = a.shape[0], False
+            if np.ndim(v):
+                n, scalar = len(v), False
         return n, scalar
 
     def add_fixed(self, rank, duration, kind="other", stream: str | None = "compute", prio=None,
@@ -159,23 +166,23 @@ class TaskGraph:
     def after(self, pre, post) -> None:
         """Dependencies: every task in ``post`` starts after every task in ``pre`` ends when one
         side is a scalar or a 1-element array; otherwise element-wise pairs ``pre[i] -> post[i]``."""
-        pre = np.atleast_1d(np.asarray(pre, np.int64))
-        post = np.atleast_1d(np.asarray(post, np.int64))
+        pre = np.asarray(pre, np.int64).ravel()
+        post = np.asarray(post, np.int64).ravel()
         if pre.size == 0 or post.size == 0:
             return
-        if pre.size == 1:
-            pre = np.broadcast_to(pre, post.shape)
-        elif post.size == 1:
-            post = np.broadcast_to(post, pre.shape)
-        elif pre.shape != post.shape:
+        if pre.size == 1 and post.size != 1:
+            pre = np.full(post.size, pre[0])
+        elif post.size == 1 and pre.size != 1:
+            post = np.full(pre.size, post[0])
+        elif pre.size != post.size:
             raise SimulationError("after(pre, post): arrays must have equal length or one be a scalar")
-        self._dep_pre.append(np.asarray(pre, np.int64).ravel())
-        self._dep_post.append(np.asarray(post, np.int64).ravel())
+        self._dep_pre.append(pre)
+        self._dep_post.append(post)
 
     def after_all(self, pre, post) -> None:
         """Every task in ``post`` after every task in ``pre`` (via one zero-time join task)."""
-        pre = np.atleast_1d(np.asarray(pre, np.int64))
-        post = np.atleast_1d(np.asarray(post, np.int64))
+        pre = np.asarray(pre, np.int64).ravel()
+        post = np.asarray(post, np.int64).ravel()
         if pre.size == 0 or post.size == 0:
             return
         j = self.add_fixed(0, 0.0, kind="barrier", stream=None, label="join")
@@ -312,12 +319,20 @@ class Engine:
     example with a calibrated effective NIC rate. ``quantum`` / ``rel_quantum``: completions and
     flow starts within ``max(quantum, rel_quantum * now)`` of the next event are one event;
     ``rate_tol``: level tolerance of ``maxmin_rates``; ``labels``: name each task's resource.
+
+    The event loop has two implementations with bit-identical results: the compiled one
+    (``zepp.sim._engine``, built from ``_engine.c`` at install where a C compiler exists) and
+    this class's Python methods (``_begin``, ``_make_ready``, ``_finish``, ``_step``), the
+    reference the C file mirrors operation for operation. ``loop``: ``"native"``,
+    ``"python"`` or ``None`` (native where built, unless ``ZEPP_SIM_LOOP=python``).
     """
 
     def __init__(self, graph: TaskGraph, nic_bw: float | None = None, nvlink_bw: float | None = None,
-                 quantum: float = 0.5e-6, rel_quantum: float = 0.0, rate_tol: float = 1e-9, labels: bool = True):
+                 quantum: float = 0.5e-6, rel_quantum: float = 0.0, rate_tol: float = 1e-9, labels: bool = True,
+                 loop: str | None = None):
         self.graph, self.cluster = graph, graph.cluster
         self.quantum, self.rel_quantum, self.rate_tol, self.labels = quantum, rel_quantum, rate_tol, labels
+        self.loop = loop_kind(loop)
         cl = self.cluster
         self.links = _Links(cl, cl.nic_bw if nic_bw is None else nic_bw, cl.nvlink_bw if nvlink_bw is None else nvlink_bw)
         c = self.cols = graph.columns()
@@ -329,30 +344,19 @@ class Engine:
         is_xfer = src >= 0
         if is_xfer.any():
             self.la[is_xfer], self.lb[is_xfer] = self.links.of(src[is_xfer], dst[is_xfer])
+        self.is_xfer = is_xfer
         self._dependencies()
         rank, stream = c["rank"].astype(np.int64), c["stream"].astype(np.int64)
-        self.stream_key = np.where(stream >= 0, rank * len(STREAMS) + stream, -1).tolist()
-        self.prio = np.asarray(c["prio"]).tolist()
-        self.dur = c["dur"].astype(float).tolist()
-        self.fixed = c["fixed"].astype(float).tolist()
-        self.bytes_l = self.nbytes.tolist()
-        self.xfer = is_xfer.tolist()
+        self.stream_keys = np.where(stream >= 0, rank * len(STREAMS) + stream, -1)
         # A transfer whose bytes its slower link moves within one quantum holds no bandwidth:
         # it ends after its fixed cost plus bytes / that link's rate (see "Coarsening").
         alone = np.where(is_xfer, np.minimum(self.links.cap[np.maximum(self.la, 0)],
                                              self.links.cap[np.maximum(self.lb, 0)]), np.inf)
-        tiny = is_xfer & (self.nbytes <= quantum * alone)
-        self.tiny_end = np.where(tiny, self.nbytes / alone, -1.0).tolist()
+        with np.errstate(invalid="ignore"):  # quantum 0 and a dummy link: 0 * inf, never tiny
+            tiny = is_xfer & (self.nbytes <= quantum * alone)
+        self.tiny = np.where(tiny, self.nbytes / alone, -1.0)
         self.start = np.full(n, np.nan)
         self.end = np.full(n, np.nan)
-        self.ready_at = [0.0] * n
-        self.queues: dict[int, list] = {}
-        self.busy: dict[int, bool] = {}
-        self.heap: list = []  # (time, seq, task, phase) phase 0 = finish, 1 = start flowing
-        self.seq = 0
-        self.flows = _Flows()
-        self.new_flows: list[int] = []
-        self.dirty = False
         self.now = 0.0
         self.done = 0
         self.events = 0
@@ -363,14 +367,73 @@ class Engine:
         keep = pre != post
         pre, post = pre[keep], post[keep]
         if pre.size:
-            pair = np.unique(pre * n + post)
+            pair = np.sort(pre * n + post)  # distinct edges, sorted by (pre, post)
+            pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))]
             pre, post = pair // n, pair % n
-        order = np.argsort(pre, kind="stable")
-        self.succ_ptr = np.concatenate(([0], np.cumsum(np.bincount(pre, minlength=n)))).tolist()
-        self.succ = post[order].tolist()
-        indeg = np.bincount(post, minlength=n).astype(np.int64)
-        self.indeg = indeg.tolist()
-        self.roots = np.flatnonzero(indeg == 0).tolist()
+        # pairs are sorted by (pre, post): the successors of each task in increasing order
+        self.succ_ptr_a = np.concatenate(([0], np.cumsum(np.bincount(pre, minlength=n)))).astype(np.int64)
+        self.succ_a = post.astype(np.int64)
+        self.indeg_a = np.bincount(post, minlength=n).astype(np.int64)
+        self.roots_a = np.flatnonzero(self.indeg_a == 0).astype(np.int64)
+
+    def run(self) -> Timeline:
+        if self.loop == "native":
+            self._run_native()
+        else:
+            self._run_python()
+        c = self.cols
+        latency = float(np.nanmax(self.end)) if self.n else 0.0
+        res = _resource_names(c, self.la, self.cluster) if self.labels else [""] * self.n
+        return Timeline(start=self.start, end=self.end, kind=[KINDS[i] for i in c["kind"].astype(np.int64).tolist()],
+                        resource=res, label=c["label"], rank=c["rank"].astype(np.int64), bytes=self.nbytes,
+                        latency=latency, events=self.events)
+
+    def _stuck(self) -> SimulationError:
+        return SimulationError(f"task graph is stuck after {self.done} of {self.n} tasks (a dependency cycle?)")
+
+    # ------------------------------------------------------------------ the compiled loop
+    def _run_native(self) -> None:
+        from zepp.sim import _engine
+
+        f8 = lambda x: np.ascontiguousarray(x, np.float64)  # noqa: E731
+        i8 = lambda x: np.ascontiguousarray(x, np.int64)  # noqa: E731
+        n = self.n
+        nstreams = int(self.stream_keys.max(initial=-1)) + 1
+        status, self.events, self.done = _engine.run(
+            n, self.links.cap.size, nstreams, self.roots_a.size, self.succ_a.size,
+            i8(self.succ_ptr_a), i8(self.succ_a), self.indeg_a.copy(), i8(self.roots_a), i8(self.stream_keys),
+            f8(self.cols["prio"]), f8(self.cols["dur"]), f8(self.cols["fixed"]), f8(self.nbytes),
+            np.ascontiguousarray(self.is_xfer, np.uint8), f8(self.tiny), i8(self.la), i8(self.lb),
+            f8(self.links.cap), self.start, self.end, float(self.quantum), float(self.rel_quantum),
+            float(self.rate_tol))
+        if status != 0:
+            raise self._stuck()
+
+    # ------------------------------------------------------------------ the Python loop (the reference)
+    def _run_python(self) -> None:
+        n = self.n
+        self.succ_ptr = self.succ_ptr_a.tolist()
+        self.succ = self.succ_a.tolist()
+        self.indeg = self.indeg_a.tolist()
+        self.stream_key = self.stream_keys.tolist()
+        self.prio = np.asarray(self.cols["prio"]).tolist()
+        self.dur = self.cols["dur"].astype(float).tolist()
+        self.fixed = self.cols["fixed"].astype(float).tolist()
+        self.bytes_l = self.nbytes.tolist()
+        self.xfer = self.is_xfer.tolist()
+        self.tiny_end = self.tiny.tolist()
+        self.ready_at = [0.0] * n
+        self.queues: dict[int, list] = {}
+        self.busy: dict[int, bool] = {}
+        self.heap: list = []  # (time, seq, task, phase) phase 0 = finish, 1 = start flowing
+        self.seq = 0
+        self.flows = _Flows()
+        self.new_flows: list[int] = []
+        self.dirty = False
+        for t in self.roots_a.tolist():
+            self._make_ready(t, 0.0)
+        while self.done < n:
+            self._step()
 
     # ------------------------------------------------------------------ task life cycle
     def _begin(self, t: int, at: float) -> None:
@@ -430,7 +493,7 @@ class Engine:
             self._refresh_rates()
         t_next = min(self.heap[0][0] if self.heap else np.inf, self.flows.next_end(self.now))
         if not np.isfinite(t_next):
-            raise SimulationError(f"task graph is stuck after {self.done} of {self.n} tasks (a dependency cycle?)")
+            raise self._stuck()
         window = max(self.quantum, self.rel_quantum * t_next)
         if self.flows.id.size:
             ids, tail = self.flows.advance(t_next - self.now, window)
@@ -448,24 +511,33 @@ class Engine:
             else:
                 self._finish(t, at)
 
-    def run(self) -> Timeline:
-        for t in self.roots:
-            self._make_ready(t, 0.0)
-        while self.done < self.n:
-            self._step()
-        c = self.cols
-        latency = float(np.nanmax(self.end)) if self.n else 0.0
-        res = _resource_names(c, self.la, self.cluster) if self.labels else [""] * self.n
-        return Timeline(start=self.start, end=self.end, kind=[KINDS[i] for i in c["kind"].astype(np.int64).tolist()],
-                        resource=res, label=c["label"], rank=c["rank"].astype(np.int64), bytes=self.nbytes,
-                        latency=latency, events=self.events)
-
 
 def simulate(graph: TaskGraph, nic_bw: float | None = None, nvlink_bw: float | None = None,
              quantum: float = 0.5e-6, rel_quantum: float = 0.0, rate_tol: float = 1e-9,
-             labels: bool = True) -> Timeline:
+             labels: bool = True, loop: str | None = None) -> Timeline:
     """Run ``graph`` to completion and return its ``Timeline`` (see ``Engine``)."""
-    return Engine(graph, nic_bw, nvlink_bw, quantum, rel_quantum, rate_tol, labels).run()
+    return Engine(graph, nic_bw, nvlink_bw, quantum, rel_quantum, rate_tol, labels, loop).run()
+
+
+def native_available() -> bool:
+    """Whether the compiled event loop (``zepp.sim._engine``) was built."""
+    try:
+        from zepp.sim import _engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def loop_kind(loop: str | None = None) -> str:
+    """The event loop ``Engine`` runs: ``loop`` when given (``"native"`` needs the compiled
+    module), else ``ZEPP_SIM_LOOP`` (``native`` / ``python``), else native where it was built."""
+    want = loop or os.environ.get("ZEPP_SIM_LOOP") or ("native" if native_available() else "python")
+    if want not in ("native", "python"):
+        raise SimulationError(f"unknown event loop {want!r} (ZEPP_SIM_LOOP or loop=): native or python")
+    if want == "native" and not native_available():
+        raise SimulationError("the compiled event loop zepp.sim._engine is not built (pip install -e . with a C "
+                              "compiler builds it); ZEPP_SIM_LOOP=python runs the Python loop")
+    return want
 
 
 def _resource_names(c: dict, la: np.ndarray, cl: Cluster) -> list[str]:

@@ -34,6 +34,7 @@ from zepp.cluster import Cluster
 from zepp.granularity import Granularity
 from zepp.grouping import (Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_key,
                            split_by_owner_node)
+from zepp.intsort import sorted_with_order
 from zepp.model import MoESpec
 from zepp.plan import FlowPlan, Hops
 from zepp.sim.collectives import add_stage_collectives
@@ -90,26 +91,77 @@ def entries_of(routing) -> tuple[np.ndarray, ...]:
     return (idx // (T * k)), (idx // k) % T, slot // routing.placement.slots_per_rank, slot, idx % k
 
 
+_DENSE_KEYS = 1 << 24  # key tables up to 64 MB (int32); larger key ranges are sorted
+
+
 def _join(left_key: np.ndarray, right_key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All pairs ``(i, j)`` with ``left_key[i] == right_key[j]``."""
-    if left_key.size == 0 or right_key.size == 0:
+    """All pairs ``(i, j)`` with ``left_key[i] == right_key[j]`` (non-negative integer keys; as a
+    set, in no fixed order)."""
+    nl, nr = left_key.size, right_key.size
+    if nl == 0 or nr == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.argsort(left_key, kind="stable")
-    ks = left_key[order]
-    lo = np.searchsorted(ks, right_key, "left")
-    hi = np.searchsorted(ks, right_key, "right")
-    cnt = hi - lo
+    hi = max(int(left_key.max()), int(right_key.max())) + 1
+    if min(int(left_key.min()), int(right_key.min())) >= 0 and hi <= _DENSE_KEYS and max(nl, nr) < 2**31:
+        if nl <= nr:
+            return _join_table(left_key, right_key, hi)
+        j, i = _join_table(right_key, left_key, hi)
+        return i, j
+    return _join_sorted(left_key, right_key)
+
+
+def _join_table(a: np.ndarray, b: np.ndarray, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_join`` through a key -> index table of ``a``: one pass where ``a``'s keys are distinct
+    (nearly so in practice: each row arrives at a rank once in dispatch, leaves it once in
+    combine); the few keys ``a`` holds more than once are joined by sorting."""
+    tab = np.full(hi, -1, np.int32)
+    idx = np.arange(a.size, dtype=np.int32)
+    tab[a] = idx
+    lost = np.flatnonzero(tab[a] != idx)  # overwritten: their keys appear more than once in a
+    hit = tab[b]
+    if lost.size == 0:
+        bj = np.flatnonzero(hit >= 0)
+        return hit[bj].astype(np.int64), bj
+    dup = np.zeros(hi, bool)
+    dup[a[lost]] = True
+    b_dup = dup[b]
+    bj = np.flatnonzero((hit >= 0) & ~b_dup)
+    asel, bsel = np.flatnonzero(dup[a]), np.flatnonzero(b_dup)
+    i2, j2 = _join_sorted(a[asel], b[bsel])
+    return np.concatenate([hit[bj].astype(np.int64), asel[i2]]), np.concatenate([bj, bsel[j2]])
+
+
+def _join_sorted(left_key: np.ndarray, right_key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_join`` by one sort of both sides (left before right within a key)."""
+    nl, nr = left_key.size, right_key.size
+    if nl == 0 or nr == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    both = np.concatenate([np.asarray(left_key, np.int64) * 2, np.asarray(right_key, np.int64) * 2 + 1])
+    sk, order = sorted_with_order(both)
+    sk >>= 1
+    is_r = order >= nl
+    gid = np.cumsum(np.concatenate(([True], sk[1:] != sk[:-1]))) - 1
+    lefts = order[~is_r]  # left indices, by key
+    n_left = np.bincount(gid[~is_r], minlength=int(gid[-1]) + 1)
+    first = np.cumsum(n_left) - n_left
+    rpos = np.flatnonzero(is_r)
+    cnt = n_left[gid[rpos]]
     total = int(cnt.sum())
-    rj = np.repeat(np.arange(right_key.size), cnt)
     off = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-    return order[lo[rj] + off], rj
+    return lefts[np.repeat(first[gid[rpos]], cnt) + off], np.repeat(order[rpos] - nl, cnt)
 
 
 def _uniq(x: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (sort based; faster than ``np.unique`` on large int64 keys)."""
-    s = np.sort(x, kind="stable")
-    if s.size < 2:
-        return s
+    """Sorted distinct values of integers ``x`` (a presence table where the values are
+    non-negative and fit a few times ``x.size`` bytes, else a sort)."""
+    x = np.asarray(x)
+    if x.size < 2:
+        return np.sort(x)
+    hi = int(x.max())
+    if int(x.min()) >= 0 and hi < max(1 << 20, 16 * x.size):
+        seen = np.zeros(hi + 1, bool)
+        seen[x] = True
+        return np.flatnonzero(seen).astype(x.dtype, copy=False)
+    s = np.sort(x)
     return s[np.concatenate(([True], s[1:] != s[:-1]))]
 
 
@@ -191,10 +243,11 @@ class LayerBuilder:
         later = np.flatnonzero(h.stage > 0)
         if later.size == 0:
             return
-        key_in = (h.dst.astype(np.int64) * self.R + h.owner) * T + h.token
+        early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
+        key_in = (h.dst[early].astype(np.int64) * self.R + h.owner[early]) * T + h.token[early]
         key_out = (h.src[later].astype(np.int64) * self.R + h.owner[later]) * T + h.token[later]
         i, j = _join(key_in, key_out)
-        j = later[j]
+        i, j = early[i], later[j]
         ok = h.stage[i] < h.stage[j]
         a, b = _unique_pairs(m.hop_msg[i[ok]], m.hop_msg[j[ok]])
         self.g.after(m.exit_task[a], m.entry_task[b])
@@ -372,22 +425,21 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     tab2 = b.gemm_tasks(swapped * N + wave_of(owner, comp), slot, 2 * N,
                         lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
     tab2_end = b.column_splits[-1] if col_splits > 1 else tab2
-    for r in range(R):
-        a1, a2 = tab1[:, r][tab1[:, r] >= 0], tab2[:, r][tab2[:, r] >= 0]
-        g.after(pro[r], a1)
-        if kc_dispatch is not None:
-            g.after(kc_dispatch[r], a1)
-        if a1.size and a2.size:
-            g.after_all(a1, a2)  # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank
+    rk1, cl1 = np.nonzero(tab1.T >= 0)  # (rank, class) of every GEMM 1 task, rank-major
+    rk2, cl2 = np.nonzero(tab2.T >= 0)
+    rk2e, cl2e = np.nonzero(tab2_end.T >= 0)  # the last column split of every GEMM 2 task
+    g1, g2, g2e = tab1[cl1, rk1], tab2[cl2, rk2], tab2_end[cl2e, rk2e]
+    g.after(pro[rk1], g1)
+    if kc_dispatch is not None:
+        g.after(kc_dispatch[rk1], g1)
+    # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank (one join per rank that has both)
+    _join_per_rank(g, R, rk1, g1, rk2, g2)
     all1 = tab1[tab1 >= 0]
     all2 = tab2_end[tab2_end >= 0]
     if dispatch_done is not None:
         g.after(dispatch_done, all1)
     if local_done is not None:
-        for c in range(2 * G):
-            has = np.flatnonzero(tab1[c] >= 0)
-            done = local_done if c % G == 0 else remote_done
-            g.after(np.asarray(done)[has], tab1[c, has])
+        g.after(np.where(cl1 % G == 0, np.asarray(local_done)[rk1], np.asarray(remote_done)[rk1]), g1)
     if d is not None:
         h = plan.dispatch
         hop_grp = (h.stage.astype(np.int64) + 1) if mech.gemm1 == "stage" else group_of(
@@ -407,15 +459,10 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
         ct = g.add_transfer(wc[:, 0], wc[:, 1], np.full(len(wc), w_bytes), fixed, kind="copy", stream="copy",
                             label="weights")
         g.after(pro[wc[:, 1]], ct)
-        for r in np.unique(wc[:, 1]).tolist():
-            mine = ct[wc[:, 1] == r]
-            if plan.copies_block_gemm == "all":
-                wait = np.concatenate([tab1[:, r], tab2[:, r]])
-            else:
-                wait = np.concatenate([tab1[G:, r], tab2[N:, r]])
-            wait = wait[wait >= 0]
-            if wait.size:
-                g.after_all(mine, wait)
+        wait = np.concatenate([tab1, tab2]) if plan.copies_block_gemm == "all" else \
+            np.concatenate([tab1[G:], tab2[N:]])
+        wr, wi = np.nonzero(wait.T >= 0)  # rank-major
+        _join_per_rank(g, R, wc[:, 1], ct, wr, wait[wi, wr])
         out["copies"] = ct
 
     # ---- combine
@@ -439,29 +486,25 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
                                      stream=None, label="combine kernels")
             g.after(pro, kc_combine)
             g.after(cm.exit_task, kc_combine[cm.dst])
-            for r in range(R):
-                g.after(tab2_end[:, r][tab2_end[:, r] >= 0], kc_combine[r])
+            g.after(g2e, kc_combine[rk2e])
     else:
         # per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
         # computes nothing) its prologue and dispatch
-        ready = np.empty(R, np.int64)
-        for r in range(R):
-            ready[r] = g.add_fixed(r, 0.0, kind="barrier", stream=None, label="gemm2 done")
-            g.after(tab2_end[:, r][tab2_end[:, r] >= 0], ready[r])
-            g.after(pro[r], ready[r])
-            g.after(tab1[:, r][tab1[:, r] >= 0], ready[r])
-            if dispatch_done is not None:
-                g.after(dispatch_done, ready[r])
-            if remote_done is not None:
-                g.after(np.asarray(remote_done)[r], ready[r])
+        ready = g.add_fixed(np.arange(R), np.zeros(R), kind="barrier", stream=None, label="gemm2 done")
+        g.after(g2e, ready[rk2e])
+        g.after(pro, ready)
+        g.after(g1, ready[rk1])
+        if dispatch_done is not None:
+            g.after(dispatch_done, ready)
+        if remote_done is not None:
+            g.after(np.asarray(remote_done), ready)
         combine_done = custom_combine(b, ready)
 
     # ---- weighted reduce at home
     red_bytes = T * spec.top_k * spec.hidden * 4.0  # fp32 partials read once
     red = g.add_fixed(np.arange(R), np.full(R, red_bytes / cluster.hbm_bw + cluster.kernel_launch), kind="reduce",
                       stream="compute", prio=np.full(R, 10**6), label="reduce")
-    for r in range(R):
-        g.after(tab2_end[:, r][tab2_end[:, r] >= 0], red[r])
+    g.after(g2e, red[rk2e])
     if red_deps_msgs is not None:
         cm = red_deps_msgs
         g.after(cm.exit_task, red[cm.dst])
@@ -484,6 +527,24 @@ def dispatch_row_bytes(spec: MoESpec, mech: Mechanics) -> float:
     if mech.dispatch_value_bytes is None:
         return float(spec.row_bytes)
     return float(spec.hidden * mech.dispatch_value_bytes)
+
+
+def _join_per_rank(g: TaskGraph, R: int, pre_rank, pre, post_rank, post) -> None:
+    """``after_all(pre of rank r, post of rank r)`` for every rank ``r`` holding both, in rank
+    order: one zero-time join task per such rank (created in one call, the same ids as one
+    ``after_all`` per rank in a loop would give)."""
+    pre_rank, post_rank = np.asarray(pre_rank, np.int64), np.asarray(post_rank, np.int64)
+    both = (np.bincount(pre_rank, minlength=R) > 0) & (np.bincount(post_rank, minlength=R) > 0)
+    ranks = np.flatnonzero(both)
+    if ranks.size == 0:
+        return
+    join_of = np.full(R, -1, np.int64)
+    join_of[ranks] = g.add_fixed(np.zeros(ranks.size, np.int64), np.zeros(ranks.size), kind="barrier",
+                                 stream=None, label="join")
+    a = both[pre_rank]
+    g.after(np.asarray(pre)[a], join_of[pre_rank[a]])
+    b = both[post_rank]
+    g.after(join_of[post_rank[b]], np.asarray(post)[b])
 
 
 def _phase_end(g, net, R: int, barrier, msgs, extra_tail: np.ndarray):

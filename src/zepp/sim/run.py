@@ -120,7 +120,9 @@ def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: fl
         send += extra_nic[0]
         recv += extra_nic[1]
     rows = np.bincount(lp.comp, minlength=R)
-    active = np.bincount(np.unique(lp.slot) // lp.slots_per_rank, minlength=R)
+    used = np.zeros(R * lp.slots_per_rank, bool)
+    used[lp.slot] = True
+    active = used.reshape(R, lp.slots_per_rank).sum(1)  # slots with work per rank
     return float(max(max(send.max(), recv.max()) / cl.nic_bw, rows.max() * spec.flops_per_row / cl.peak_flops,
                      active.max() * spec.expert_weight_bytes / cl.hbm_bw))
 

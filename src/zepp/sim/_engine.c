@@ -1,0 +1,560 @@
+/* The event loop of zepp.sim.engine in C: the same algorithm, the same floating-point
+ * operations in the same order, so it gives bit-identical start and end times.
+ *
+ * zepp.sim.engine.Engine prepares every array (dependencies, stream keys, link indices, tiny
+ * transfers) and calls run(); its Python loop (Engine._run_python) is the reference this file
+ * mirrors step by step: _begin, _make_ready, _finish, _step, _Flows.next_end / advance and
+ * maxmin_rates. Built as an optional extension (setup.py): where it is missing the Python loop
+ * runs, with the same results. Compiled with -ffp-contract=off so that no multiply-add is fused
+ * (numpy rounds each product and each sum on its own).
+ *
+ * Orders that decide the result:
+ * - the event heap pops by (time, seq): seq is unique, so the order is total (Python's heapq on
+ *   (time, seq, task, phase) tuples);
+ * - a stream's ready queue pops by (prio, ready time, task), also total;
+ * - flows are kept in the order they started (new flows appended in the order they became
+ *   ready, retired flows removed keeping the others' order); every per-link sum adds its flows
+ *   in that order, as numpy.bincount does.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double time;
+    int64_t seq;
+    int64_t task;
+    int phase; /* 0: finish, 1: start flowing */
+} Event;
+
+typedef struct {
+    double prio;
+    double at;
+    int64_t task;
+} Queued;
+
+typedef struct {
+    Queued *q;
+    int64_t n, cap;
+} Queue;
+
+typedef struct {
+    /* inputs */
+    int64_t n, K;
+    const int64_t *succ_ptr, *succ, *stream_key, *la, *lb;
+    const double *prio, *dur, *fixed, *nbytes, *tiny_end, *cap;
+    const uint8_t *xfer;
+    int64_t *indeg;
+    double quantum, rel_quantum, rate_tol;
+    /* outputs */
+    double *start, *end;
+    /* state */
+    double *ready_at;
+    Event *heap;
+    int64_t nheap, heap_cap, seq;
+    Queue *queues;
+    uint8_t *busy;
+    int64_t nstreams;
+    /* flows, in start order */
+    int64_t F;
+    int64_t *fid, *fa, *fb;
+    double *frem, *frate;
+    int64_t *newf;
+    int64_t nnew;
+    int dirty;
+    double now;
+    int64_t done, events;
+    /* maxmin scratch */
+    int64_t *cnt, *dcnt, *widx, *wa, *wb, *act;
+    double *rem, *share, *sum, *m;
+    uint8_t *nonloc, *abad, *bbad;
+    /* retired flows of one step */
+    int64_t *ret_id;
+    double *ret_tail;
+    int oom;
+} Sim;
+
+/* ------------------------------------------------------------------ event heap */
+static inline int ev_less(const Event *x, const Event *y) {
+    if (x->time == y->time) return x->seq < y->seq;
+    return x->time < y->time;
+}
+
+static int heap_push(Sim *s, double time, int64_t task, int phase) {
+    if (s->nheap == s->heap_cap) {
+        int64_t nc = s->heap_cap ? 2 * s->heap_cap : 1024;
+        Event *h = (Event *)realloc(s->heap, (size_t)nc * sizeof(Event));
+        if (!h) { s->oom = 1; return -1; }
+        s->heap = h;
+        s->heap_cap = nc;
+    }
+    Event e = {time, s->seq++, task, phase};
+    int64_t i = s->nheap++;
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!ev_less(&e, &s->heap[p])) break;
+        s->heap[i] = s->heap[p];
+        i = p;
+    }
+    s->heap[i] = e;
+    return 0;
+}
+
+static Event heap_pop(Sim *s) {
+    Event top = s->heap[0];
+    Event last = s->heap[--s->nheap];
+    int64_t n = s->nheap, i = 0;
+    for (;;) {
+        int64_t l = 2 * i + 1;
+        if (l >= n) break;
+        int64_t c = (l + 1 < n && ev_less(&s->heap[l + 1], &s->heap[l])) ? l + 1 : l;
+        if (!ev_less(&s->heap[c], &last)) break;
+        s->heap[i] = s->heap[c];
+        i = c;
+    }
+    if (n) s->heap[i] = last;
+    return top;
+}
+
+/* ------------------------------------------------------------------ stream queues */
+static inline int q_less(const Queued *x, const Queued *y) {
+    if (x->prio != y->prio) return x->prio < y->prio;
+    if (x->at != y->at) return x->at < y->at;
+    return x->task < y->task;
+}
+
+static int q_push(Sim *s, Queue *q, double prio, double at, int64_t task) {
+    if (q->n == q->cap) {
+        int64_t nc = q->cap ? 2 * q->cap : 16;
+        Queued *a = (Queued *)realloc(q->q, (size_t)nc * sizeof(Queued));
+        if (!a) { s->oom = 1; return -1; }
+        q->q = a;
+        q->cap = nc;
+    }
+    Queued e = {prio, at, task};
+    int64_t i = q->n++;
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!q_less(&e, &q->q[p])) break;
+        q->q[i] = q->q[p];
+        i = p;
+    }
+    q->q[i] = e;
+    return 0;
+}
+
+static Queued q_pop(Queue *q) {
+    Queued top = q->q[0];
+    Queued last = q->q[--q->n];
+    int64_t n = q->n, i = 0;
+    for (;;) {
+        int64_t l = 2 * i + 1;
+        if (l >= n) break;
+        int64_t c = (l + 1 < n && q_less(&q->q[l + 1], &q->q[l])) ? l + 1 : l;
+        if (!q_less(&q->q[c], &last)) break;
+        q->q[i] = q->q[c];
+        i = c;
+    }
+    if (n) q->q[i] = last;
+    return top;
+}
+
+/* ------------------------------------------------------------------ task life cycle */
+static void begin(Sim *s, int64_t t, double at) {
+    s->start[t] = at;
+    if (s->xfer[t]) {
+        double tiny = s->tiny_end[t];
+        if (tiny >= 0.0)
+            heap_push(s, at + s->fixed[t] + tiny, t, 0);
+        else
+            heap_push(s, at + s->fixed[t], t, 1);
+    } else {
+        heap_push(s, at + s->dur[t], t, 0);
+    }
+}
+
+static void make_ready(Sim *s, int64_t t, double at) {
+    int64_t sk = s->stream_key[t];
+    if (sk < 0) {
+        begin(s, t, at);
+    } else if (!s->busy[sk]) {
+        s->busy[sk] = 1;
+        begin(s, t, at);
+    } else {
+        q_push(s, &s->queues[sk], s->prio[t], at, t);
+    }
+}
+
+static void finish(Sim *s, int64_t t, double at) {
+    s->end[t] = at;
+    s->done++;
+    int64_t sk = s->stream_key[t];
+    if (sk >= 0) {
+        Queue *q = &s->queues[sk];
+        if (q->n) {
+            Queued nx = q_pop(q);
+            begin(s, nx.task, at);
+        } else {
+            s->busy[sk] = 0;
+        }
+    }
+    for (int64_t i = s->succ_ptr[t]; i < s->succ_ptr[t + 1]; i++) {
+        int64_t x = s->succ[i];
+        if (s->ready_at[x] < at) s->ready_at[x] = at;
+        s->indeg[x] -= 1;
+        if (s->indeg[x] == 0) make_ready(s, x, s->ready_at[x]);
+    }
+}
+
+/* ------------------------------------------------------------------ max-min rates */
+static inline double np_minimum(double x, double y) { return (x <= y || isnan(x)) ? x : y; }
+static inline double np_maximum(double x, double y) { return (x >= y || isnan(x)) ? x : y; }
+
+/* zepp.sim.engine.maxmin_rates over the current flows, into s->frate.
+ *
+ * The same passes as the numpy version, with two shortcuts that change no result: link-level
+ * work runs over the links that still carry unfrozen flows (the others' shares are read by no
+ * flow, and subtracting nothing leaves their remaining capacity as it is), and the freeze test
+ * marks non-local links in the same scan that computes the flows' shares. */
+static void maxmin(Sim *s) {
+    int64_t F = s->F, K = s->K;
+    const int64_t *a = s->fa, *b = s->fb;
+    const double *cap = s->cap;
+    double *rate = s->frate;
+    if (F == 0) return;
+    int64_t *cnt = s->cnt;
+    memset(cnt, 0, (size_t)K * sizeof(int64_t));
+    for (int64_t i = 0; i < F; i++) {
+        cnt[a[i]]++;
+        cnt[b[i]]++;
+    }
+    int64_t mx = 0;
+    for (int64_t k = 0; k < K - 1; k++)
+        if (cnt[k] > mx) mx = cnt[k];
+    if (mx <= 1 && isinf(cap[K - 1])) {
+        for (int64_t i = 0; i < F; i++) rate[i] = np_minimum(cap[a[i]], cap[b[i]]);
+        return;
+    }
+    double *rem = s->rem, *share = s->share, *sum = s->sum, *m = s->m;
+    int64_t *idx = s->widx, *wa = s->wa, *wb = s->wb, *dcnt = s->dcnt, *act = s->act;
+    uint8_t *nonloc = s->nonloc, *abad = s->abad, *bbad = s->bbad;
+    int64_t nact = 0;
+    for (int64_t k = 0; k < K; k++) {
+        rem[k] = cap[k];
+        sum[k] = 0.0;
+        dcnt[k] = 0;
+        nonloc[k] = 0;
+        share[k] = INFINITY;
+        if (cnt[k] > 0) act[nact++] = k;
+    }
+    for (int64_t i = 0; i < F; i++) {
+        rate[i] = 0.0;
+        idx[i] = i;
+        wa[i] = a[i];
+        wb[i] = b[i];
+    }
+    double grow = 1.0 + s->rate_tol;
+    int64_t left = F;
+    while (left) {
+        for (int64_t q = 0; q < nact; q++) {
+            int64_t k = act[q];
+            share[k] = rem[k] / (double)cnt[k]; /* active links have cnt > 0 */
+            nonloc[k] = 0;
+        }
+        int any_finite = 0;
+        for (int64_t i = 0; i < left; i++) {
+            double sa = share[wa[i]], sb = share[wb[i]];
+            double mi = np_minimum(sa, sb);
+            m[i] = mi;
+            if (isfinite(mi)) any_finite = 1;
+            uint8_t ab = sa > sb * grow, bb = sb > sa * grow;
+            abad[i] = ab;
+            bbad[i] = bb;
+            if (ab) nonloc[wa[i]] = 1;
+            if (bb) nonloc[wb[i]] = 1;
+        }
+        if (!any_finite) {
+            for (int64_t i = 0; i < left; i++) rate[idx[i]] = INFINITY;
+            break;
+        }
+        int64_t j = 0;
+        for (int64_t i = 0; i < left; i++) {
+            int64_t ka = wa[i], kb = wb[i];
+            int hit = (!nonloc[ka] && !abad[i]) || (!nonloc[kb] && !bbad[i]);
+            if (hit) {
+                /* a-links and b-links are disjoint, so one sum per link adds its flows in
+                 * order, as bincount(a) + bincount(b) does */
+                double mi = m[i];
+                rate[idx[i]] = mi;
+                sum[ka] += mi;
+                sum[kb] += mi;
+                dcnt[ka]++;
+                dcnt[kb]++;
+            } else {
+                idx[j] = idx[i];
+                wa[j] = ka;
+                wb[j] = kb;
+                j++;
+            }
+        }
+        int64_t na = 0;
+        for (int64_t q = 0; q < nact; q++) {
+            int64_t k = act[q];
+            if (dcnt[k]) {
+                rem[k] = np_maximum(rem[k] - sum[k], 0.0);
+                cnt[k] -= dcnt[k];
+                sum[k] = 0.0;
+                dcnt[k] = 0;
+            }
+            if (cnt[k] > 0) act[na++] = k;
+        }
+        nact = na;
+        left = j;
+    }
+}
+
+static void refresh_rates(Sim *s) {
+    for (int64_t i = 0; i < s->nnew; i++) {
+        int64_t t = s->newf[i];
+        s->fid[s->F] = t;
+        s->frem[s->F] = s->nbytes[t];
+        s->fa[s->F] = s->la[t];
+        s->fb[s->F] = s->lb[t];
+        s->F++;
+    }
+    s->nnew = 0;
+    maxmin(s);
+    s->dirty = 0;
+}
+
+/* ------------------------------------------------------------------ the event loop */
+static int step(Sim *s) {
+    s->events++;
+    if (s->dirty) refresh_rates(s);
+    double ht = s->nheap ? s->heap[0].time : INFINITY;
+    double fe = INFINITY;
+    if (s->F) {
+        double mn = s->frem[0] / s->frate[0];
+        int nan = isnan(mn);
+        for (int64_t i = 1; i < s->F; i++) {
+            double v = s->frem[i] / s->frate[i];
+            if (isnan(v)) nan = 1;
+            else if (v < mn) mn = v;
+        }
+        fe = s->now + (nan ? NAN : mn);
+    }
+    double t_next = (fe < ht) ? fe : ht; /* Python's min(heap top, next flow end) */
+    if (!isfinite(t_next)) return -1;
+    double rw = s->rel_quantum * t_next;
+    double window = (rw > s->quantum) ? rw : s->quantum; /* Python's max(quantum, ...) */
+    if (s->F) {
+        double dt = t_next - s->now;
+        int64_t j = 0, nret = 0;
+        for (int64_t i = 0; i < s->F; i++) {
+            double r = s->frem[i] - s->frate[i] * dt;
+            if (r <= s->frate[i] * window + 1e-6) {
+                s->ret_id[nret] = s->fid[i];
+                s->ret_tail[nret] = np_maximum(r, 0.0) / s->frate[i];
+                nret++;
+            } else {
+                s->fid[j] = s->fid[i];
+                s->frem[j] = r;
+                s->fa[j] = s->fa[i];
+                s->fb[j] = s->fb[i];
+                s->frate[j] = s->frate[i];
+                j++;
+            }
+        }
+        s->F = j;
+        if (nret) {
+            s->dirty = 1;
+            for (int64_t i = 0; i < nret; i++) finish(s, s->ret_id[i], t_next + s->ret_tail[i]);
+        }
+    }
+    s->now = t_next;
+    while (s->nheap) {
+        const Event *top = &s->heap[0];
+        double thr = t_next + (top->phase == 1 ? window : 0.0);
+        if (!(top->time <= thr)) break;
+        Event e = heap_pop(s);
+        if (e.phase == 1 && s->nbytes[e.task] > 0) {
+            s->newf[s->nnew++] = e.task;
+            s->dirty = 1;
+        } else {
+            finish(s, e.task, e.time);
+        }
+    }
+    return s->oom ? -2 : 0;
+}
+
+/* ------------------------------------------------------------------ Python entry point */
+typedef struct {
+    Py_buffer b;
+    int held;
+} Buf;
+
+static int take(PyObject *obj, Buf *out, int writable, Py_ssize_t items, Py_ssize_t itemsize, const char *name) {
+    if (PyObject_GetBuffer(obj, &out->b, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    out->held = 1;
+    if (out->b.len != items * itemsize) {
+        PyErr_Format(PyExc_ValueError, "zepp.sim._engine.run: %s holds %zd bytes, expected %zd", name, out->b.len,
+                     items * itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *run(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t n, K, nstreams, nroots, nsucc;
+    PyObject *o_succ_ptr, *o_succ, *o_indeg, *o_roots, *o_sk, *o_prio, *o_dur, *o_fixed, *o_nbytes, *o_xfer, *o_tiny,
+        *o_la, *o_lb, *o_cap, *o_start, *o_end;
+    double quantum, rel_quantum, rate_tol;
+    if (!PyArg_ParseTuple(args, "nnnnnOOOOOOOOOOOOOOOOddd", &n, &K, &nstreams, &nroots, &nsucc, &o_succ_ptr, &o_succ,
+                          &o_indeg, &o_roots, &o_sk, &o_prio, &o_dur, &o_fixed, &o_nbytes, &o_xfer, &o_tiny, &o_la,
+                          &o_lb, &o_cap, &o_start, &o_end, &quantum, &rel_quantum, &rate_tol))
+        return NULL;
+    enum { NB = 16 };
+    Buf bufs[NB];
+    memset(bufs, 0, sizeof(bufs));
+    PyObject *result = NULL;
+    Sim s;
+    memset(&s, 0, sizeof(s));
+    if (take(o_succ_ptr, &bufs[0], 0, n + 1, 8, "succ_ptr") || take(o_succ, &bufs[1], 0, nsucc, 8, "succ") ||
+        take(o_indeg, &bufs[2], 1, n, 8, "indeg") || take(o_roots, &bufs[3], 0, nroots, 8, "roots") ||
+        take(o_sk, &bufs[4], 0, n, 8, "stream_key") || take(o_prio, &bufs[5], 0, n, 8, "prio") ||
+        take(o_dur, &bufs[6], 0, n, 8, "dur") || take(o_fixed, &bufs[7], 0, n, 8, "fixed") ||
+        take(o_nbytes, &bufs[8], 0, n, 8, "nbytes") || take(o_xfer, &bufs[9], 0, n, 1, "xfer") ||
+        take(o_tiny, &bufs[10], 0, n, 8, "tiny_end") || take(o_la, &bufs[11], 0, n, 8, "la") ||
+        take(o_lb, &bufs[12], 0, n, 8, "lb") || take(o_cap, &bufs[13], 0, K, 8, "cap") ||
+        take(o_start, &bufs[14], 1, n, 8, "start") || take(o_end, &bufs[15], 1, n, 8, "end"))
+        goto out;
+    s.n = n;
+    s.K = K;
+    s.succ_ptr = (const int64_t *)bufs[0].b.buf;
+    s.succ = (const int64_t *)bufs[1].b.buf;
+    s.indeg = (int64_t *)bufs[2].b.buf;
+    const int64_t *roots = (const int64_t *)bufs[3].b.buf;
+    s.stream_key = (const int64_t *)bufs[4].b.buf;
+    s.prio = (const double *)bufs[5].b.buf;
+    s.dur = (const double *)bufs[6].b.buf;
+    s.fixed = (const double *)bufs[7].b.buf;
+    s.nbytes = (const double *)bufs[8].b.buf;
+    s.xfer = (const uint8_t *)bufs[9].b.buf;
+    s.tiny_end = (const double *)bufs[10].b.buf;
+    s.la = (const int64_t *)bufs[11].b.buf;
+    s.lb = (const int64_t *)bufs[12].b.buf;
+    s.cap = (const double *)bufs[13].b.buf;
+    s.start = (double *)bufs[14].b.buf;
+    s.end = (double *)bufs[15].b.buf;
+    s.quantum = quantum;
+    s.rel_quantum = rel_quantum;
+    s.rate_tol = rate_tol;
+    s.nstreams = nstreams;
+    size_t N = (size_t)(n > 0 ? n : 1), KK = (size_t)(K > 0 ? K : 1);
+    s.ready_at = (double *)calloc(N, sizeof(double));
+    s.queues = (Queue *)calloc((size_t)(nstreams > 0 ? nstreams : 1), sizeof(Queue));
+    s.busy = (uint8_t *)calloc((size_t)(nstreams > 0 ? nstreams : 1), 1);
+    s.fid = (int64_t *)malloc(N * 8);
+    s.fa = (int64_t *)malloc(N * 8);
+    s.fb = (int64_t *)malloc(N * 8);
+    s.frem = (double *)malloc(N * 8);
+    s.frate = (double *)malloc(N * 8);
+    s.newf = (int64_t *)malloc(N * 8);
+    s.widx = (int64_t *)malloc(N * 8);
+    s.wa = (int64_t *)malloc(N * 8);
+    s.wb = (int64_t *)malloc(N * 8);
+    s.m = (double *)malloc(N * 8);
+    s.abad = (uint8_t *)malloc(N);
+    s.bbad = (uint8_t *)malloc(N);
+    s.ret_id = (int64_t *)malloc(N * 8);
+    s.ret_tail = (double *)malloc(N * 8);
+    s.cnt = (int64_t *)malloc(KK * 8);
+    s.dcnt = (int64_t *)malloc(KK * 8);
+    s.act = (int64_t *)malloc(KK * 8);
+    s.rem = (double *)malloc(KK * 8);
+    s.share = (double *)malloc(KK * 8);
+    s.sum = (double *)malloc(KK * 8);
+    s.nonloc = (uint8_t *)malloc(KK);
+    if (!s.ready_at || !s.queues || !s.busy || !s.fid || !s.fa || !s.fb || !s.frem || !s.frate || !s.newf ||
+        !s.widx || !s.wa || !s.wb || !s.m || !s.abad || !s.bbad || !s.ret_id || !s.ret_tail || !s.cnt || !s.dcnt || !s.act ||
+        !s.rem || !s.share || !s.sum || !s.nonloc) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t sk = s.stream_key[i];
+        if (sk >= nstreams || s.succ_ptr[i] > s.succ_ptr[i + 1] || s.succ_ptr[i + 1] > nsucc ||
+            (s.xfer[i] && (s.la[i] < 0 || s.la[i] >= K || s.lb[i] < 0 || s.lb[i] >= K))) {
+            PyErr_Format(PyExc_ValueError, "zepp.sim._engine.run: task %zd has an index out of range", i);
+            goto out;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nsucc; i++)
+        if (s.succ[i] < 0 || s.succ[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "zepp.sim._engine.run: a successor out of range");
+            goto out;
+        }
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < nroots && !s.oom; i++) make_ready(&s, roots[i], 0.0);
+    while (s.done < s.n && status == 0) {
+        status = step(&s);
+    }
+    if (s.oom) status = -2;
+    Py_END_ALLOW_THREADS
+    if (status == -2) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    result = Py_BuildValue("iLL", status, (long long)s.events, (long long)s.done);
+out:
+    for (int i = 0; i < NB; i++)
+        if (bufs[i].held) PyBuffer_Release(&bufs[i].b);
+    if (s.queues)
+        for (int64_t i = 0; i < s.nstreams; i++) free(s.queues[i].q);
+    free(s.queues);
+    free(s.busy);
+    free(s.heap);
+    free(s.ready_at);
+    free(s.fid);
+    free(s.fa);
+    free(s.fb);
+    free(s.frem);
+    free(s.frate);
+    free(s.newf);
+    free(s.widx);
+    free(s.wa);
+    free(s.wb);
+    free(s.m);
+    free(s.abad);
+    free(s.bbad);
+    free(s.ret_id);
+    free(s.ret_tail);
+    free(s.cnt);
+    free(s.dcnt);
+    free(s.act);
+    free(s.rem);
+    free(s.share);
+    free(s.sum);
+    free(s.nonloc);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"run", run, METH_VARARGS,
+     "run(n, K, nstreams, nroots, nsucc, succ_ptr, succ, indeg, roots, stream_key, prio, dur, fixed, nbytes, xfer, "
+     "tiny_end, la, lb, cap, start, end, quantum, rel_quantum, rate_tol) -> (status, events, done): "
+     "zepp.sim.engine.Engine's event loop (status -1: stuck)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",
+                                    "The compiled event loop of zepp.sim.engine (bit-identical to its Python loop).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__engine(void) { return PyModule_Create(&module); }
