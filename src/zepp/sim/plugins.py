@@ -209,6 +209,10 @@ def comet_node_owner_rows(plan: FlowPlan, L: int) -> np.ndarray:
     ok = slot >= 0
     node = slot[ok] // r.placement.slots_per_rank // L
     key = (node * R + owner[ok]) * T + token[ok]
+    if N * R * T <= 1 << 26:  # distinct keys by marking a dense table (linear, unlike a sort)
+        seen = np.zeros(N * R * T, bool)
+        seen[key] = True
+        return seen.reshape(N * R, T).sum(1, dtype=np.int64).reshape(N, R).astype(float)
     u = np.unique(key)
     return np.bincount(u // T, minlength=N * R).reshape(N, R).astype(float)
 
