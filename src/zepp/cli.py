@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from zepp.errors import ZeppInputError
+from zepp.errors import EmulationError, ZeppInputError
 
 # subcommand name -> (module, attribute holding the click command)
 _COMMANDS = {
@@ -41,10 +41,14 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: bad input ends with one line naming what is wrong, exit code 2."""
+    """Console entry point: bad input ends with one line naming what is wrong, exit code 2 (also
+    when the emulated cluster cannot be built, as ``zepp run --emulate`` reports it)."""
     try:
         cli.main(args=argv, prog_name="zepp", standalone_mode=False)
     except ZeppInputError as exc:
+        click.echo(f"zepp: error: {exc}", err=True)
+        sys.exit(2)
+    except EmulationError as exc:  # the emulated cluster refused or failed (a prefix in use, no netns)
         click.echo(f"zepp: error: {exc}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
