@@ -13,24 +13,13 @@ from zepp.sim import plugins
 from zepp.sim.engine import TaskGraph
 from zepp.sim.layer import LayerBuilder
 from zepp.sim.mechanics import EPIC_RELAY_PUT, Mechanics, mechanics
-from zepp.sim.run import Config, Shared, simulate_plan
-
-
-def skewed_batch(rng, iters, ranks, tokens, experts, k):
-    logits = rng.gumbel(size=experts) * 1.5
-    g = logits[None, None, None, :] + rng.gumbel(size=(iters, ranks, tokens, experts))
-    return np.argsort(-g, axis=-1)[..., :k].astype(np.int32)
+from zepp.sim.run import Shared, simulate_plan
+from simcases import skewed_config
 
 
 @pytest.fixture(scope="module")
 def cfg():
-    rng = np.random.default_rng(1)
-    cl, net = calibrated("a100", 3)
-    spec = model_preset("qwen").with_(hidden=1024, ffn=512, num_experts=96)
-    batches = skewed_batch(rng, 1, cl.ranks, 32, spec.num_experts, spec.top_k)
-    hist = np.stack([np.bincount(skewed_batch(rng, 1, 4, 200, spec.num_experts, 8).ravel(),
-                                 minlength=spec.num_experts) for _ in range(cl.nodes)])
-    return Config(cl, spec, net, hist, batches, warmup=0)
+    return skewed_config(1, 3, 1, 32, warmup=0, hidden=1024, ffn=512, num_experts=96)
 
 
 def sim(cfg, name, mech=None):

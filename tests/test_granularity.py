@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from zepp import registry
-from zepp.calibrate import calibrated
 from zepp.cluster import cluster_preset
 from zepp.flows import build_flows
 from zepp.granularity import Figures, Granularity, choose, group_map, predict, wave_map
@@ -18,19 +17,15 @@ from zepp.placement import make_placement
 from zepp.routing import route
 from zepp.runtime.program import compile_rank
 from zepp.runtime.reference import execute_local, reference_moe
-from zepp.sim.run import Config, Shared, plan_granularity, run_system, simulate_plan
-
-
-def _skewed(rng, iters, R, T, E, k):
-    g = rng.gumbel(size=E)[None, None, None, :] * 1.5 + rng.gumbel(size=(iters, R, T, E))
-    return np.argsort(-g, axis=-1)[..., :k].astype(np.int32)
+from zepp.sim.run import Shared, plan_granularity, run_system, simulate_plan
+from simcases import skewed_batch, skewed_config
 
 
 def _plan(nodes=4, L=2, E=32, k=4, T=64, seed=0, row_bytes=2048):
     rng = np.random.default_rng(seed)
     R = nodes * L
-    ids = _skewed(rng, 1, R, T, E, k)[0]
-    hist = np.stack([np.bincount(_skewed(rng, 1, L, 100, E, k).ravel(), minlength=E) for _ in range(nodes)])
+    ids = skewed_batch(rng, 1, R, T, E, k)[0]
+    hist = np.stack([np.bincount(skewed_batch(rng, 1, L, 100, E, k).ravel(), minlength=E) for _ in range(nodes)])
     return ids, build_flows(route("zepp", ids, make_placement("zepp", hist, E, R, L)), "zepp", row_bytes)
 
 
@@ -99,24 +94,13 @@ def test_per_node_groups_when_communication_dominates():
 
 @pytest.fixture(scope="module")
 def cfg():
-    rng = np.random.default_rng(0)
-    cl, net = calibrated("a100", 2)
-    spec = model_preset("qwen").with_(hidden=1024, ffn=512)
-    batches = _skewed(rng, 3, cl.ranks, 48, spec.num_experts, spec.top_k)
-    hist = np.stack([np.bincount(_skewed(rng, 1, 4, 200, spec.num_experts, 8).ravel(), minlength=spec.num_experts)
-                     for _ in range(cl.nodes)])
-    return Config(cl, spec, net, hist, batches, warmup=1)
+    return skewed_config(0, 2, 3, 48, hidden=1024, ffn=512)
 
 
 @pytest.mark.parametrize("model,tokens", [("qwen", 48), ("k2", 16), ("qwen", 512)])
 def test_simulated_auto_never_worse_than_the_worse_fixed_extreme(model, tokens):
-    rng = np.random.default_rng(1)
-    cl, net = calibrated("a100", 2)
-    spec = model_preset(model)
-    batches = _skewed(rng, 2, cl.ranks, tokens, spec.num_experts, spec.top_k)
-    hist = np.stack([np.bincount(_skewed(rng, 1, 4, 200, spec.num_experts, spec.top_k).ravel(),
-                                 minlength=spec.num_experts) for _ in range(cl.nodes)])
-    c = Config(cl, spec, net, hist, batches, warmup=0)
+    c = skewed_config(1, 2, 2, tokens, model=model, warmup=0, hist_k=None)
+    cl = c.cluster
     s = registry.system("zepp-auto")
     shared = Shared()
     for it in range(2):

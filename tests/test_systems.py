@@ -11,25 +11,14 @@ from zepp.model import model_preset
 from zepp.moonep import moonep_plan
 from zepp.sim.plugins import bvn_rounds
 from zepp.sim.run import Config, Shared, run_system
+from simcases import skewed_batch, skewed_config
 
 SIM_SYSTEMS = registry.names_for("sim")
 
 
-def skewed_batch(rng, iters, ranks, tokens, experts, k):
-    logits = rng.gumbel(size=experts) * 1.5
-    g = logits[None, None, None, :] + rng.gumbel(size=(iters, ranks, tokens, experts))
-    return np.argsort(-g, axis=-1)[..., :k].astype(np.int32)
-
-
 @pytest.fixture(scope="module")
 def cfg():
-    rng = np.random.default_rng(0)
-    cl, net = calibrated("a100", 2)
-    spec = model_preset("qwen").with_(hidden=1024, ffn=512)
-    batches = skewed_batch(rng, 3, cl.ranks, 48, spec.num_experts, spec.top_k)
-    hist = np.stack([np.bincount(skewed_batch(rng, 1, 4, 200, spec.num_experts, 8).ravel(),
-                                 minlength=spec.num_experts) for _ in range(cl.nodes)])
-    return Config(cl, spec, net, hist, batches, warmup=1)
+    return skewed_config(0, 2, 3, 48, hidden=1024, ffn=512)
 
 
 @pytest.mark.parametrize("name", SIM_SYSTEMS)
