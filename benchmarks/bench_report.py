@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from zepp.bench import format_table
+from zepp.cli.bench import format_table
 from zepp.registry import PAPER_BASELINES as BASELINES
 from zepp.registry import SYSTEMS
 

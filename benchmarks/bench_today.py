@@ -8,7 +8,7 @@ every system's own physical floor (``zepp.sim.run.own_floor``: busiest NIC's byt
 rate, busiest GPU's FLOPs at peak, its expert-weight reads at HBM rate) and the configuration's
 floor (the smallest of them).
 
-Network figures: DeepEP's published ones (``zepp.calibrate.PUBLISHED``, PAPER.md section 5),
+Network figures: DeepEP's published ones (``zepp.sim.calibrate.PUBLISHED``, PAPER.md section 5),
 nothing fitted. Traces: ``../shared/traces`` for K2 and Qwen (``--traces``), built-in synthetic
 traces for DeepSeek-V3 (no recorded trace exists). The grid is sized to this machine (2 shared
 CPU cores): the simulator's cost grows with ranks x tokens x top-k (and with ranks squared for
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from zepp import registry
-from zepp.calibrate import calibrated, network_of
+from zepp.sim.calibrate import calibrated, network_of
 from zepp.model import model_preset
 from zepp.sim.run import Config, Shared, run_system
-from zepp.trace import node_demand, sample_batches
+from zepp.traces.sampling import node_demand, sample_batches
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = ("sglang-deepep", "vllm-eplb")
@@ -58,7 +58,7 @@ GRID = (
 CAVEATS = (
     "DeepEP's normal kernels are modelled without their chunked pipelining: a forwarded message leaves a "
     "gateway when all its rows have arrived, so at 4K tokens per GPU the simulated normal-mode dispatch reaches "
-    "24-32 GB/s of RDMA per rank at EP 16-64 against DeepEP's published 43-58 GB/s (tests/test_today.py, a strict "
+    "24-32 GB/s of RDMA per rank at EP 16-64 against DeepEP's published 43-58 GB/s (tests/sim/test_sim_today.py, a strict "
     "xfail). The baselines' prefill communication is therefore too slow, which flatters Zepp's overlap variant: "
     "without overlap (zepp-deepep-normal, in the JSON) Zepp is 0.99-1.19x sglang-deepep on h200-8 prefill "
     "(1.52x at 8 nodes, Qwen) and 0.88-1.19x vllm-eplb.",
@@ -76,8 +76,8 @@ def traces_for(model: str, traces_dir: str | None, seed: int):
     """``(pool, eval, source)``: recorded traces where ``traces_dir`` has the model, else built-in
     synthetic ones."""
     from zepp.model import trace_dirs
-    from zepp.synth import synthetic_traces
-    from zepp.trace import load_model_traces
+    from zepp.traces.synthetic import synthetic_traces
+    from zepp.traces.sampling import load_model_traces
 
     if traces_dir and any((Path(traces_dir) / d / "eval.txt").is_file() for d in trace_dirs(model)):
         pool, ev = load_model_traces(traces_dir, model)
@@ -281,7 +281,7 @@ def main() -> None:
               f"{r['speedup_vs_sglang']:.2f}x, {r['cpu_s']:.1f} s", flush=True)
         meta = dict(grid=len(rows), seed=args.seed, traces=args.traces and os.path.basename(args.traces.rstrip("/")),
                     cpu_s=time.process_time() - t0, not_run=list(NOT_RUN),
-                    network="DeepEP published (zepp.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
+                    network="DeepEP published (zepp.sim.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
                     prefill_zepp=list(PREFILL_ZEPP))
         write(rows, meta, out)
     if not args.only:

@@ -7,7 +7,7 @@
 Only the a2av column (Fig. 9) and Fig. 10's a2av weak-scaling numbers are used, on the real
 traces of ../shared/traces. Each cell is simulated on ``FIT_BATCHES`` batches (median); the
 final check re-simulates every cell on 10 batches. Copy the fitted values into
-``zepp.calibrate.FITTED``.
+``zepp.sim.calibrate.FITTED``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.calibrate import FITTED, HARDWARE, calibrated, fit_a2av, fit_cells
+from zepp.sim.calibrate import FITTED, HARDWARE, calibrated, fit_a2av, fit_cells
 from zepp.model import model_preset
 from zepp.sim.run import Config, run_system
-from zepp.trace import load_model_traces, node_demand, sample_batches
+from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 if not TRACES.is_dir():

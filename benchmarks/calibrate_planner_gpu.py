@@ -137,14 +137,14 @@ def _cupy_planner() -> dict:
     """Run zepp's numpy planner on CuPy arrays (best effort), per case; numpy times beside."""
     import cupy
 
-    import zepp.flows
-    import zepp.plan
-    import zepp.routing
-    from zepp.placement import make_placement
+    import zepp.planner.flows
+    import zepp.planner.types
+    import zepp.planner.routing
+    from zepp.planner.placement import make_placement
 
     rng = np.random.default_rng(0)
     cases = []
-    saved = (zepp.routing.np, zepp.flows.np, zepp.plan.np)
+    saved = (zepp.planner.routing.np, zepp.planner.flows.np, zepp.planner.types.np)
     for R, T, E in PLANNER_CASES:
         topk = _batch(rng, R, T, E)
         N = R // 4
@@ -153,26 +153,26 @@ def _cupy_planner() -> dict:
         C = 0.5 if N >= 16 else 0.25
         case = dict(ranks=R, tokens=T, experts=E, entries=R * T * 8)
         t = time.perf_counter()
-        r = zepp.routing.route("zepp", topk, placement, C)
-        zepp.flows.build_flows(r, "zepp", 7168 * 2)
+        r = zepp.planner.routing.route("zepp", topk, placement, C)
+        zepp.planner.flows.build_flows(r, "zepp", 7168 * 2)
         case["numpy_s"] = time.perf_counter() - t
         try:
-            zepp.routing.np = zepp.flows.np = zepp.plan.np = cupy
+            zepp.planner.routing.np = zepp.planner.flows.np = zepp.planner.types.np = cupy
             for f_ in ("slot_expert", "replicas", "replica_count"):
                 object.__setattr__(placement, f_, cupy.asarray(getattr(placement, f_)))
             times = []
             for _ in range(3):
                 cupy.cuda.Device().synchronize()
                 t = time.perf_counter()
-                r = zepp.routing.route("zepp", cupy.asarray(topk), placement, C)
-                zepp.flows.build_flows(r, "zepp", 7168 * 2)
+                r = zepp.planner.routing.route("zepp", cupy.asarray(topk), placement, C)
+                zepp.planner.flows.build_flows(r, "zepp", 7168 * 2)
                 cupy.cuda.Device().synchronize()
                 times.append(time.perf_counter() - t)
             case["cupy_s"] = min(times)
         except Exception as e:  # report, do not fail: this is a best-effort extra
             case["cupy_error"] = f"{type(e).__name__}: {e}"[:300]
         finally:
-            zepp.routing.np, zepp.flows.np, zepp.plan.np = saved
+            zepp.planner.routing.np, zepp.planner.flows.np, zepp.planner.types.np = saved
         print(case, flush=True)
         cases.append(case)
     return {"cases": cases}

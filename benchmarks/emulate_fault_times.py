@@ -24,7 +24,7 @@ import statistics
 import time
 
 from zepp.errors import RankFailure
-from zepp.runtime.launch import spawn_local
+from zepp.cli.run import spawn_local
 from zepp.runtime.worker import default_config
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from zepp.model import model_preset
-from zepp.synth import fit_synth, save_params, synthetic_traces, trace_statistics
-from zepp.trace import load_model_traces
+from zepp.traces.synthetic import fit_synth, save_params, synthetic_traces, trace_statistics
+from zepp.traces.sampling import load_model_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 

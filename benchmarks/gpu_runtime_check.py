@@ -32,14 +32,14 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def part_local(device: str = "cuda", small: bool = False) -> dict:
-    from zepp.flows import build_flows
-    from zepp.placement import make_placement
-    from zepp.plan import COMBINE, DISPATCH
-    from zepp.routing import route
+    from zepp.planner.flows import build_flows
+    from zepp.planner.placement import make_placement
+    from zepp.planner.types import COMBINE, DISPATCH
+    from zepp.planner.routing import route
     from zepp.runtime.reference import execute_local, reference_moe
     from zepp.runtime.worker import load_traces
     from zepp.model import model_preset
-    from zepp.trace import node_demand, sample_batches
+    from zepp.traces.sampling import node_demand, sample_batches
 
     dev = torch.device(device)
     spec = model_preset("qwen3-30b", hidden=64 if small else None, ffn=32 if small else None)  # small: CPU dry run
@@ -92,7 +92,7 @@ def _sync(dev) -> None:
 
 
 def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str, **over) -> dict:
-    from zepp.runtime.launch import RankFailure, spawn_local
+    from zepp.cli.run import RankFailure, spawn_local
     from zepp.runtime.worker import default_config
 
     cfg = default_config()

@@ -1,4 +1,4 @@
-"""Record the op-mix rounds of Zepp's granularity choice (``zepp.granularity.choose``), the
+"""Record the op-mix rounds of Zepp's granularity choice (``zepp.planner.granularity.choose``), the
 ``granularity`` part of the simulator's planning-cost model (``zepp.sim.planning``).
 
     python benchmarks/granularity_cost.py    # adds "granularity" to src/zepp/data/planner_cost.json
@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner_cost import MIN_ENTRIES, OUT, best, opmix  # noqa: E402
 
 from zepp.cluster import cluster_preset  # noqa: E402
-from zepp.flows import build_flows  # noqa: E402
-from zepp.granularity import Figures, choose  # noqa: E402
+from zepp.planner.flows import build_flows  # noqa: E402
+from zepp.planner.granularity import Figures, choose  # noqa: E402
 from zepp.model import model_preset  # noqa: E402
-from zepp.placement import make_placement  # noqa: E402
-from zepp.routing import route  # noqa: E402
-from zepp.synth import synthetic_traces  # noqa: E402
-from zepp.trace import node_demand, sample_batches  # noqa: E402
+from zepp.planner.placement import make_placement  # noqa: E402
+from zepp.planner.routing import route  # noqa: E402
+from zepp.traces.synthetic import synthetic_traces  # noqa: E402
+from zepp.traces.sampling import node_demand, sample_batches  # noqa: E402
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ The engine transport is DeepEP-style relay dispatch with in-node reduced combine
 NIC's bytes and the busiest GPU's GEMM rows.
 
 Traces: ``../shared/traces`` (K2 and Qwen3-235B, MoE layer 5: history ``pool.txt``, held out
-``eval.txt``) and a synthetic multi-layer trace (``zepp.synth.synthetic_history``: DeepSeek-V3
+``eval.txt``) and a synthetic multi-layer trace (``zepp.traces.synthetic.synthetic_history``: DeepSeek-V3
 from the K2 skew profile, the first ``--layers`` MoE layers, history = pool window, held out =
 eval window); for multi-layer traces the figures are sums over the layers.
 
@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from zepp.cluster import cluster_preset
-from zepp.flows import build_flows
-from zepp.history import history_from_traces
+from zepp.planner.flows import build_flows
+from zepp.interop.history import history_from_traces
 from zepp.interop.buys import _simulated_ms, sim_config
 from zepp.interop.layers import plan_layers
 from zepp.model import model_preset
-from zepp.routing import route
-from zepp.trace import load_model_traces
+from zepp.planner.routing import route
+from zepp.traces.sampling import load_model_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
@@ -64,7 +64,7 @@ def workloads(layers: int, seed: int):
         pool, ev = load_model_traces(TRACES, model)
         yield name, model, history_from_traces([pool], (5,), str(pool.source)), \
             history_from_traces([ev], (5,), str(ev.source))
-    from zepp.synth import synthetic_history
+    from zepp.traces.synthetic import synthetic_history
 
     spec = model_preset("deepseek-v3")
     sel = spec.moe_layers[:layers]

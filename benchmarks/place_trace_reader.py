@@ -1,6 +1,6 @@
 """Time and peak memory of reading a 200 MB text trace: the reader before the split
 (``git show 923cbb3:src/zepp/trace.py``, one vectorised pass over the whole file) and after
-(``zepp.formats.text``, streamed in chunks). Each read runs in its own process; peak memory is
+(``zepp.traces.formats.text``, streamed in chunks). Each read runs in its own process; peak memory is
 that process's ``ru_maxrss`` (Python + numpy included, torch not imported).
 
     python benchmarks/place_trace_reader.py [--mb 200] [--skip-old] [--out benchmarks/results/place_trace_reader]
@@ -29,7 +29,7 @@ if which == "old":
     spec = importlib.util.spec_from_file_location("old_trace", mod)
     m = importlib.util.module_from_spec(spec); sys.modules["old_trace"] = m; spec.loader.exec_module(m)
 else:
-    import zepp.trace as m
+    import zepp.traces.sampling as m
 tr = m.read_trace(path, num_experts=384, top_k=8)
 dt = time.perf_counter() - t
 ru = resource.getrusage(resource.RUSAGE_SELF)

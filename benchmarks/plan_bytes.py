@@ -14,9 +14,9 @@ import argparse
 import json
 from pathlib import Path
 
-from zepp.cli_plan import default_relaxation, plan_table
+from zepp.cli.plan import default_relaxation, plan_table
 from zepp.model import model_preset
-from zepp.trace import load_model_traces
+from zepp.traces.sampling import load_model_traces
 
 SYSTEMS = ["a2av", "relay", "eplb", "sglang", "epic", "zepp-a2av", "zepp-relay", "zepp"]
 

@@ -21,11 +21,11 @@ import statistics
 import time
 from pathlib import Path
 
-from zepp.flows import build_flows
+from zepp.planner.flows import build_flows
 from zepp.model import model_preset
-from zepp.placement import make_placement
-from zepp.routing import route
-from zepp.trace import load_model_traces, node_demand, sample_batches
+from zepp.planner.placement import make_placement
+from zepp.planner.routing import route
+from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
 
 
 def timed(fn, repeats):
@@ -50,7 +50,7 @@ def main() -> None:
     if Path(args.traces).is_dir():
         pool, evaluation = load_model_traces(args.traces, "k2")
     else:
-        from zepp.synth import synthetic_traces
+        from zepp.traces.synthetic import synthetic_traces
         pool, evaluation = synthetic_traces("k2", seed=0)
     tokens = spec.tokens_for_budget(16)
     batch = sample_batches(evaluation, ranks, tokens, 1, 0)[0]

@@ -45,14 +45,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zepp.flows import build_flows
+from zepp.planner.flows import build_flows
 from zepp.model import model_preset
-from zepp.placement import make_placement
-from zepp.routing import route
-from zepp.torchplan import build_flows as t_build_flows
-from zepp.torchplan import device_placement
-from zepp.torchplan import route as t_route
-from zepp.trace import load_model_traces, node_demand, sample_batches
+from zepp.planner.placement import make_placement
+from zepp.planner.routing import route
+from zepp.planner.torch import build_flows as t_build_flows
+from zepp.planner.torch import device_placement
+from zepp.planner.torch import route as t_route
+from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
 
 COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
 OTHER_PAIRS = (("a2av", "a2av"), ("relay", "dedup"), ("zepp", "reduce-direct"))
@@ -107,7 +107,7 @@ def _write_data(path: str, info: dict) -> None:
                              "flows:zepp/reduce": round(r["numpy_flows_ms"], 3)})
               for r in info["rows"]])
     data = dict(
-        about=("Measured planning times of the torch planner (zepp.torchplan), per part with the part names "
+        about=("Measured planning times of the torch planner (zepp.planner.torch), per part with the part names "
                "of zepp/data/planner_cost.json ('route:zepp', 'flows:<dispatch>/<combine>'), milliseconds per "
                "batch for the whole cluster's plan (every rank computes the same plan). One record per device "
                "and mode; 'cuda_graph' says whether the times are CUDA-graph replays. Device (GPU) records, "
@@ -146,10 +146,10 @@ def main() -> None:
             pool, evaluation = load_model_traces(args.traces, model)
             source[model] = f"recorded: {os.path.relpath(args.traces, Path(__file__).resolve().parents[1])}"
         else:
-            from zepp.synth import synthetic_traces
+            from zepp.traces.synthetic import synthetic_traces
 
             pool, evaluation = synthetic_traces(model, seed=0)
-            source[model] = "built-in synthetic traces (zepp.synth)"
+            source[model] = "built-in synthetic traces (zepp.traces.synthetic)"
         for nodes in _ints(args.nodes):
             ranks = nodes * GPUS_PER_NODE
             placement = make_placement("zepp", node_demand(pool, nodes, GPUS_PER_NODE), spec.num_experts, ranks,
@@ -288,7 +288,7 @@ def _graph_parts(ids, placement, relaxation, row_bytes, repeats) -> dict:
 
 def device_main(args) -> None:
     """Device planning times (see the module docstring): eager, capture-safe eager, CUDA graph."""
-    from zepp.torchplan import plan_batch
+    from zepp.planner.torch import plan_batch
 
     dev = torch.device(args.device)
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -302,7 +302,7 @@ def device_main(args) -> None:
         if Path(args.traces).is_dir():
             pool, evaluation = load_model_traces(args.traces, model)
         else:
-            from zepp.synth import synthetic_traces
+            from zepp.traces.synthetic import synthetic_traces
 
             pool, evaluation = synthetic_traces(model, seed=0)
         for nodes in nodes_list:
@@ -338,11 +338,11 @@ def device_main(args) -> None:
                     row["graph_error"] = f"{type(e).__name__}: {e}"[:400]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    info = dict(what="device planning times of zepp.torchplan (routing zepp + flows zepp/reduce)",
+    info = dict(what="device planning times of zepp.planner.torch (routing zepp + flows zepp/reduce)",
                 measured_at=started.isoformat(timespec="seconds"), torch=torch.__version__, rows=rows,
                 note="eager: sync=True; capture_safe: sync=False, sweeps=1; graph: CUDA-graph replay of capture_safe")
     Path(args.out + "_cuda.json").write_text(json.dumps(info, indent=1))
-    lines = ["# Device planning times (zepp.torchplan)", "", f"Measured {info['measured_at']}, torch {info['torch']}; "
+    lines = ["# Device planning times (zepp.planner.torch)", "", f"Measured {info['measured_at']}, torch {info['torch']}; "
              "medians of CUDA-event timings; `graph`: CUDA-graph replay (sync=False, sweeps=1).", "",
              "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | eager equal | graph equal |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.flows import build_flows
+from zepp.planner.flows import build_flows
 from zepp.model import model_preset
-from zepp.placement import make_placement
-from zepp.routing import route
-from zepp.swap import plan_swaps
-from zepp.synth import synthetic_traces
-from zepp.trace import node_demand, sample_batches
+from zepp.planner.placement import make_placement
+from zepp.planner.routing import route
+from zepp.planner.swaps import plan_swaps
+from zepp.traces.synthetic import synthetic_traces
+from zepp.traces.sampling import node_demand, sample_batches
 
 MIN_ENTRIES = 100_000
 OUT = Path(__file__).resolve().parents[1] / "src" / "zepp" / "data" / "planner_cost.json"

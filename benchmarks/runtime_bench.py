@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.runtime.launch import spawn_local
+from zepp.cli.run import spawn_local
 from zepp.runtime.worker import default_config
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from zepp.emulate.processes import WATCHDOG
+from zepp.launch.processes import WATCHDOG
 
 _ORIGINAL_TMP = tempfile.gettempdir()
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _ORIGINAL_TMP)
@@ -48,3 +48,13 @@ def suite_leaves_tmp_as_it_found_it():
         left = zepp_leftovers()
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
     assert not left, f"the test suite left temp folders behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def traces_dir():
+    """``../shared/traces`` (see ``shared_traces.py``); skips the test where it is absent."""
+    from shared_traces import TRACES
+
+    if not (TRACES / "k2" / "pool.txt").is_file():
+        pytest.skip(f"recorded traces not found at {TRACES} (set ZEPP_TRACES)")
+    return TRACES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zepp.calibrate import calibrated
+from zepp.sim.calibrate import calibrated
 from zepp.model import model_preset
 from zepp.sim.run import Config
 

@@ -20,7 +20,7 @@ def test_rows_name_known_stage_choices_and_the_paper_columns():
         assert s.placement in registry.PLACEMENTS and s.routing in registry.ROUTINGS
         assert s.dispatch in registry.DISPATCH_TRANSPORTS and s.combine in registry.COMBINE_TRANSPORTS
         assert s.summary and s.stands_for
-    from zepp.measured import system_columns
+    from zepp.sim.measured import system_columns
 
     assert set(registry.PAPER_BASELINES) == set(system_columns())
 

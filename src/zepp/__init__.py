@@ -1,9 +1,19 @@
-"""zepp: plan, simulate and execute distributed MoE layers under relaxed balance constraints."""
+"""zepp: plan, simulate and execute distributed MoE layers under relaxed balance constraints.
 
+The packages follow one batch through the pipeline: ``traces`` (what the router chose) ->
+``planner`` (placement, routing, flow plan) -> ``sim`` (simulated executor) or ``runtime`` (real
+executor on torch.distributed) -> ``serve`` (whole transformers models); ``interop`` (engines'
+files), ``emulate`` (the emulated cluster), ``launch`` (spawning ranks) and ``cli`` (commands)
+serve them. ``registry`` is the one table of systems.
+"""
+
+from zepp import compat
 from zepp.cluster import Cluster, cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.model import MoESpec, model_preset
-from zepp.plan import FlowPlan, Hops, LinkStats, Placement, Routing
+from zepp.planner.types import FlowPlan, Hops, LinkStats, Placement, Routing
+
+compat.install()
 
 __all__ = [
     "Cluster", "cluster_preset", "MoESpec", "model_preset", "ZeppInputError",

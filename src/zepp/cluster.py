@@ -9,10 +9,10 @@ paper's 4-GPU testbeds) and section 5 for today's 8-GPU NVSwitch nodes (``h100-8
 and GB200 NVL72 (``gb200-nvl72``, one 72-GPU NVLink domain); :func:`load_cluster_file` reads a
 user's own from YAML or JSON. The GEMM efficiency curve
 defaults (``gemm_eff_max`` 0.5, ``gemm_rows_half`` 64) are the simulator's hardware choice from
-PAPER.md section 5 (``zepp.calibrate.HARDWARE``); a measured H200 curve is in
+PAPER.md section 5 (``zepp.sim.calibrate.HARDWARE``); a measured H200 curve is in
 ``benchmarks/results/gpu_gemm_h200.md``. The network costs the paper-testbed simulation fits
 (per-put cost growing with the rank count, achieved NIC efficiency) live in
-``zepp.calibrate.FITTED`` (today's presets: DeepEP's published figures, ``zepp.calibrate.PUBLISHED``), not here: ``nvlink_msg_cost`` and ``nic_msg_cost`` are the flat
+``zepp.sim.calibrate.FITTED`` (today's presets: DeepEP's published figures, ``zepp.sim.calibrate.PUBLISHED``), not here: ``nvlink_msg_cost`` and ``nic_msg_cost`` are the flat
 per-message costs used where no such fit applies (the emulated cluster's model, which measures
 them with ``zepp.emulate.linkcal``).
 """
@@ -140,7 +140,7 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
     """
     from pathlib import Path
 
-    from zepp.formats.files import input_file, read_bytes
+    from zepp.traces.formats.files import input_file, read_bytes
 
     p = input_file(Path(path), "cluster file", ".yaml, .yml or .json")
     raw = read_bytes(p)

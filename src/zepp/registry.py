@@ -8,7 +8,7 @@ the tests read this module; no other list of names exists.
 
 Stage choices (each name has one meaning everywhere; ``zepp systems`` prints them):
 ``PLACEMENTS``, ``ROUTINGS``, ``DISPATCH_TRANSPORTS``, ``COMBINE_TRANSPORTS``, ``OVERLAPS``,
-``ADAPTATIONS``. The planner modules (``zepp.placement``, ``zepp.routing``, ``zepp.flows``)
+``ADAPTATIONS``. The planner modules (``zepp.planner.placement``, ``zepp.planner.routing``, ``zepp.planner.flows``)
 implement exactly these names.
 
 Executors: ``plan`` (``zepp plan``: placement, routing and flows, bytes per link), ``sim`` (the
@@ -66,7 +66,7 @@ OVERLAPS = {
     "none": "dispatch, both GEMMs and combine run one after another",
     "comet": "COMET: fused tile-level overlap of dispatch with GEMM 1 and GEMM 2 with combine",
     "zepp": "dispatch groups (compute on arrival) and combine waves per destination node (PAPER.md 2.5)",
-    "zepp-auto": "zepp's groups and waves, adjacent ones merged to a count the planner chooses per batch (zepp.granularity)",
+    "zepp-auto": "zepp's groups and waves, adjacent ones merged to a count the planner chooses per batch (zepp.planner.granularity)",
 }
 
 ADAPTATIONS = {

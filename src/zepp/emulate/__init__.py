@@ -19,7 +19,7 @@ Modules, by what they own:
 """
 
 from zepp.emulate.counters import LinkCounters
-from zepp.emulate.processes import RankGroup, RunResult
+from zepp.launch.processes import RankGroup, RunResult
 from zepp.emulate.inventory import attach, down, status
 from zepp.emulate.topology import DEFAULT_PREFIX, DEFAULT_RATE_MBIT, EmulatedCluster, availability
 from zepp.errors import EmulationError, EmulationUnavailable, RankFailure

@@ -177,7 +177,7 @@ def measure_loopback(cluster: EmulatedCluster, sizes=DEFAULT_SIZES, reps: int = 
     import sys
 
     from zepp.emulate.iproute import tool
-    from zepp.emulate.processes import RankGroup, temp_folder
+    from zepp.launch.processes import RankGroup, temp_folder
 
     ns = cluster.netns(0)
     kwargs = {"pairs": [["loopback", 0, 1]], "sizes": [int(s) for s in sizes], "reps": reps, "trials": trials}

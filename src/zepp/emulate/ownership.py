@@ -29,7 +29,7 @@ import signal
 from dataclasses import dataclass, field
 
 from zepp.emulate.iproute import sh, tool
-from zepp.emulate.processes import proc_start
+from zepp.launch.processes import proc_start
 from zepp.errors import EmulationError, ZeppInputError
 
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")

@@ -19,7 +19,7 @@ and the layer's metadata all-gather included); ``planned_*`` is the planner's pa
 A failure raises ``zepp.errors.RankFailure`` (the same message format as ``zepp run``).
 ``nic_fault=(rank, call)``: tests take rank ``rank``'s node off the network at the start of its
 layer call ``call`` (see ``zepp.emulate.rankrun``). Temp files live in a ``zepp-emurun-*``
-folder removed on every exit path (``zepp.emulate.processes.temp_folder``).
+folder removed on every exit path (``zepp.launch.processes.temp_folder``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from zepp.emulate.processes import temp_folder
+from zepp.launch.processes import temp_folder
 from zepp.emulate.topology import EmulatedCluster
 
 

@@ -68,11 +68,11 @@ def worker_plans(cfg: dict) -> dict:
     from dataclasses import replace
 
     from zepp.model import model_preset
-    from zepp.placement import make_placement
+    from zepp.planner.placement import make_placement
     from zepp.runtime.dispatcher import build_plan
     from zepp.runtime.systems import SYSTEMS
     from zepp.runtime.worker import DTYPES, load_traces
-    from zepp.trace import node_demand, sample_batches
+    from zepp.traces.sampling import node_demand, sample_batches
 
     import torch
 

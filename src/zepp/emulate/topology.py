@@ -38,7 +38,7 @@ the leftovers of a run whose launcher is gone. A cluster that belongs to one run
 (``keep=False``) is removed when the context exits, at interpreter exit, on SIGTERM (before the
 process dies of it, unless the process has its own handler, as ``zepp run`` has: then its
 ``with`` blocks remove it), and by the launcher's watchdog after ``kill -9``
-(``zepp.emulate.processes``).
+(``zepp.launch.processes``).
 
 Running ranks (the interface the runtime launcher uses)::
 
@@ -53,7 +53,7 @@ Each rank process runs via ``ip netns exec zepp-n{n}r{i}`` with the caller's env
 ``MASTER_ADDR`` = rank 0's NIC address, ``ZEPP_STORE_FILE``, ``GLOO_SOCKET_IFNAME=nic``,
 ``ZEPP_EMULATE_PREFIX``) and ``OMP_NUM_THREADS=1`` unless given; a worker joins with
 ``zepp.runtime.worker.init_group``. ``cl.spawn`` is the non-blocking form (a
-``zepp.emulate.processes.RankGroup``); ``cl.call("module:function", kwargs)`` runs a Python
+``zepp.launch.processes.RankGroup``); ``cl.call("module:function", kwargs)`` runs a Python
 function in every rank and returns its JSON results per rank.
 """
 
@@ -75,7 +75,7 @@ from typing import Callable, Mapping, Sequence
 import zepp.emulate.ownership as own
 from zepp.emulate.counters import NIC_IF, LinkCounters, read_link_counters
 from zepp.emulate.iproute import sh, tool
-from zepp.emulate.processes import WATCHDOG, RankGroup, RunResult, temp_folder
+from zepp.launch.processes import WATCHDOG, RankGroup, RunResult, temp_folder
 from zepp.errors import EmulationError, EmulationUnavailable, ZeppInputError
 
 SUBNET = "10.213"  # the project's own range; exists only inside the emulated namespaces
@@ -176,7 +176,7 @@ def _sigterm(signum, frame):  # noqa: ARG001
     """SIGTERM in a process that did not choose its own handler: remove this process's clusters,
     then die of the signal as it would have (a host such as pytest must not survive it by
     catching a SystemExit); its watchdog removes its temp folders. Launchers that want their
-    ``finally`` blocks to run install ``zepp.emulate.processes.launcher_signals`` instead."""
+    ``finally`` blocks to run install ``zepp.launch.processes.launcher_signals`` instead."""
     _teardown_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

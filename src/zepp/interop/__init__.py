@@ -7,7 +7,7 @@
 - :mod:`zepp.interop.vllm`: the three EPLB maps (``.pt``) and the vLLM-Ascend JSON;
 - :mod:`zepp.interop.zepp_format`: zepp's own JSON.
 
-What engines *record* is read by :func:`zepp.history.read_history`.
+What engines *record* is read by :func:`zepp.interop.history.read_history`.
 """
 
 from __future__ import annotations

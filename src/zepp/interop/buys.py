@@ -1,6 +1,6 @@
 """What a placement buys an engine: bytes and rows per layer, Zepp's placement against EPLB's.
 
-For each MoE layer of a :class:`~zepp.history.LayerHistory`, batches are sampled from the
+For each MoE layer of a :class:`~zepp.interop.history.LayerHistory`, batches are sampled from the
 history the placement was planned on and from a held-out part of it (the last rows or time
 bins), and planned four ways (``CONFIGS``):
 
@@ -17,7 +17,7 @@ the sampled batches. With a cluster, the first ``sim_layers`` layers are also si
 (``zepp.sim.run.simulate_plan``, first batch of each window): every configuration with the
 same executor mechanics (``signals``: no overlap), Zepp's routing charged its modelled planning
 time (that of the ``zepp``/``reduce`` flows, also for ``zepp-route``), the engine's replica
-choice none; the network figures are the preset's calibration where ``zepp.calibrate`` has one,
+choice none; the network figures are the preset's calibration where ``zepp.sim.calibrate`` has one,
 else ``zepp.sim.mechanics.Net``'s defaults.
 """
 
@@ -60,8 +60,8 @@ def _simulated_ms(cfg, placement_kind: str, routing: str, dispatch: str, combine
 
 def _figures(batches, placement, routing: str, dispatch: str, combine: str | None, row_bytes: int,
              relaxation: float) -> tuple[float, float, float]:
-    from zepp.flows import build_flows
-    from zepp.routing import route
+    from zepp.planner.flows import build_flows
+    from zepp.planner.routing import route
 
     nic, inter, rows = [], [], []
     for b in batches:
@@ -79,7 +79,7 @@ def sim_config(cluster, spec, batches, hist):
     from zepp.sim.run import Config
 
     try:
-        from zepp.calibrate import FITTED
+        from zepp.sim.calibrate import FITTED
 
         net = FITTED.get(cluster.name, Net())
     except ImportError:
@@ -93,8 +93,8 @@ def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str 
     """Figures per (layer, window, config). ``history``/``heldout``: ``LayerHistory`` (held-out
     may be ``None``); ``zepp_ep``/``eplb_ep``: ``EnginePlacement`` of each policy; ``cluster``:
     simulate the first ``sim_layers`` layers on it (``None``: no simulation)."""
-    from zepp.flows import build_flows
-    from zepp.routing import route
+    from zepp.planner.flows import build_flows
+    from zepp.planner.routing import route
 
     spec = zepp_ep.model
     ranks = zepp_ep.ranks

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.formats.arrays import int_array, to_numpy, torch_load
-from zepp.formats.files import input_file, read_bytes
+from zepp.traces.formats.arrays import int_array, to_numpy, torch_load
+from zepp.traces.formats.files import input_file, read_bytes
 
 __all__ = ["check_rows", "load_obj", "save_json", "writable"]
 

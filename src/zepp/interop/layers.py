@@ -3,15 +3,15 @@
 Engines count redundancy in total: ``P = E + redundant`` physical experts, which must be
 divisible by the EP size ``R = nodes * gpus_per_node``; physical expert ``p`` lives on rank
 ``p // (P / R)`` (SGLang, vLLM and TensorRT-LLM alike, ``../shared/INTEROP.md``). zepp's
-:class:`~zepp.plan.Placement` ``slot_expert [R, S]`` is one layer's map with ``S = P / R``.
+:class:`~zepp.planner.types.Placement` ``slot_expert [R, S]`` is one layer's map with ``S = P / R``.
 
 Placements (names from ``zepp.registry.PLACEMENTS``):
 
-- ``zepp``: :func:`place_zepp_slots`, the rules of ``zepp.placement.place_zepp`` (PAPER.md
+- ``zepp``: :func:`place_zepp_slots`, the rules of ``zepp.planner.placement.place_zepp`` (PAPER.md
   2.1) for any ``S`` (``E`` need not be a multiple of ``R``): replica counts by load per
   replica, at most one copy of an expert per node, copies on the nodes that ask for them most,
   snake-dealt to GPUs.
-- ``eplb``: DeepSeek EPLB as the engines run it by default (``zepp.placement.rebalance_experts``;
+- ``eplb``: DeepSeek EPLB as the engines run it by default (``zepp.planner.placement.rebalance_experts``;
   hierarchical when the model's expert groups divide evenly over the nodes, else global).
 - ``eplb-distinct``, ``epic``: zepp's variants, where ``E`` is a multiple of ``R``.
 - ``home``: only without redundant experts.
@@ -25,7 +25,7 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 from zepp.model import MoESpec
-from zepp.plan import Placement
+from zepp.planner.types import Placement
 
 __all__ = ["physical_experts", "place_zepp_slots", "place_layer", "EnginePlacement", "plan_layers"]
 
@@ -47,10 +47,10 @@ def physical_experts(num_experts: int, ranks: int, redundant: int) -> int:
 
 
 def place_zepp_slots(hist, gpus_per_node: int, slots_per_gpu: int) -> Placement:
-    """Zepp's placement (``zepp.placement.place_zepp``'s rules) with ``slots_per_gpu`` slots per
+    """Zepp's placement (``zepp.planner.placement.place_zepp``'s rules) with ``slots_per_gpu`` slots per
     GPU; ``hist [N, E]``. ``E`` need not be a multiple of the GPU count. Slots no expert can fill
     without a second copy on one node stay ``-1`` (callers refuse them)."""
-    from zepp.placement import zepp_slots
+    from zepp.planner.placement import zepp_slots
 
     return zepp_slots(np.asarray(hist, dtype=np.int64), gpus_per_node, slots_per_gpu)
 
@@ -78,14 +78,14 @@ def place_layer(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_p
     if policy == "eplb":
         import torch
 
-        from zepp.placement import rebalance_experts
+        from zepp.planner.placement import rebalance_experts
 
         groups = spec.expert_groups
         g, n = (groups, nodes) if groups > 1 and groups % nodes == 0 and e % groups == 0 else (1, 1)
         w = torch.from_numpy(hist.sum(axis=0).astype(np.float32))[None, :]
         phy2log, _, _ = rebalance_experts(w, num_physical, g, n, ranks)
         return Placement(phy2log[0].numpy().reshape(ranks, s).astype(np.int32), e, gpus_per_node)
-    from zepp.placement import make_placement
+    from zepp.planner.placement import make_placement
 
     if e % ranks:
         raise ZeppInputError(f"--policy {policy}: needs the expert count ({e}) to be a multiple of the GPU count "
@@ -143,7 +143,7 @@ class EnginePlacement:
 
 def plan_layers(history, spec: MoESpec, nodes: int, gpus_per_node: int, redundant: int, policy: str,
                 ) -> tuple[EnginePlacement, list[str]]:
-    """Plan every MoE layer of ``spec`` from ``history`` (a :class:`zepp.history.LayerHistory`).
+    """Plan every MoE layer of ``spec`` from ``history`` (a :class:`zepp.interop.history.LayerHistory`).
 
     Returns the placement and, per planned layer, how its node demand was obtained. A history
     of one layer (``layers is None``) gives every MoE layer the same placement."""

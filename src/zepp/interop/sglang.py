@@ -10,8 +10,8 @@ appears in every row; ``P = E + --ep-num-redundant-experts`` is divisible by the
 (checked against ``sglang/srt/eplb/expert_location.py`` of SGLang 0.5.23:
 ``compute_initial_expert_location_metadata`` and ``init_by_mapping``).
 
-Its expert distribution recorder dumps are read by :func:`zepp.history.read_history`.
-zepp's :class:`~zepp.plan.Placement` ``slot_expert [R, S]`` is one layer's row, slot
+Its expert distribution recorder dumps are read by :func:`zepp.interop.history.read_history`.
+zepp's :class:`~zepp.planner.types.Placement` ``slot_expert [R, S]`` is one layer's row, slot
 ``r * S + s`` at row ``r``, column ``s``.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.formats import read_load_histogram, read_trace
-from zepp.formats.files import describe_keys
+from zepp.traces.formats import read_load_histogram, read_trace
+from zepp.traces.formats.files import describe_keys
 from zepp.interop.common import check_rows, load_obj, save_json
-from zepp.plan import Placement
+from zepp.planner.types import Placement
 
 __all__ = [
     "placement_to_physical_map", "write_init_expert_location", "read_placement", "write_logical_count",
@@ -120,18 +120,18 @@ def read_placement(path, num_experts: int, ranks: int, gpus_per_node: int, layer
     """A :class:`Placement` from an SGLang (or vLLM) ``physical_to_logical_map [layers, P]``
     file (``.json``, ``.pt`` or ``.npz``); ``P`` must be a multiple of ``ranks``. Float slots
     are refused (never truncated)."""
-    from zepp.formats.arrays import npz_load
+    from zepp.traces.formats.arrays import npz_load
 
     p = Path(path)
     if p.suffix.lower() == ".npz":
-        from zepp.formats.files import input_file
+        from zepp.traces.formats.files import input_file
 
         obj = npz_load(input_file(p, "expert-location file", ".json, .pt or .npz"))
     else:
         p, obj = load_obj(p, (".json", ".pt"))
     if not isinstance(obj, dict) or KEY not in obj:
         raise ZeppInputError(f"{p}: no {KEY!r} (found {describe_keys(obj)})")
-    from zepp.formats.arrays import int_array
+    from zepp.traces.formats.arrays import int_array
 
     m = int_array(obj[KEY], f"{p}: {KEY}", "logical expert ids", lo=0, hi=num_experts)
     if m.ndim == 1:

@@ -5,7 +5,7 @@ The YAML holds ``num_slots`` (physical experts in total, divisible by the EP siz
 keyed by their index in the model; slots ``r * num_slots / ep_size ...`` belong to rank ``r``;
 every expert at least once per layer) and ``layer_updates_per_iter`` (``0``: static). These are
 the rules of ``../shared/INTEROP.md``; TensorRT-LLM's own code could not be installed here to
-check against. Its expert statistics are read by :func:`zepp.history.read_history`.
+check against. Its expert statistics are read by :func:`zepp.interop.history.read_history`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.formats.files import describe_keys
+from zepp.traces.formats.files import describe_keys
 from zepp.interop.common import check_rows, load_obj
 
 __all__ = ["write_engine", "read_engine", "check_file_object", "KEYS"]

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.formats.arrays import int_array
-from zepp.formats.files import describe_keys
+from zepp.traces.formats.arrays import int_array
+from zepp.traces.formats.files import describe_keys
 from zepp.interop.common import check_rows, load_obj, save_json
 
 __all__ = ["maps_of", "write_engine", "read_engine", "check_maps", "MAP_KEYS"]

@@ -2,7 +2,7 @@
 
 One ``Dispatcher`` per process group (as DeepEP's ``Buffer``): it owns the staging buffers, plans
 every batch identically on every rank (all-gather of the ids and gate weights, then
-``zepp.routing.route`` and ``zepp.flows.build_flows``), compiles its own rank's part
+``zepp.planner.routing.route`` and ``zepp.planner.flows.build_flows``), compiles its own rank's part
 (``zepp.runtime.program``) and executes it stage by stage.
 
 Execution modes, same hop tables, same bytes. The combine sums in one fixed order in every mode
@@ -21,9 +21,9 @@ the last bit, so overlapped and blocking results agree to fp rounding (about 1e-
   operations (wave ``i`` sends to node ``node+i+1`` and receives from ``node-i-1``), as NCCL
   needs. Waits happen in a fixed order, never "whichever comes first".
 - ``granularity="auto"`` (with ``overlap``; registry overlap ``zepp-auto``): per batch,
-  ``zepp.granularity.choose`` picks how many dispatch groups and combine waves to run from the
+  ``zepp.planner.granularity.choose`` picks how many dispatch groups and combine waves to run from the
   FlowPlan and the cost figures ``figures`` (the same on every rank, so every rank picks the
-  same): GEMM 1 then runs per coarse dispatch group (``zepp.grouping``'s groups merged), each as
+  same): GEMM 1 then runs per coarse dispatch group (``zepp.planner.grouping``'s groups merged), each as
   soon as the arrival events it needs are in, and the combine's stage 0 in that many waves.
   ``"per-node"`` (default) keeps the arrival-event groups and one wave per node.
 
@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
-from zepp.flows import check_transports
+from zepp.planner.flows import check_transports
 from zepp.model import MoESpec
-from zepp.plan import FlowPlan, Placement
+from zepp.planner.types import FlowPlan, Placement
 from zepp.runtime.program import RankProgram, Stage, compile_rank
 
 
@@ -60,8 +60,8 @@ def build_plan(topk_ids: np.ndarray, placement: Placement, routing: str, relaxat
                row_bytes: int, combine: str | None = None) -> FlowPlan:
     """Route ``topk_ids [R, T, k]`` and build its flows with the ``dispatch`` / ``combine``
     transports (identical on every rank)."""
-    from zepp.flows import build_flows
-    from zepp.routing import route
+    from zepp.planner.flows import build_flows
+    from zepp.planner.routing import route
 
     return build_flows(route(routing, topk_ids, placement, relaxation), dispatch, row_bytes, combine)
 
@@ -164,8 +164,8 @@ class Dispatcher:
         if granularity not in ("per-node", "auto"):
             raise ZeppInputError(f"granularity must be 'per-node' or 'auto', got {granularity!r}")
         self.granularity = granularity
-        self.figures = figures  # zepp.granularity.Figures for granularity="auto" (None: a100 preset figures)
-        self.last_granularity = None  # the last batch's zepp.granularity.Granularity (auto only)
+        self.figures = figures  # zepp.planner.granularity.Figures for granularity="auto" (None: a100 preset figures)
+        self.last_granularity = None  # the last batch's zepp.planner.granularity.Granularity (auto only)
         self.counter = LinkCounter(self.world)
         self.timing: dict[str, float] = {}
         self._buf: dict[str, torch.Tensor] = {}
@@ -260,14 +260,14 @@ class Dispatcher:
     def plan(self, topk_ids_all, row_bytes: int) -> FlowPlan:
         """Plan ``topk_ids_all [R, T, k]`` (``-1`` padded; numpy or a tensor) identically on every rank.
 
-        Which planner: ``zepp.torchplan`` on the ids' device when they are a tensor off the CPU
+        Which planner: ``zepp.planner.torch`` on the ids' device when they are a tensor off the CPU
         (the ids stay there; one host read of the table sizes brings the hop tables back for
         the program compiler), or when ``planner="torch"`` (constructor or attribute; a numpy
         batch then moves to ``self.device``); the numpy planner when ``self.planner == "numpy"``
         or otherwise. Both give the same plan element for element. Routings without a torch
         planner (``moonep``) always use numpy.
         """
-        from zepp.torchplan import TORCH_ROUTINGS, plan_batch_numpy
+        from zepp.planner.torch import TORCH_ROUTINGS, plan_batch_numpy
 
         planner = self.planner
         on_device = isinstance(topk_ids_all, torch.Tensor) and topk_ids_all.device.type != "cpu"
@@ -307,9 +307,9 @@ class Dispatcher:
         return DispatchHandle(plan, prog, weights, x.dtype, inputs, held)
 
     def _choose_granularity(self, plan: FlowPlan):
-        """``zepp.granularity.choose`` on this batch's plan with ``self.figures`` (default: the
+        """``zepp.planner.granularity.choose`` on this batch's plan with ``self.figures`` (default: the
         ``a100`` preset's figures at this shape); identical on every rank."""
-        from zepp.granularity import Figures, choose
+        from zepp.planner.granularity import Figures, choose
 
         fig = self.figures
         if fig is None:

@@ -101,7 +101,7 @@ class MoELayer(torch.nn.Module):
 
     @torch.no_grad()
     def apply_swaps(self, swap_plan) -> int:
-        """Apply ``zepp.swap.plan_swaps``'s weight copies and switch to its placement.
+        """Apply ``zepp.planner.swaps.plan_swaps``'s weight copies and switch to its placement.
 
         ``swap_plan.copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)``. Copies read
         the *old* weights (staged before any slot is overwritten). Same-rank copies are local;
@@ -165,7 +165,7 @@ def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.n
     """Apply swap weight copies to any per-slot weight tensors of this rank.
 
     ``weights``: tensors ``[S, ...]`` (slot-major: e.g. ``gate_up [S, 2F, H]`` and ``down [S, H, F]``);
-    ``copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)`` from ``zepp.swap.plan_swaps``;
+    ``copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)`` from ``zepp.planner.swaps.plan_swaps``;
     ``old_slot_expert`` / ``new_slot_expert [R, S]``: the placements before and after. Copies read the
     old weights (staged first), stay inside a node (``SwapError`` otherwise), and go point-to-point
     over the dispatcher's group; slots emptied by the swap become zero. Every rank calls this with

@@ -5,7 +5,7 @@ Driven by the usual torch.distributed environment: ``RANK``, ``WORLD_SIZE``, ``M
 itself). ``LOCAL_RANK`` picks the CUDA device when the config asks for ``cuda``. The emulated
 cluster (``zepp.emulate``) starts this module inside network namespaces the same way.
 
-The JSON config (all keys written by ``zepp.runtime.launch``; see ``default_config``):
+The JSON config (all keys written by ``zepp.cli.run``; see ``default_config``):
 ``nodes``, ``gpus_per_node``, ``model`` + ``experts``/``topk``/``hidden``/``ffn`` overrides,
 ``tokens`` per rank (or ``budget_mb``), ``systems`` (names from ``zepp.runtime.systems``),
 ``history``/``trace`` (paths, or null for the built-in traces), ``iters``, ``warmup``, ``seed``,
@@ -107,13 +107,13 @@ def default_config() -> dict:
 
 
 def cost_figures(cfg: dict):
-    """``zepp.granularity.Figures`` of ``cfg["cost_cluster"]`` (a dict of ``zepp.cluster.Cluster``
+    """``zepp.planner.granularity.Figures`` of ``cfg["cost_cluster"]`` (a dict of ``zepp.cluster.Cluster``
     fields plus an optional ``overlap``, ``Figures.overlap``; the same in every rank's config), or
     ``None`` (the Dispatcher's default)."""
     if not cfg.get("cost_cluster"):
         return None
     from zepp.cluster import Cluster
-    from zepp.granularity import Figures
+    from zepp.planner.granularity import Figures
 
     fields = dict(cfg["cost_cluster"])
     overlap = float(fields.pop("overlap", 1.0))
@@ -123,7 +123,7 @@ def cost_figures(cfg: dict):
 def load_traces(cfg: dict, spec):
     """``(history, eval)`` Traces: files when given, else the built-in synthetic traces of the
     model, else (models without them, or overridden expert count / top-k) a seeded Zipf trace."""
-    from zepp.trace import Trace, read_trace
+    from zepp.traces.sampling import Trace, read_trace
 
     if cfg.get("trace"):
         ev = read_trace(cfg["trace"], num_experts=spec.num_experts, top_k=spec.top_k)
@@ -136,7 +136,7 @@ def load_traces(cfg: dict, spec):
     base = model_preset(cfg["model"])
     if (base.num_experts, base.top_k) == (spec.num_experts, spec.top_k):  # else they would not fit: skip them
         try:
-            from zepp.synth import synthetic_traces
+            from zepp.traces.synthetic import synthetic_traces
 
             pool, ev = synthetic_traces(cfg["model"], seed=cfg["seed"])
             if pool.num_experts == spec.num_experts and pool.top_k == spec.top_k:
@@ -176,13 +176,13 @@ def run_case(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
     """Run every system of ``cfg`` on this rank; rank 0 returns the report. ``hooks``: see
     ``RunHooks``."""
     from zepp.model import model_preset
-    from zepp.placement import make_placement
-    from zepp.plan import link_stats
+    from zepp.planner.placement import make_placement
+    from zepp.planner.types import link_stats
     from zepp.runtime.dispatcher import Dispatcher
     from zepp.runtime.moe import MoELayer
     from zepp.runtime.reference import reference_moe
     from zepp.runtime.systems import SYSTEMS
-    from zepp.trace import node_demand, sample_batches
+    from zepp.traces.sampling import node_demand, sample_batches
 
     rank, world = dist.get_rank(), dist.get_world_size()
     L, N = cfg["gpus_per_node"], cfg["nodes"]
@@ -237,7 +237,7 @@ def run_case(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
         dist.barrier()
         t0 = time.perf_counter()
         if sysd.swaps and d.last_plan is not None:  # swap planning + weight copies are inside the window
-            from zepp.swap import plan_swaps
+            from zepp.planner.swaps import plan_swaps
 
             sp = plan_swaps(d.placement, d.last_plan.routing.slot_loads(), cfg["relaxation"])
             if sp.num_swapped_slots:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from zepp.model import MoESpec
-from zepp.plan import Placement
+from zepp.planner.types import Placement
 from zepp.runtime.dispatcher import Dispatcher
 from zepp.runtime.experts import grouped_gated_up, grouped_linear_down
 

@@ -14,7 +14,7 @@ or all finished) still takes part in every MoE layer of every step with zero row
 (``ExpertParallelMoE.idle``), until the count all-gather of ``begin_step`` shows every rank done.
 
 Between steps, systems with ``adaptation == "zepp-swap"`` plan intra-node swaps per layer from
-that layer's recent slot loads (``zepp.swap.plan_swaps``) and move the weights inside the node
+that layer's recent slot loads (``zepp.planner.swaps.plan_swaps``) and move the weights inside the node
 (``zepp.runtime.moe.swap_slot_weights``).
 """
 
@@ -155,7 +155,7 @@ def make_swapper(model, comm):
     """``adapt(log)`` for ``zepp-swap``: per layer, plan intra-node swaps from its recent slot loads
     and move the weights (inside nodes only); appends swaps and bytes to the step log."""
     from zepp.runtime.moe import swap_slot_weights
-    from zepp.swap import plan_swaps
+    from zepp.planner.swaps import plan_swaps
 
     blocks = ep_blocks(model)
     adapt_sent = np.zeros(comm.world, np.int64)  # swap weight bytes this rank sent, per destination rank

@@ -2,7 +2,7 @@
 
 Driven by the usual torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``; ``LOCAL_RANK`` picks the GPU with ``device = "cuda"``). The JSON config (written
-by ``zepp.serve.cli``; see ``default_config``): ``checkpoint`` folder, ``nodes``,
+by ``zepp.cli.generate``; see ``default_config``): ``checkpoint`` folder, ``nodes``,
 ``gpus_per_node``, ``systems`` (registry names the runtime runs, each in turn in the same
 process group), ``requests`` (token-id lists), ``max_new`` (per request), ``eos`` (ids, or null
 for the config's), ``history`` (folder of ``layer_{i:03d}.txt`` traces, or null: home placement),
@@ -41,8 +41,8 @@ def default_config() -> dict:
 def layer_placements(cfg: dict, system, shape: dict, world: int) -> list:
     """One placement per MoE layer: from ``cfg["history"]`` (``layer_{i:03d}.txt``) with the
     system's placement choice, else home."""
-    from zepp.placement import make_placement
-    from zepp.trace import node_demand, read_trace
+    from zepp.planner.placement import make_placement
+    from zepp.traces.sampling import node_demand, read_trace
 
     E, k, L = shape["experts"], shape["top_k"], cfg["gpus_per_node"]
     out = []
@@ -59,7 +59,7 @@ def layer_placements(cfg: dict, system, shape: dict, world: int) -> list:
 def write_record(folder: str, recorded: list[list[np.ndarray]], expert_load: np.ndarray, meta: dict) -> None:
     """``folder/layer_{i:03d}.txt`` (one token per line, its k ids, the ``../shared/traces`` format)
     and ``folder/load.json`` (``{"logical_count": [layers][E], ...}``, readable by
-    ``zepp.trace.read_load_histogram``)."""
+    ``zepp.traces.sampling.read_load_histogram``)."""
     os.makedirs(folder, exist_ok=True)
     for i, parts in enumerate(recorded):
         ids = np.concatenate(parts) if parts else np.zeros((0, 1), np.int32)

@@ -17,7 +17,7 @@ Rules per call:
 
 Program order per rank (``zepp.runtime.moe.MoELayer.forward``): prologue; dispatch calls, each
 posted after the rank left the previous one; GEMM 1 after the last dispatch call, or with
-``gemm1 == "stage"`` (``zepp.grouping.arrival_stage``) group ``g`` during call ``g`` (after
+``gemm1 == "stage"`` (``zepp.planner.grouping.arrival_stage``) group ``g`` during call ``g`` (after
 posting it) and after leaving call ``g - 1``; GEMM 2; combine calls (with waves: wave ``w``'s
 GEMM 2, then its call posted asynchronously, then the next wave; every wave's call is left
 before the next combine stage is posted); the weighted reduce after the last call.
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zepp.grouping import Messages, combine_wave
-from zepp.plan import Hops
+from zepp.planner.grouping import Messages, combine_wave
+from zepp.planner.types import Hops
 
 
 def add_stage_collectives(b, d: Messages, cm: Messages, combine: Hops, tab1: np.ndarray, tab2: np.ndarray, G: int,

@@ -9,8 +9,8 @@ phase (COMET's all-gather, FAST's rounds) or add weight copies (MoonEP's pulls, 
 
 Granularity and dependencies
 ----------------------------
-- One transfer per message (``zepp.grouping.messages``): hops sharing ``(stage, src, dst, msg)``
-  move together; dispatch groups and combine waves are ``zepp.grouping``'s, as in the runtime.
+- One transfer per message (``zepp.planner.grouping.messages``): hops sharing ``(stage, src, dst, msg)``
+  move together; dispatch groups and combine waves are ``zepp.planner.grouping``'s, as in the runtime.
 - Row-level dependencies, aggregated to tasks: a message of stage ``s`` waits for every earlier
   message that delivers one of its rows to its source; an expert-GEMM task waits for every
   message that delivers one of its rows; a combine message waits for the second-GEMM tasks
@@ -31,12 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.cluster import Cluster
-from zepp.granularity import Granularity
-from zepp.grouping import (Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_key,
+from zepp.planner.granularity import Granularity
+from zepp.planner.grouping import (Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_key,
                            split_by_owner_node)
-from zepp.intsort import sorted_with_order
+from zepp.planner.intsort import sorted_with_order
 from zepp.model import MoESpec
-from zepp.plan import FlowPlan, Hops
+from zepp.planner.types import FlowPlan, Hops
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.engine import SimulationError, TaskGraph
 from zepp.sim.mechanics import Mechanics, Net
@@ -70,7 +70,7 @@ class LayerPlan:
     swapped: np.ndarray | None = None
     weight_copies: np.ndarray | None = None
     copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
-    granularity: Granularity | None = None  # coarse groups / waves (zepp.granularity); None: per node
+    granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.granularity); None: per node
 
     @classmethod
     def of(cls, plan: FlowPlan, **kw) -> "LayerPlan":

@@ -47,7 +47,7 @@ from zepp.errors import ZeppInputError
 
 @dataclass(frozen=True)
 class Net:
-    """Calibrated implementation figures of the network stack (see ``zepp.calibrate``).
+    """Calibrated implementation figures of the network stack (see ``zepp.sim.calibrate``).
 
     ``put_c0 + put_c1 * W``: seconds of fixed cost of one cross-node put through the host proxy
     in a job of ``W`` ranks; ``nic_eff``: fraction of the NIC's nominal rate that bulk puts
@@ -99,7 +99,7 @@ class Mechanics:
       moves ``extra_call_bytes`` per row (fp32 route weights).
     - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
       | ``local-remote`` | ``stage`` (own rows, then the rows first delivered by each dispatch
-      stage: ``zepp.grouping.arrival_stage``); ``gemm2``: ``single`` | ``waves`` (one wave per
+      stage: ``zepp.planner.grouping.arrival_stage``); ``gemm2``: ``single`` | ``waves`` (one wave per
       destination node, ring order, own node last) | ``columns`` (``L`` column splits in sequence,
       each reading its slice of the weights once; a custom combine may start on each split).
     - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
@@ -149,7 +149,7 @@ class Mechanics:
 # - nvlink_eff: DeepEP's "153-158 GB/s NVLink intra-node" (the lower figure) over NCCL's
 #   "about 370 GB/s effective per GPU ... on 8-GPU NVSwitch boards" (the presets' NVLink rate).
 # - signal: a receiver's flag wait, 2 us (PAPER.md section 7, as for the paper's testbeds).
-# Not fitted to anything; tests/test_today.py checks the low-latency kernels against DeepEP's
+# Not fitted to anything; tests/sim/test_sim_today.py checks the low-latency kernels against DeepEP's
 # published "dispatch 77-194 us, combine 114-369 us for EP 8-256" at 128 tokens.
 DEEPEP_NET = Net(put_c0=2e-6, put_c1=0.0, nic_eff=1.0, signal=2e-6, nvlink_eff=153e9 / 370e9)
 # FP8 values plus one fp32 scale per 128 values: DeepEP's published benchmarks (both kernel

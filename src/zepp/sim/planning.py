@@ -17,7 +17,7 @@ The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
   rank (2.2 ms at K2 16 MB).
 
 Zepp's planner (``zepp``, ``zepp+swap``, ``zepp+granularity``: plus the per-batch choice of
-``zepp.granularity``, its rounds recorded by ``benchmarks/granularity_cost.py``): counted
+``zepp.planner.granularity``, its rounds recorded by ``benchmarks/granularity_cost.py``): counted
 operations times recorded per-operation costs.
 Each part of the planner (the routing, the flows of each transport pair, the swap planning)
 costs a recorded number of *rounds* of a fixed op mix (sorts, histograms, gathers, prefix sums,
@@ -30,7 +30,7 @@ interpolated linearly in the entry count; above the largest it grows along the l
 slope (bytes-bound). The part above the floor is scaled by the HBM bandwidth ratio of the
 cluster's GPU to the H200's. Where the torch planner's own device time of a part is recorded
 (``zepp/data/planner_torch_times.json``, ``device_records``; none yet: no GPU was lent when it
-was written), that measurement replaces the part's op-mix conversion (``zepp.torchplan.costs``).
+was written), that measurement replaces the part's op-mix conversion (``zepp.planner.torch.costs``).
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = Fal
 def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw: float,
                   granularity: bool = False) -> float:
     """Seconds of Zepp's planner for a batch of ``entries``: per part the measured device time
-    of the torch planner where one is recorded (``zepp.torchplan.costs``), else its op-mix rounds
+    of the torch planner where one is recorded (``zepp.planner.torch.costs``), else its op-mix rounds
     times the op mix's GPU time."""
-    from zepp.torchplan.costs import device_part_seconds
+    from zepp.planner.torch.costs import device_part_seconds
 
     r = cost_data()["rounds"]
     total = 0.0

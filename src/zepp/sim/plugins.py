@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.moonep import moonep_plan
-from zepp.plan import FlowPlan, Hops
+from zepp.planner.moonep import moonep_plan
+from zepp.planner.types import FlowPlan, Hops
 
 
 @dataclass

@@ -21,12 +21,12 @@ import numpy as np
 from zepp import registry
 from zepp.cluster import Cluster
 from zepp.errors import ZeppInputError
-from zepp.flows import build_flows
-from zepp.granularity import Figures, Granularity, choose
+from zepp.planner.flows import build_flows
+from zepp.planner.granularity import Figures, Granularity, choose
 from zepp.model import MoESpec
-from zepp.placement import make_placement
-from zepp.plan import FlowPlan, Placement
-from zepp.routing import route
+from zepp.planner.placement import make_placement
+from zepp.planner.types import FlowPlan, Placement
+from zepp.planner.routing import route
 from zepp.sim import plugins
 from zepp.sim.engine import TaskGraph, Timeline, simulate
 from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
@@ -129,7 +129,7 @@ def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: fl
 
 def plan_granularity(cfg: Config, s: registry.System, plan: FlowPlan) -> Granularity | None:
     """The granularity system ``s`` runs ``plan`` with: chosen per batch by
-    ``zepp.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
+    ``zepp.planner.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
     calibrated NIC rate and put cost), else ``None`` (the mechanics' fixed groups / waves)."""
     if s.overlap != "zepp-auto":
         return None
@@ -211,7 +211,7 @@ def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep
 def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: Shared, res: SystemResult):
     """``zepp-swap``: before batch ``i``, swaps planned from batch ``i-1``'s slot loads (the
     runtime's order); their copies run during batch ``i`` and its routing uses the new placement."""
-    from zepp.swap import plan_swaps
+    from zepp.planner.swaps import plan_swaps
 
     placement = shared.placement(s.placement, cfg)
     S = placement.slots_per_rank

@@ -1,0 +1,65 @@
+"""The ``zepp`` command line. Each subcommand lives in the module that does its work and is
+imported only when called, so ``zepp plan`` does not pay for importing torch.distributed."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from zepp.errors import EmulationError, ZeppInputError
+
+# subcommand name -> (module, attribute holding the click command)
+_COMMANDS = {
+    "plan": ("zepp.cli.plan", "plan"),
+    "bench": ("zepp.cli.bench", "bench"),
+    "timeline": ("zepp.cli.bench", "timeline"),
+    "run": ("zepp.cli.run", "run"),
+    "generate": ("zepp.cli.generate", "generate"),
+    "cluster": ("zepp.cli.cluster", "cluster"),
+    "place": ("zepp.cli.place", "place"),
+    "systems": ("zepp.cli.systems", "systems"),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in _COMMANDS:
+            return None
+        module, attr = _COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="zepp")
+def cli() -> None:
+    """Zepp: distributed MoE serving under relaxed balance constraints."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: bad input ends with one line naming what is wrong, exit code 2 (also
+    when the emulated cluster cannot be built, as ``zepp run --emulate`` reports it)."""
+    try:
+        cli.main(args=argv, prog_name="zepp", standalone_mode=False)
+    except ZeppInputError as exc:
+        click.echo(f"zepp: error: {exc}", err=True)
+        sys.exit(2)
+    except EmulationError as exc:  # the emulated cluster refused or failed (a prefix in use, no netns)
+        click.echo(f"zepp: error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("zepp: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

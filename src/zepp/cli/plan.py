@@ -1,0 +1,218 @@
+"""``zepp plan``: plan batches with each system's placement, routing and transport, and print
+what each plan puts on the links, with the first batch's simulated layer time where the
+cluster has a network calibration (no tensors)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from zepp.cluster import PRESET_NAMES as CLUSTER_PRESETS
+from zepp.cluster import cluster_preset
+from zepp.errors import ZeppInputError
+from zepp.planner.flows import build_flows
+from zepp.model import PRESET_NAMES as MODEL_NAMES
+from zepp.model import MoESpec, model_preset
+from zepp.planner.placement import make_placement
+from zepp.planner.routing import route
+from zepp import registry
+from zepp.traces.sampling import Trace, node_demand, read_trace, sample_batches
+
+
+def default_relaxation(nodes: int) -> float:
+    """PAPER.md: C = 0.25, 0.5 at 16 nodes and more."""
+    return 0.5 if nodes >= 16 else 0.25
+
+
+def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: int, profile: str | None = None,
+                 allow_duplicates: bool = False) -> tuple[Trace, Trace]:
+    """The history window (placement) and evaluation window (batches): files when given,
+    else the built-in synthetic traces of the model (drawn from skew ``profile``)."""
+    if trace is None and history is None:
+        from zepp.traces.synthetic import synthetic_traces
+
+        pool, evaluation = synthetic_traces(spec.name, seed=seed, profile=profile)
+        if pool.num_experts != spec.num_experts or pool.top_k != spec.top_k:
+            raise ZeppInputError(
+                f"the built-in trace of {spec.name!r} has {pool.num_experts} experts and top-{pool.top_k}, but "
+                f"the model asks for {spec.num_experts} and top-{spec.top_k}; pass --history and --trace files"
+            )
+        return pool, evaluation
+    if profile is not None:
+        raise ZeppInputError("--profile chooses the skew of the built-in traces; drop it when giving --history/--trace")
+    kw = dict(num_experts=spec.num_experts, top_k=spec.top_k, allow_duplicates=allow_duplicates)
+    evaluation = read_trace(trace or history, **kw)
+    pool = read_trace(history, **kw) if history else evaluation
+    return pool, evaluation
+
+
+def simulated_ms(cluster, spec: MoESpec, system: str, plan, relaxation: float, extra: int, hist) -> float | None:
+    """The simulated layer time of ``plan`` on ``cluster`` (``None`` where the simulator has no
+    network figures for the cluster's preset, fitted or published, or does not run the system)."""
+    from zepp.sim.calibrate import FITTED, HARDWARE, PUBLISHED
+    from zepp.sim.run import Config, simulate_plan
+
+    s = registry.system(system)
+    nets = {**FITTED, **PUBLISHED}
+    if cluster.name not in nets or not s.supports("sim") or s.adaptation != "none" or s.plugins:
+        return None
+    cl = cluster.with_(**HARDWARE)
+    cfg = Config(cl, spec, nets[cluster.name], hist, plan.routing.topk_ids[None], warmup=0, relaxation=relaxation,
+                 extra=extra)
+    tl, _, _ = simulate_plan(cfg, s, plan)
+    return tl.latency * 1e3
+
+
+def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
+               systems: list[str], iters: int, seed: int, relaxation: float, extra: int,
+               validate: bool | str = True, dump: Path | None = None, cluster=None) -> list[dict]:
+    """Plan ``iters`` sampled batches with each system; one summary dict per system (means over
+    iterations of bytes, rows and planning seconds; ``sim_ms``: the first batch simulated on
+    ``cluster`` where the simulator can). ``validate``: every plan (``True``), the first batch's
+    only (``"first"``) or none (``False``)."""
+    ranks = nodes * gpus_per_node
+    tokens = spec.tokens_for_budget(budget_mb)
+    hist = node_demand(pool, nodes, gpus_per_node)
+    batches = sample_batches(evaluation, ranks, tokens, iters, seed)
+    rows = []
+    for name in systems:
+        system = registry.system(name)
+        t0 = time.perf_counter()
+        placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
+        place_s = time.perf_counter() - t0
+        per_iter = []
+        for it, batch in enumerate(batches):
+            t0 = time.perf_counter()
+            routing = route(system.routing, batch, placement, relaxation)
+            t1 = time.perf_counter()
+            plan = build_flows(routing, system.dispatch, spec.row_bytes, system.combine)
+            t2 = time.perf_counter()
+            if validate is True or (validate == "first" and it == 0):
+                plan.validate()
+            stats = plan.stats()
+            if it == 0 and cluster is not None:
+                sim_first = simulated_ms(cluster, spec, name, plan, relaxation, extra, hist)
+            per_iter.append(dict(
+                inter_node_bytes=stats.inter_node_bytes,
+                busiest_nic_bytes=stats.busiest_nic_bytes,
+                nvlink_bytes=stats.nvlink_bytes,
+                busiest_gpu_rows=int(stats.rows_computed.max()),
+                messages=int(stats.messages.sum()),
+                routing_s=t1 - t0,
+                flows_s=t2 - t1,
+            ))
+            if dump is not None:
+                dump.mkdir(parents=True, exist_ok=True)
+                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=routing.slot,
+                                    slot_expert=placement.slot_expert)
+        row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
+        row["sim_ms"] = sim_first if cluster is not None else None
+        row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
+                   combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
+        rows.append(row)
+    return rows
+
+
+COLUMNS = (
+    ("inter-node MiB", "bytes crossing any NIC, both phases, mean per batch"),
+    ("busiest NIC MiB", "the most loaded NIC direction (send or receive)"),
+    ("vs a2av", "busiest NIC bytes relative to a2av's"),
+    ("NVLink MiB", "bytes over intra-node links"),
+    ("busiest GPU rows", "GEMM rows of the most loaded GPU"),
+    ("msgs", "messages, both phases"),
+    ("plan ms", "routing + flows on this CPU (numpy), not the simulated GPU planner"),
+    ("sim ms", "the first batch's simulated layer time on the chosen cluster"),
+)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The plan table; units in the headers (MiB = 2**20 bytes); ``COLUMNS`` says what each means."""
+    mib = 2**20
+    w = max([len("system")] + [len(r["system"]) for r in rows])
+    widths = [max(len(c), 9) for c, _ in COLUMNS]
+    head = f"{'system':<{w}} " + " ".join(f"{c:>{n}}" for (c, _), n in zip(COLUMNS, widths))
+    base = next((r["busiest_nic_bytes"] for r in rows if r["system"] == "a2av"), None)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = [f"{r['inter_node_bytes'] / mib:.2f}", f"{r['busiest_nic_bytes'] / mib:.3f}",
+                 f"{r['busiest_nic_bytes'] / base:.3f}" if base else "-", f"{r['nvlink_bytes'] / mib:.2f}",
+                 f"{r['busiest_gpu_rows']:.0f}", f"{r['messages']:.0f}", f"{(r['routing_s'] + r['flows_s']) * 1e3:.1f}",
+                 f"{r['sim_ms']:.2f}" if r.get("sim_ms") is not None else "-"]
+        lines.append(f"{r['system']:<{w}} " + " ".join(f"{c:>{n}}" for c, n in zip(cells, widths)))
+    lines.append("")
+    lines.extend(f"  {c}: {m}" for c, m in COLUMNS)
+    return "\n".join(lines)
+
+
+@click.command("plan")
+@click.option("--model", default="k2", show_default=True, type=click.Choice(MODEL_NAMES), help="Model preset.")
+@click.option("--experts", type=int, default=None, help="Override the preset's expert count.")
+@click.option("--topk", type=int, default=None, help="Override the preset's top-k.")
+@click.option("--hidden", type=int, default=None, help="Override the preset's hidden size.")
+@click.option("--ffn", type=int, default=None, help="Override the preset's expert FFN size.")
+@click.option("--cluster", "cluster_name", default="a100", show_default=True, type=click.Choice(CLUSTER_PRESETS),
+              help="Cluster preset (the simulated time needs a calibrated one: a100, h100).")
+@click.option("--cluster-file", type=click.Path(dir_okay=False), default=None,
+              help="YAML/JSON file with a cluster's fields (overrides --cluster).")
+@click.option("--nodes", default=4, show_default=True, type=int)
+@click.option("--gpus-per-node", default=None, type=int, help="GPUs per node (default: the preset's board).")
+@click.option("--budget-mb", default=16.0, show_default=True, type=float, help="Message budget per GPU (MB).")
+@click.option("--history", type=click.Path(dir_okay=False), default=None,
+              help="Trace the placement is planned from (default: built-in synthetic history).")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Trace batches are sampled from (default: built-in synthetic evaluation window).")
+@click.option("--profile", default=None,
+              help="Skew profile of the built-in traces (k2 or qwen; default: the closer in expert count).")
+@click.option("--allow-duplicate-ids", is_flag=True,
+              help="Accept trace rows that repeat an expert id (synthetic data); refused by default.")
+@click.option("--systems", default="zepp,a2av", show_default=True,
+              help=f"Comma list of {registry.help_list('plan')}, or 'all' (zepp = its variants; see zepp systems).")
+@click.option("--iters", default=3, show_default=True, type=int, help="Batches to plan per system.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--relaxation", type=float, default=None, help="C (default 0.25; 0.5 at 16+ nodes).")
+@click.option("--extra", default=2, show_default=True, type=int, help="Redundant slots per GPU.")
+@click.option("--no-validate", is_flag=True, help="Skip validate() on every plan.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the table as JSON.")
+@click.option("--dump", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/<system>_iter<i>.npz with topk_ids, slot and slot_expert per batch.")
+def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, gpus_per_node, budget_mb, history, trace,
+         profile, allow_duplicate_ids, systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
+    """Plan batches with each system and print per-link bytes, planning time and the simulated
+    layer time on the chosen cluster."""
+    from zepp.cli.bench import _check_out_path
+    from zepp.cluster import load_cluster_file
+
+    spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
+    cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
+        cluster_preset(cluster_name, nodes, gpus_per_node)
+    gpus_per_node = cluster.gpus_per_node
+    if iters < 1:
+        raise ZeppInputError(f"--iters must be at least 1, got {iters}")
+    if not 0 <= extra <= spec.num_experts:
+        raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
+                             f"got {extra}")
+    _check_out_path("--json", json_path)
+    if dump is not None and Path(dump).exists() and not Path(dump).is_dir():
+        raise ZeppInputError(f"--dump {dump!r}: exists and is not a folder")
+    names = registry.parse_systems(systems, "plan", expand=True)
+    tokens = spec.tokens_for_budget(budget_mb)
+    relaxation = default_relaxation(nodes) if relaxation is None else relaxation
+    pool, evaluation = load_windows(spec, history, trace, seed, profile, allow_duplicate_ids)
+    rows = plan_table(spec, cluster.nodes, cluster.gpus_per_node, budget_mb, pool, evaluation, names, iters, seed,
+                      relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None, cluster=cluster)
+    click.echo(f"{spec.name} on {cluster.name} {nodes}x{gpus_per_node}, {budget_mb:g} MB = {tokens} tokens/GPU, "
+               f"C={relaxation:g}, {iters} batch(es), history {pool.source}, batches from {evaluation.source}"
+               + ("" if no_validate else "; every plan validated"))
+    click.echo(format_table(rows))
+    if json_path:
+        payload = dict(model=spec.name, cluster=cluster.name, nodes=nodes, gpus_per_node=gpus_per_node,
+                       budget_mb=budget_mb, tokens_per_gpu=tokens, relaxation=relaxation, iters=iters, seed=seed,
+                       history=pool.source, trace=evaluation.source, systems=rows)
+        Path(json_path).write_text(json.dumps(payload, indent=2))
+        click.echo(f"wrote {json_path}")
+    if dump:
+        click.echo(f"wrote {len(names) * iters} plans to {dump}/")

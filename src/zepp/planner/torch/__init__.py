@@ -1,0 +1,42 @@
+"""The planner on the device: routing and flows as torch code, equal to the numpy planner.
+
+``route`` and ``build_flows`` here take the numpy planner's arguments and pick the backend by
+the input's type (a ``torch.Tensor`` plans in torch on its device, a numpy array with the numpy
+planner) or by ``backend="torch"`` / ``"numpy"``. ``plan_batch`` is the call the runtime's
+Dispatcher makes (``plan_batch_numpy`` when it needs the numpy tables for its program).
+The outputs equal the numpy planner's element for element (``tests/planner/test_planner_torch.py``):
+``slot [R, T, k]`` and every column of both hop tables, in the same order and dtypes.
+
+What a CUDA graph can capture (``sync=False``; the default while capturing), for a fixed
+``[R, T, k]`` and placement:
+
+- Routing (every choice) and flows (every dispatch/combine pair): yes. Integer tensor ops of
+  fixed shapes; loop trip counts fixed by the placement and shapes (water-fill ``sweeps`` x
+  ``C`` steps, ``vacate_rounds`` rounds); early exits replaced by no-op steps (proved) and a
+  device flag; hop tables in fixed-capacity buffers with a device ``count``.
+- Not captured, by design:
+  - ``DevicePlacement`` (the placement's replica lists, visit orders, replica-per-node table):
+    built with numpy on the host once per placement and copied to the device; a placement
+    changes only between batches (after swaps), so build it before capturing.
+  - ``to_numpy()`` / ``sizes()``: a hop table's length is data-dependent, so bringing it to the
+    host is one read of the sizes (``dispatch``, ``combine``, ``unplaced``: one 3-element copy)
+    plus the copies; the runtime's program compiler is numpy and needs it.
+  - Input value checks (ids in ``[-1, E)``): they read the data (only with ``sync=True``).
+- Cost of capturability: the water-fill's numpy bound is ``4C+4`` sweeps although every batch
+  we tried needs one; ``sweeps=1`` makes the captured graph ``4C+4`` times shorter and reports
+  ``unplaced`` (device scalar); ``plan_batch_numpy`` re-plans the rare incomplete batch.
+
+Outside capture (``sync=True``) the loops stop early and tables are built at their exact size,
+with a few host reads (free on the CPU, tens of microseconds each on a GPU).
+"""
+
+from __future__ import annotations
+
+from zepp.planner.torch.api import build_flows, plan_batch, plan_batch_numpy, route
+from zepp.planner.torch.flows import TORCH_COMBINE, TORCH_DISPATCH
+from zepp.planner.torch.routing import TORCH_ROUTINGS, DevicePlacement, device_placement, entry_hash
+from zepp.planner.torch.tables import IncompletePlan, TorchFlowPlan, TorchHops, TorchRouting
+
+__all__ = ["route", "build_flows", "plan_batch", "plan_batch_numpy", "IncompletePlan", "TorchRouting", "TorchHops",
+           "TorchFlowPlan", "DevicePlacement", "device_placement", "entry_hash", "TORCH_ROUTINGS", "TORCH_DISPATCH",
+           "TORCH_COMBINE"]

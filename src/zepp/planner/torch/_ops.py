@@ -1,0 +1,56 @@
+"""Small tensor building blocks of the device planner: fixed shapes, integer arithmetic, no host reads.
+
+Every function here takes and returns tensors on one device and never reads a value back to
+the host, so a sequence of them can be captured in a CUDA graph for fixed input shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+I64 = torch.int64
+
+
+def arange(n: int, device) -> torch.Tensor:
+    return torch.arange(n, dtype=I64, device=device)
+
+
+def counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """``[num_keys]`` int64 histogram of ``key [n]`` (int64 values in ``[0, num_keys]``; the value
+    ``num_keys`` is a drop bin). Fixed output size. On CUDA a ``scatter_add_`` (``torch.bincount``
+    sizes its output from the data's maximum, a host read); on the CPU ``torch.bincount``, which
+    is the faster of the two there and needs no device sync."""
+    if key.device.type == "cpu":
+        return torch.bincount(key, minlength=num_keys + 1)[:num_keys]
+    out = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
+    out.scatter_add_(0, key, torch.ones_like(key))
+    return out[:num_keys]
+
+
+def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """For each element of ``key [n]`` (int64 in ``[0, num_keys]``), how many earlier elements
+    share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions are
+    meaningless). The torch twin of ``zepp.planner.routing.position_in_group`` (a stable sort)."""
+    n = key.shape[0]
+    order = sort_order(key, num_keys)
+    sorted_key = key[order]
+    c = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
+    c.scatter_add_(0, key, torch.ones_like(key))
+    starts = torch.cumsum(c, 0) - c
+    pos = torch.empty_like(key)
+    pos[order] = arange(n, key.device) - starts[sorted_key]
+    return pos
+
+
+def sort_order(key: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Stable ascending order of ``key [n]`` (values in ``[0, num_keys]``), sorted in the
+    narrowest integer type that holds ``num_keys`` (int16 keys sort several times faster)."""
+    dtype = torch.int16 if num_keys < 1 << 15 else torch.int32 if num_keys < 1 << 31 else I64
+    return torch.sort(key.to(dtype), stable=True).indices
+
+
+def first_in_row(sorted_rows: torch.Tensor) -> torch.Tensor:
+    """``[G, k]`` bool: True where an element differs from its left neighbour (and in column 0)."""
+    first = torch.ones_like(sorted_rows, dtype=torch.bool)
+    first[:, 1:] = sorted_rows[:, 1:] != sorted_rows[:, :-1]
+    return first

@@ -1,0 +1,586 @@
+"""The objects the planner hands from stage to stage: Placement, Routing and FlowPlan.
+
+Shapes used throughout (all numpy arrays):
+
+- ``R`` ranks (GPUs), node-major: rank ``r`` is on node ``r // L`` (``L`` GPUs per node).
+- ``S`` slots per rank; the global (physical) slot id of local slot ``s`` on rank ``r`` is
+  ``r * S + s``.
+- ``E`` logical experts, ``T`` tokens per rank, ``k`` experts per token.
+- A batch is ``topk_ids [R, T, k]``: the expert ids of the tokens each rank holds. An id of
+  ``-1`` marks a missing entry (padding: a token whose ids are all ``-1`` is absent, which is how
+  ranks hold different numbers of tokens); a missing entry has slot ``-1`` and moves no row.
+
+This module owns the plan objects and proves their invariants (``Routing.validate``,
+``FlowPlan.validate``); ``EntryView`` is the flat, deduplicated view of a routing that both the
+flow builders (``zepp.planner.flows``) and the validation use.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zepp.errors import ZeppInputError
+
+
+class PlanInvariantError(AssertionError):
+    """A plan broke one of its invariants (a bug in the planner, never bad user input)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which logical expert each slot holds.
+
+    ``slot_expert [R, S]`` int32: logical expert in each slot, ``-1`` for an empty slot.
+    """
+
+    slot_expert: np.ndarray
+    num_experts: int
+    gpus_per_node: int
+    replicas: np.ndarray = field(init=False, repr=False)
+    replica_count: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        se = np.asarray(self.slot_expert)
+        if se.ndim != 2:
+            raise ZeppInputError(f"slot_expert must be [ranks, slots], got shape {se.shape}")
+        if se.shape[0] % self.gpus_per_node:
+            raise ZeppInputError(
+                f"slot_expert has {se.shape[0]} ranks, not a multiple of gpus_per_node={self.gpus_per_node}"
+            )
+        se = se.astype(np.int32)
+        if se.size and (se.min() < -1 or se.max() >= self.num_experts):
+            raise ZeppInputError(f"slot_expert holds ids outside [-1, {self.num_experts})")
+        flat = se.ravel()
+        count = np.bincount(flat[flat >= 0], minlength=self.num_experts).astype(np.int32)
+        missing = np.flatnonzero(count == 0)
+        if missing.size:
+            raise ZeppInputError(
+                f"placement has no replica of expert(s) {missing[:8].tolist()}; every expert needs a slot"
+            )
+        # replicas [E, c_max]: global slot ids of each expert's replicas, ascending, -1 padded.
+        slots = np.flatnonzero(flat >= 0)
+        order = np.argsort(flat[slots], kind="stable")
+        slots = slots[order]
+        experts = flat[slots]
+        starts = np.concatenate(([0], np.cumsum(count)[:-1]))
+        rank_in_expert = np.arange(slots.size) - starts[experts]
+        replicas = np.full((self.num_experts, int(count.max())), -1, dtype=np.int32)
+        replicas[experts, rank_in_expert] = slots
+        object.__setattr__(self, "slot_expert", se)
+        object.__setattr__(self, "replicas", replicas)
+        object.__setattr__(self, "replica_count", count)
+
+    @property
+    def ranks(self) -> int:
+        return self.slot_expert.shape[0]
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self.slot_expert.shape[1]
+
+    @property
+    def nodes(self) -> int:
+        return self.ranks // self.gpus_per_node
+
+    def validate(self) -> None:
+        """Placements are checked on construction; kept for a uniform interface."""
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Which replica serves each entry.
+
+    ``slot [R, T, k]`` int32: global slot id (``rank * S + local``) serving each entry of
+    ``topk_ids [R, T, k]``. The computing rank of an entry is ``slot // S``.
+    """
+
+    topk_ids: np.ndarray
+    slot: np.ndarray
+    placement: Placement
+    relaxation: float | None = None  # C; when set, validate() checks the replica-load bounds
+
+    @property
+    def compute_rank(self) -> np.ndarray:
+        """``[R, T, k]`` rank that computes each entry (``-1`` for a missing entry)."""
+        return self.slot // self.placement.slots_per_rank
+
+    def slot_loads(self) -> np.ndarray:
+        """``[R * S]`` entries served by each global slot."""
+        s = self.slot.ravel()
+        return np.bincount(s[s >= 0], minlength=self.placement.slot_expert.size)
+
+    def rows_per_rank(self) -> np.ndarray:
+        """``[R]`` GEMM rows (entries) each rank computes."""
+        s = self.slot.ravel()
+        return np.bincount(s[s >= 0] // self.placement.slots_per_rank, minlength=self.placement.ranks)
+
+    def validate(self) -> None:
+        """Prove: every entry is served by a replica of its own expert, exactly once (one slot
+        per entry by construction of the array); with a relaxation ``C``, every replica's load lies
+        in ``[floor((1-C) q_e), ceil((1+C) q_e)]`` where ``q_e = D_e / c_e``."""
+        p = self.placement
+        if self.slot.shape != self.topk_ids.shape:
+            raise PlanInvariantError(f"slot shape {self.slot.shape} != topk_ids shape {self.topk_ids.shape}")
+        if self.slot.shape[0] != p.ranks:
+            raise PlanInvariantError(f"routing has {self.slot.shape[0]} ranks, placement {p.ranks}")
+        flat_slot = self.slot.ravel()
+        ids = self.topk_ids.ravel()
+        missing = ids < 0
+        if np.any((flat_slot < 0) != missing):
+            i = int(np.flatnonzero((flat_slot < 0) != missing)[0])
+            raise PlanInvariantError(f"entry {i}: expert id {ids[i]} but slot {flat_slot[i]}; exactly the missing "
+                                     f"entries (id -1) must have slot -1")
+        if flat_slot.size and flat_slot.max() >= p.slot_expert.size:
+            raise PlanInvariantError("an entry is routed to a slot id out of range")
+        served = np.where(missing, -1, p.slot_expert.ravel()[np.maximum(flat_slot, 0)])
+        wrong = np.flatnonzero(served != ids)
+        if wrong.size:
+            i = wrong[0]
+            raise PlanInvariantError(
+                f"{wrong.size} entries served by a slot of another expert; first: entry {i} wants expert "
+                f"{self.topk_ids.ravel()[i]}, slot {flat_slot[i]} holds {served[i]}"
+            )
+        if self.relaxation is None:
+            return
+        lo, hi = replica_bounds(self.topk_ids, p, self.relaxation)
+        load = self.slot_loads()
+        used = p.slot_expert.ravel() >= 0
+        bad = np.flatnonzero(used & ((load < lo) | (load > hi)))
+        if bad.size:
+            s = bad[0]
+            raise PlanInvariantError(
+                f"{bad.size} replicas outside their load bounds; first: slot {s} (expert "
+                f"{p.slot_expert.ravel()[s]}) has {load[s]} entries, bounds [{lo[s]}, {hi[s]}]"
+            )
+
+
+def relaxation_fraction(relaxation: float) -> tuple[int, int]:
+    """``C`` as an exact fraction ``(num, den)`` with ``den = 10**6``, so bounds are integer math."""
+    if not 0 <= relaxation < 1e6:
+        raise ZeppInputError(f"relaxation C must be >= 0, got {relaxation!r}")
+    return int(round(relaxation * 10**6)), 10**6
+
+
+def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per global slot, the load bounds ``floor((1-C) D/c)`` and ``ceil((1+C) D/c)`` of its expert.
+
+    Returns two ``[R * S]`` int64 arrays (0 for empty slots). Integer arithmetic only.
+    """
+    num, den = relaxation_fraction(relaxation)
+    ids = topk_ids.ravel()
+    demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
+    count = placement.replica_count.astype(np.int64)
+    hi_e = -((-(den + num) * demand) // (den * count))  # ceil
+    lo_e = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    se = placement.slot_expert.ravel()
+    lo = np.where(se >= 0, lo_e[np.maximum(se, 0)], 0)
+    hi = np.where(se >= 0, hi_e[np.maximum(se, 0)], 0)
+    return lo, hi
+
+
+DISPATCH, COMBINE = 0, 1
+
+
+@dataclass(frozen=True)
+class Hops:
+    """One phase's row moves, one element per hop (all arrays ``[M]``).
+
+    A hop moves one hidden-size row of token ``(owner, token)`` from rank ``src`` to rank ``dst``.
+    Hops of stage ``s`` start only once every hop of stages ``< s`` has arrived, so ``src`` must
+    hold the row when its stage starts. Hops sharing ``(stage, src, dst, msg)`` travel as one
+    message; the order of hops inside a message is the order of this table.
+
+    Dispatch rows are token inputs: a rank *holds* a token once any hop delivered it (or it owns
+    it); duplicate deliveries are legal (``a2av`` sends one row per entry) and each costs bytes.
+
+    Combine rows are partial outputs. At the start, rank ``c`` holds, per token it computed any
+    entry of, the gate-weighted sum of those entries (``entry == -1`` units), or, for hops with
+    ``entry >= 0``, exactly that entry's weighted output. A hop with ``entry == -1`` *moves* the
+    whole partial ``src`` holds for the token at that stage (it is summed into ``dst``'s partial);
+    one with ``entry == j`` moves only entry ``j``'s output. At the end every partial must sit at
+    its owner, summing each of the token's ``k`` entries exactly once.
+    """
+
+    stage: np.ndarray  # int8
+    src: np.ndarray  # int32
+    dst: np.ndarray  # int32
+    owner: np.ndarray  # int32
+    token: np.ndarray  # int32
+    msg: np.ndarray  # int32, message key within (stage, src, dst)
+    entry: np.ndarray  # int8, -1 = whole partial (combine) / unused (dispatch), j = that entry only
+
+    @staticmethod
+    def concat(parts: list["Hops"]) -> "Hops":
+        parts = [p for p in parts if p.size]
+        if not parts:
+            return Hops.empty()
+        return Hops(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in Hops._fields()})
+
+    @staticmethod
+    def _fields() -> tuple[str, ...]:
+        return ("stage", "src", "dst", "owner", "token", "msg", "entry")
+
+    @staticmethod
+    def empty() -> "Hops":
+        return Hops(
+            stage=np.zeros(0, np.int8), src=np.zeros(0, np.int32), dst=np.zeros(0, np.int32),
+            owner=np.zeros(0, np.int32), token=np.zeros(0, np.int32), msg=np.zeros(0, np.int32),
+            entry=np.zeros(0, np.int8),
+        )
+
+    @staticmethod
+    def make(stage, src, dst, owner, token, msg=0, entry=-1) -> "Hops":
+        """Build from arrays or scalars (broadcast to the length of ``src``)."""
+        src = np.asarray(src, np.int32)
+        n = src.shape[0]
+
+        def col(v, dtype):
+            v = np.asarray(v, dtype)
+            return v if v.shape == (n,) else np.broadcast_to(v, (n,)).copy()
+
+        return Hops(stage=col(stage, np.int8), src=src, dst=col(dst, np.int32), owner=col(owner, np.int32),
+                    token=col(token, np.int32), msg=col(msg, np.int32), entry=col(entry, np.int8))
+
+    @property
+    def size(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def num_stages(self) -> int:
+        return int(self.stage.max()) + 1 if self.size else 0
+
+    def select(self, mask: np.ndarray) -> "Hops":
+        return Hops(**{f: getattr(self, f)[mask] for f in Hops._fields()})
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    """Byte and message accounting of one phase (or both phases summed).
+
+    ``nic_send [R]`` / ``nic_recv [R]``: bytes each rank's NIC sends / receives to / from other
+    nodes. ``nvlink [R, R]``: bytes from rank i to rank j inside a node (zero across nodes).
+    ``messages [R, R]``: messages from i to j (either link). ``rows_computed [R]``: GEMM rows.
+    """
+
+    nic_send: np.ndarray
+    nic_recv: np.ndarray
+    nvlink: np.ndarray
+    messages: np.ndarray
+    rows_computed: np.ndarray
+
+    @property
+    def inter_node_bytes(self) -> int:
+        return int(self.nic_send.sum())
+
+    @property
+    def busiest_nic_bytes(self) -> int:
+        """Largest bytes over any NIC direction (send or receive)."""
+        return int(max(self.nic_send.max(initial=0), self.nic_recv.max(initial=0)))
+
+    @property
+    def nvlink_bytes(self) -> int:
+        return int(self.nvlink.sum())
+
+    def __add__(self, other: "LinkStats") -> "LinkStats":
+        return LinkStats(self.nic_send + other.nic_send, self.nic_recv + other.nic_recv,
+                         self.nvlink + other.nvlink, self.messages + other.messages, self.rows_computed)
+
+
+@dataclass(frozen=True)
+class FlowPlan:
+    """The transfers of one MoE layer: dispatch and combine hops for one routing.
+
+    ``row_bytes`` is the size of one row on the wire (``hidden * dtype_bytes``) in both phases.
+    ``dispatch_transport`` / ``combine_transport`` name the transports that built each phase
+    (``zepp.registry.DISPATCH_TRANSPORTS`` / ``COMBINE_TRANSPORTS``). The ``allgather`` dispatch
+    has no hop table: it delivers every token to every rank (COMET's dense all-gather, which
+    the simulator models with its own plug-in).
+    """
+
+    routing: Routing
+    dispatch: Hops
+    combine: Hops
+    gpus_per_node: int
+    row_bytes: int
+    dispatch_transport: str
+    combine_transport: str
+
+    @property
+    def transport(self) -> str:
+        """``dispatch/combine`` transport names, for messages and reports."""
+        return f"{self.dispatch_transport}/{self.combine_transport}"
+
+    @property
+    def ranks(self) -> int:
+        return self.routing.placement.ranks
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return self.routing.topk_ids.shape[1]
+
+    def stats(self, phase: int | None = None) -> LinkStats:
+        """Byte and message accounting for ``DISPATCH``, ``COMBINE`` or both (``None``)."""
+        if phase is None:
+            return self.stats(DISPATCH) + self.stats(COMBINE)
+        if phase not in (DISPATCH, COMBINE):
+            raise ValueError(f"phase must be zepp.planner.types.DISPATCH, COMBINE or None, got {phase!r}")
+        hops = self.dispatch if phase == DISPATCH else self.combine
+        return link_stats(hops, self.ranks, self.gpus_per_node, self.row_bytes, self.routing.rows_per_rank())
+
+    def validate(self) -> None:
+        """Prove the plan delivers every entry to its computing rank and returns every entry's
+        output to its token's owner exactly once (see ``validate_flow_plan``)."""
+        validate_flow_plan(self)
+
+
+def link_stats(hops: Hops, ranks: int, gpus_per_node: int, row_bytes: int, rows_computed: np.ndarray) -> LinkStats:
+    """Aggregate a hop table into per-link bytes and messages (see ``LinkStats``)."""
+    cross = (hops.src // gpus_per_node) != (hops.dst // gpus_per_node)
+    nic_send = np.bincount(hops.src[cross], minlength=ranks).astype(np.int64) * row_bytes
+    nic_recv = np.bincount(hops.dst[cross], minlength=ranks).astype(np.int64) * row_bytes
+    pair = hops.src.astype(np.int64) * ranks + hops.dst
+    nvlink = (np.bincount(pair[~cross], minlength=ranks * ranks).astype(np.int64) * row_bytes).reshape(ranks, ranks)
+    key = (hops.stage.astype(np.int64) * ranks * ranks + pair) * (int(hops.msg.max(initial=0)) + 1) + hops.msg
+    unique_msgs = np.unique(key)
+    msg_pair = (unique_msgs // (int(hops.msg.max(initial=0)) + 1)) % (ranks * ranks)
+    messages = np.bincount(msg_pair, minlength=ranks * ranks).reshape(ranks, ranks)
+    return LinkStats(nic_send, nic_recv, nvlink, messages, np.asarray(rows_computed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry views
+
+
+class EntryView:
+    """Flat views of a routing, plus its per-token deduplications.
+
+    Entries (``[n]``, batch order, missing entries left out): ``owner``, ``token``, ``entry``,
+    ``comp``; ``n = R*T*k`` when nothing is missing.
+    Token-GPU pairs (``tc_*``, ``[P]``): distinct (token, computing rank), ordered by (owner,
+    token, rank). Token-node pairs (``tn_*``, ``[Q]``): distinct (token, computing node), ordered
+    by (owner, token, node). ``tc_pair_node [P]`` indexes the token-node pair of each token-GPU
+    pair. Dedup sorts each token's ``k`` ranks, so it is linear in the entries; the pairs are built
+    on first use (the a2av transports need none).
+    """
+
+    def __init__(self, routing: Routing):
+        p = routing.placement
+        ranks, T, k = routing.topk_ids.shape
+        self.ranks, self.T, self.k, self.L = ranks, T, k, p.gpus_per_node
+        self.N = ranks // self.L
+        comp_all = routing.compute_rank.ravel().astype(np.int32)
+        missing = comp_all < 0
+        self._valid = None if not missing.any() else np.flatnonzero(~missing)
+        self.comp = comp_all if self._valid is None else comp_all[self._valid]
+        self._comp_all = comp_all
+
+    _PAIRS = ("tc_owner", "tc_token", "tc_comp", "tn_owner", "tn_token", "tn_node", "tc_pair_node")
+
+    def __getattr__(self, name: str):
+        # the token-GPU and token-node pairs are built on first use (a2av needs none of them)
+        if name in EntryView._PAIRS:
+            self._build_pairs()
+            return self.__dict__[name]
+        raise AttributeError(f"'EntryView' object has no attribute {name!r}")
+
+    def _build_pairs(self) -> None:
+        ranks, T, k = self.ranks, self.T, self.k
+        G = ranks * T
+        comp = np.sort(self._comp_all.reshape(G, k), axis=1)  # a token's ranks, ascending (so nodes too); -1 first
+        node = comp // self.L
+        first_c = np.ones((G, k), bool)
+        first_c[:, 1:] = comp[:, 1:] != comp[:, :-1]
+        first_n = np.ones((G, k), bool)
+        first_n[:, 1:] = node[:, 1:] != node[:, :-1]
+        if self._valid is not None:  # a missing entry is no pair
+            first_c &= comp >= 0
+            first_n &= comp >= 0
+        fc, fn = first_c.ravel(), first_n.ravel()
+        tc_where, tn_where = np.flatnonzero(fc), np.flatnonzero(fn)
+        tc_g, tn_g = (tc_where // k).astype(np.int32), (tn_where // k).astype(np.int32)  # token index
+        self.tc_owner = tc_g // T
+        self.tc_token = tc_g - self.tc_owner * T
+        self.tc_comp = comp.ravel()[tc_where].astype(np.int32)
+        self.tn_owner = tn_g // T
+        self.tn_token = tn_g - self.tn_owner * T
+        self.tn_node = node.ravel()[tn_where].astype(np.int32)
+        self.tc_pair_node = (np.cumsum(fn) - 1)[fc]
+
+    # Per-entry views, built only where needed (a2av and validation).
+    def _keep(self, a: np.ndarray) -> np.ndarray:
+        return a if self._valid is None else a[self._valid]
+
+    @functools.cached_property
+    def owner(self) -> np.ndarray:
+        return self._keep(np.repeat(np.arange(self.ranks, dtype=np.int32), self.T * self.k))
+
+    @functools.cached_property
+    def token(self) -> np.ndarray:
+        return self._keep(np.tile(np.repeat(np.arange(self.T, dtype=np.int32), self.k), self.ranks))
+
+    @functools.cached_property
+    def entry(self) -> np.ndarray:
+        return self._keep(np.tile(np.arange(self.k, dtype=np.int8), self.ranks * self.T))
+
+    @functools.cached_property
+    def _pair_remote(self) -> np.ndarray:
+        return self.tc_comp // self.L != self.tc_owner // self.L
+
+    def same_node_pairs(self) -> np.ndarray:
+        """Mask of token-GPU pairs on the owner's node but not the owner itself."""
+        return ~self._pair_remote & (self.tc_comp != self.tc_owner)
+
+    def remote_pairs(self) -> np.ndarray:
+        """Mask of token-GPU pairs on another node."""
+        return self._pair_remote
+
+def nic_split(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The NIC-balanced minimal-move split of node-to-node streams.
+
+    ``volume [P, L]``: union rows of each stream from each local GPU. Returns ``cap [P, L]``
+    (rows NIC ``i`` carries: ``floor(V/L) + [i < V mod L]``) and ``kept [P, L]`` (rows GPU
+    ``i`` sends through its own NIC, ``min(V_i, cap_i)``); the excess moves to GPUs under cap.
+    """
+    P, L = volume.shape
+    total = volume.sum(1, keepdims=True)
+    cap = total // L + (np.arange(L)[None, :] < total % L)
+    return cap, np.minimum(volume, cap)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate_flow_plan(plan: FlowPlan) -> None:
+    """Prove the plan's invariants, or raise ``PlanInvariantError`` naming the first violation:
+
+    - the routing itself is valid (``Routing.validate``);
+    - dispatch: every hop's source holds the row when its stage starts, and every entry's
+      computing rank holds its token at the end;
+    - combine: every hop moves something its source holds (a whole partial, or one entry's
+      output still in place), no output moves twice in a stage, and at the end every entry's
+      output sits at its token's owner, counted exactly once (outputs only move, so none is
+      duplicated or lost);
+    - ``zepp`` dispatch: each node-to-node stream's NIC loads meet the caps
+      ``floor(V/L) + [i < V mod L]``, in both phases (the pre-reduced combines mirror the split).
+
+    The ``allgather`` dispatch holds no hop table (every token reaches every rank) and is not checked.
+    """
+    routing = plan.routing
+    routing.validate()
+    x = EntryView(routing)
+    if plan.dispatch_transport != "allgather":
+        _validate_dispatch(plan.dispatch, x)
+    _validate_combine(plan.combine, x)
+    if plan.dispatch_transport == "zepp":
+        _validate_nic_caps(plan, x)
+
+
+def _held_key(rank, owner, token, x: EntryView) -> np.ndarray:
+    return (np.asarray(rank, np.int64) * x.ranks + owner) * x.T + token
+
+
+def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Membership of ``keys`` in ``sorted_keys`` (ascending, duplicates allowed)."""
+    if sorted_keys.size == 0:
+        return np.zeros(keys.shape, bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    return sorted_keys[pos] == keys
+
+
+def _validate_dispatch(hops: Hops, x: EntryView) -> None:
+    own = np.arange(x.ranks).repeat(x.T)
+    held = np.sort(_held_key(own, own, np.tile(np.arange(x.T), x.ranks), x))
+    for stage in range(hops.num_stages):
+        h = hops.select(hops.stage == stage)
+        have = _contains(held, _held_key(h.src, h.owner, h.token, x))
+        if not have.all():
+            i = np.flatnonzero(~have)[0]
+            raise PlanInvariantError(
+                f"dispatch stage {stage}: rank {h.src[i]} sends token {h.token[i]} of rank {h.owner[i]} "
+                f"to rank {h.dst[i]} before holding it")
+        held = np.sort(np.concatenate([held, _held_key(h.dst, h.owner, h.token, x)]))
+    missing = ~_contains(held, _held_key(x.comp, x.owner, x.token, x))
+    if missing.any():
+        i = np.flatnonzero(missing)[0]
+        raise PlanInvariantError(
+            f"dispatch never delivers token {x.token[i]} of rank {x.owner[i]} to rank {x.comp[i]}, "
+            f"which computes its entry {x.entry[i]}")
+
+
+def _validate_combine(hops: Hops, x: EntryView) -> None:
+    loc = x.comp.astype(np.int64).copy()  # where each entry's output sits now
+    token_id = x.owner.astype(np.int64) * x.T + x.token  # [n]
+    entry_id = token_id * x.k + x.entry
+    for stage in range(hops.num_stages):
+        h = hops.select(hops.stage == stage)
+        h_token = h.owner.astype(np.int64) * x.T + h.token
+        new_loc = loc.copy()
+        moved = np.zeros(loc.shape[0], np.int64)
+        # Hops of one entry's output.
+        single = h.entry >= 0
+        if single.any():
+            e = np.searchsorted(entry_id, h_token[single] * x.k + h.entry[single])
+            ok = loc[e] == h.src[single]
+            if not ok.all():
+                i = np.flatnonzero(single)[np.flatnonzero(~ok)[0]]
+                raise PlanInvariantError(
+                    f"combine stage {stage}: rank {h.src[i]} sends entry {h.entry[i]} of token {h.token[i]} "
+                    f"(rank {h.owner[i]}) which it does not hold")
+            np.add.at(moved, e, 1)
+            new_loc[e] = h.dst[single]
+        # Hops of whole partials: every output of the token sitting at src moves.
+        whole = ~single
+        if whole.any():
+            hop_key = h_token[whole] * x.ranks + h.src[whole]
+            sorted_hops = np.sort(hop_key)
+            if (sorted_hops[1:] == sorted_hops[:-1]).any():
+                raise PlanInvariantError(f"combine stage {stage}: a partial is sent twice by one rank")
+            at_key = token_id * x.ranks + loc
+            order = np.argsort(hop_key)
+            pos = np.searchsorted(hop_key[order], at_key)
+            pos = np.minimum(pos, hop_key.size - 1)
+            hit = hop_key[order][pos] == at_key
+            carried = np.bincount(order[pos[hit]], minlength=hop_key.size)
+            if (carried == 0).any():
+                i = np.flatnonzero(whole)[np.flatnonzero(carried == 0)[0]]
+                raise PlanInvariantError(
+                    f"combine stage {stage}: rank {h.src[i]} sends a partial of token {h.token[i]} "
+                    f"(rank {h.owner[i]}) but holds none")
+            np.add.at(moved, np.flatnonzero(hit), 1)
+            new_loc[hit] = h.dst[whole][order[pos[hit]]]
+        if (moved > 1).any():
+            i = np.flatnonzero(moved > 1)[0]
+            raise PlanInvariantError(
+                f"combine stage {stage}: the output of entry {x.entry[i]} of token {x.token[i]} "
+                f"(rank {x.owner[i]}) is sent more than once")
+        loc = new_loc
+    stray = loc != x.owner
+    if stray.any():
+        i = np.flatnonzero(stray)[0]
+        raise PlanInvariantError(
+            f"combine leaves the output of entry {x.entry[i]} of token {x.token[i]} (rank {x.owner[i]}) "
+            f"on rank {loc[i]} instead of its owner")
+
+
+def _validate_nic_caps(plan: FlowPlan, x: EntryView) -> None:
+    L, N = x.L, x.N
+    phases = [(DISPATCH, plan.dispatch)]
+    if plan.combine_transport in ("reduce", "reduce-direct"):
+        phases.append((COMBINE, plan.combine))
+    for phase, hops in phases:
+        cross = (hops.src // L) != (hops.dst // L)
+        src, dst = hops.src[cross], hops.dst[cross]
+        stream = (src // L).astype(np.int64) * N + dst // L
+        load = np.bincount(stream * L + src % L, minlength=N * N * L).reshape(N * N, L)
+        cap, _ = nic_split(load)
+        over = load > cap
+        if over.any():
+            p, i = np.argwhere(over)[0]
+            name = "dispatch" if phase == DISPATCH else "combine"
+            raise PlanInvariantError(
+                f"{name}: NIC {i} of node {p // N} carries {load[p, i]} rows to node {p % N}, "
+                f"above its cap {cap[p, i]}")

@@ -1,0 +1,141 @@
+"""Calibration of the simulator: the hardware figures as given and a few free parameters fitted
+on the measured ``a2av`` latencies only (the measured tables themselves: ``zepp.sim.measured``).
+
+Given, not fitted (PAPER.md sections 3, 5, 7)
+--------------------------------------------
+- link rates, peak FLOP/s and HBM bandwidth of the ``a100`` / ``h100`` presets (``zepp.cluster``);
+- the GEMM efficiency curve ``eff(n) = 0.5 * n / (n + 64)`` (``n`` rows per expert): 0.43 at the
+  ~390 rows per expert of K2 at 4 nodes, 16 MB, where the unfused grouped GEMM reached
+  130-135 TFLOP/s (43% of 312), and a ceiling of 50% ("25-50% at 1-2k rows per expert").
+  Its small-``n`` slope keeps the roofline's weight-read bound in charge for thin experts.
+- COMET's fused, tile-gated GEMM at 62.5 / 132.5 of that efficiency; a proxy keeps 14.5 puts in
+  flight; a receiver's signal wait costs 2 us; NVLink message cost 10 us; kernel launch 10 us.
+
+Fitted on the ``a2av`` column only (three parameters per preset)
+---------------------------------------------------------------
+- ``put_c0``, ``put_c1``: a cross-node put through the host proxy costs ``put_c0 + put_c1 * W``
+  seconds of fixed time in a job of ``W`` ranks. The measured ``a2av`` latency at 1 MB (where
+  bytes are negligible) grows roughly with ``W**2`` although it issues only ``2 (W - 1)`` puts
+  per rank, so the per-put cost itself grows with ``W``; the section-7 figures (0.12 ms alone,
+  0.2 ms through the proxy, 0.34-0.59 ms under concurrency) bracket the fitted values.
+- ``nic_eff``: the fraction of the NIC's nominal rate bulk puts reach (section 7 observed about
+  16-17 of 25 GB/s).
+
+The fit (``fit_a2av``) minimises the squared relative error of the simulated ``a2av`` median
+over the cells given; the latency is close to affine in ``(put_c0, put_c1, 1 / nic_eff)``, so
+each round simulates every cell at four parameter points, solves the linear least-squares
+problem, and re-centres. ``benchmarks/calibrate.py`` runs it and writes
+``benchmarks/results/calibration.{json,md}``; the values below are its output.
+
+Today's presets (``h100-8``, ``h200-8``, ``gb200-nvl72``) have no measured column to fit: their
+``Net`` is DeepEP's published figures (``PUBLISHED``; ``zepp.sim.mechanics.DEEPEP_NET``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zepp.cluster import Cluster, cluster_preset
+from zepp.errors import ZeppInputError
+from zepp.sim.measured import fig9, weak_a2av
+from zepp.sim.mechanics import DEEPEP_NET, Net
+
+# GEMM curve and fixed costs from the figures above (same for both presets).
+HARDWARE = dict(gemm_eff_max=0.5, gemm_rows_half=64.0, nvlink_msg_cost=10e-6, kernel_launch=10e-6)
+
+# Output of benchmarks/calibrate.py (see benchmarks/results/calibration.md).
+FITTED: dict[str, Net] = {
+    "a100": Net(put_c0=47.12e-6, put_c1=1.7687e-6, nic_eff=0.75665),
+    "h100": Net(put_c0=48.96e-6, put_c1=3.021e-6, nic_eff=0.86527),
+}
+
+
+# Today's clusters: nothing measured here to fit, so their network stack is DeepEP's from its
+# published figures (``zepp.sim.mechanics.DEEPEP_NET``, PAPER.md section 5), not a fit.
+PUBLISHED: dict[str, Net] = {"h100-8": DEEPEP_NET, "h200-8": DEEPEP_NET, "gb200-nvl72": DEEPEP_NET}
+
+
+def network_of(preset: str) -> tuple[Net, str]:
+    """A preset's simulator ``Net`` and where it comes from (``fitted`` on the paper's ``a2av``
+    column, or ``published``: DeepEP's figures)."""
+    if preset in FITTED:
+        return FITTED[preset], "fitted"
+    if preset in PUBLISHED:
+        return PUBLISHED[preset], "published"
+    raise ZeppInputError(f"cluster preset {preset!r} has no network figures for the simulator; simulated presets: "
+                         f"{', '.join((*FITTED, *PUBLISHED))}")
+
+
+def calibrated(preset: str, nodes: int, net: Net | None = None, gpus_per_node: int = 4) -> tuple[Cluster, Net]:
+    """The preset cluster with the calibration's hardware figures, and its ``Net`` (fitted, or
+    DeepEP's published figures for today's clusters; see ``network_of``)."""
+    if net is None:
+        net, _ = network_of(preset)
+    cl = cluster_preset(preset, nodes, gpus_per_node, **HARDWARE)
+    return cl, net
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def fit_cells(preset: str) -> list[tuple[int, str, float, float]]:
+    """``(nodes, model, MB, measured a2av ms)`` cells the fit uses for a preset."""
+    cells = []
+    if preset == "a100":
+        cells += [(n, m, mb, v["a2av"]) for (c, n, m, mb), v in fig9().items() if c == preset]
+    have = {(n, m, mb) for n, m, mb, _ in cells}
+    cells += [(n, "k2", mb, v) for (c, n, mb), v in weak_a2av().items() if c == preset and (n, "k2", mb) not in have]
+    return sorted(cells)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def _net_of(theta: np.ndarray, base: Net) -> Net:
+    c0, c1, inv_eff = theta
+    return Net(put_c0=float(c0), put_c1=float(c1), nic_eff=float(1 / inv_eff), proxy_inflight=base.proxy_inflight,
+               signal=base.signal)
+
+
+def fit_a2av(preset: str, cells, sim_cell, start: Net | None = None, rounds: int = 3, log=print) -> dict:
+    """Fit ``(put_c0, put_c1, nic_eff)`` for ``preset``.
+
+    ``cells``: ``[(nodes, model, MB, measured_ms)]``; ``sim_cell(cell, net) -> simulated a2av
+    median seconds``. Returns the fitted ``Net`` and per-cell results.
+    """
+    base = start or Net()
+    theta = np.array([base.put_c0, base.put_c1, 1 / base.nic_eff])
+    meas = np.array([c[3] for c in cells]) * 1e-3
+    history = []
+    for rnd in range(rounds):
+        steps = np.maximum(np.abs(theta) * 0.25, [10e-6, 0.5e-6, 0.1])
+        pts = [theta] + [theta + np.eye(3)[i] * steps[i] for i in range(3)]
+        sims = np.array([[sim_cell(c, _net_of(p, base)) for c in cells] for p in pts])  # [4, cells]
+        J = (sims[1:] - sims[0]) / steps[:, None]  # [3, cells] d latency / d theta
+        A0 = sims[0] - J.T @ theta  # affine intercept per cell
+        # min sum ((A0 + J^T th) / meas - 1)^2 subject to th >= lower bounds (active-set on 3 vars)
+        M = (J / meas).T
+        y = 1 - A0 / meas
+        lower = np.array([0.0, 0.0, 1.0])
+        free = np.ones(3, bool)
+        for _ in range(4):
+            th = lower.copy()
+            if free.any():
+                sol, *_ = np.linalg.lstsq(M[:, free], y - M[:, ~free] @ lower[~free], rcond=None)
+                th[free] = sol
+            bad = free & (th < lower)
+            if not bad.any():
+                break
+            free &= ~bad
+        err0 = sims[0] / meas - 1
+        history.append(dict(round=rnd, theta=theta.tolist(), rms_rel_error=float(np.sqrt(np.mean(err0 ** 2)))))
+        log(f"[fit {preset}] round {rnd}: theta {theta} rms rel error {history[-1]['rms_rel_error']:.3f} -> {th}")
+        theta = th
+    final = np.array([sim_cell(c, _net_of(theta, base)) for c in cells])
+    err = final / meas - 1
+    net = _net_of(theta, base)
+    return dict(net=net, cells=[dict(nodes=c[0], model=c[1], budget_mb=c[2], measured_ms=c[3],
+                                     simulated_ms=float(s * 1e3), rel_error=float(e))
+                                for c, s, e in zip(cells, final, err)],
+                rms_rel_error=float(np.sqrt(np.mean(err ** 2))), median_abs_rel_error=float(np.median(np.abs(err))),
+                history=history)

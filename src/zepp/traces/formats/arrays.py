@@ -1,0 +1,188 @@
+"""Strict conversion of arrays read from ``.npz`` / ``.pt`` / ``.json`` / ``.safetensors`` files.
+
+Every value that would be changed by a cast is refused with the file, the field and the first
+offending row: float ids (``1.5`` is never truncated to ``1``; ``3.0`` is refused too, ids are
+integers), bool and complex ids, strings and objects, ids beyond the int32 range (checked in the
+array's own dtype, so ``2**32`` never wraps to ``0``), NaN or infinite gate weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from zepp.errors import ZeppInputError
+from zepp.traces.formats.files import describe_keys
+
+__all__ = ["to_numpy", "int_array", "weights_array", "torch_load", "npz_load", "check_ids"]
+
+_INT32_MAX = (1 << 31) - 1
+
+
+def torch_load(p: Path):
+    """``torch.load`` (weights only, CPU) with every failure as one clear line."""
+    import torch  # deferred: reading text traces must not pay for importing torch
+
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
+    except Exception as exc:  # torch raises many types for corrupt or unsafe files
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise ZeppInputError(f"{p}: cannot read it as a torch.save file ({type(exc).__name__}: {first})") from None
+
+
+def npz_load(p: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` archive; object arrays (pickles) are refused by name."""
+    try:
+        z = np.load(p, allow_pickle=False)
+    except PermissionError:
+        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
+    except Exception as exc:
+        raise ZeppInputError(f"{p}: cannot read it as an .npz archive ({type(exc).__name__})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ZeppInputError(f"{p}: is a single .npy array, not an .npz archive; save it with np.savez")
+    out = {}
+    with z:
+        for name in z.files:
+            try:
+                out[name] = z[name]
+            except ValueError:
+                raise ZeppInputError(
+                    f"{p}: array {name!r} holds Python objects (pickled); save plain numeric arrays") from None
+            except Exception as exc:
+                raise ZeppInputError(f"{p}: array {name!r} cannot be read ({type(exc).__name__})") from None
+    return out
+
+
+def to_numpy(x, where: str) -> np.ndarray:
+    """A numpy array from a tensor, array or nested list; anything else is one clear error."""
+    if hasattr(x, "detach"):
+        try:
+            x = x.detach().cpu()
+            if str(x.dtype) == "torch.bfloat16":
+                x = x.float()
+            x = x.numpy()
+        except Exception as exc:
+            raise ZeppInputError(f"{where}: cannot convert the tensor ({type(exc).__name__})") from None
+    if isinstance(x, dict):
+        raise ZeppInputError(f"{where}: expected an array, got a dict with keys {describe_keys(x)}")
+    try:
+        a = np.asarray(x)
+    except Exception:
+        raise ZeppInputError(f"{where}: cannot be read as an array (ragged or mixed lists?)") from None
+    if a.dtype == object:
+        raise ZeppInputError(f"{where}: holds Python objects or ragged lists, not a numeric array")
+    return a
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def int_array(x, where: str, what: str = "expert ids", lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """``x`` as int64 after the strict checks; values must lie in ``[lo, hi)`` (``hi`` default
+    the int32 range). Messages give the index of the first bad value."""
+    a = to_numpy(x, where)
+    kind = a.dtype.kind
+    if kind == "b":
+        raise ZeppInputError(f"{where}: {what} are booleans (dtype bool); save integer ids")
+    if kind == "c":
+        raise ZeppInputError(f"{where}: {what} are complex numbers (dtype {a.dtype}); save integer ids")
+    if kind in "USV":
+        raise ZeppInputError(f"{where}: {what} are strings or raw bytes (dtype {a.dtype}); save integer ids")
+    if kind == "f":
+        if a.size:
+            nonint = ~np.isfinite(a) | (a != np.round(a))
+            if nonint.any():
+                idx = _first(nonint)
+                raise ZeppInputError(
+                    f"{where}: {what} must be integers, found {a[idx].item()!r} at index {list(idx)} (dtype "
+                    f"{a.dtype}); refused rather than truncated: save them as an integer array")
+        raise ZeppInputError(
+            f"{where}: {what} are stored as floating point (dtype {a.dtype}); refused rather than converted: "
+            f"save them as an integer array")
+    if kind not in "iu":
+        raise ZeppInputError(f"{where}: {what} must be integers, got dtype {a.dtype}")
+    top = _INT32_MAX + 1 if hi is None else hi
+    if a.size:
+        # compare in the array's own dtype (as Python ints), so nothing wraps
+        bad = (a < lo) | (a >= top)
+        if bad.any():
+            idx = _first(bad)
+            v = int(a[idx])
+            if v < lo and v < 0:
+                raise ZeppInputError(f"{where}: {what}: negative value {v} at index {list(idx)}; "
+                                     f"values must lie in [{lo}, {top})")
+            if hi is None:
+                raise ZeppInputError(f"{where}: {what}: value {v} at index {list(idx)} exceeds the int32 range; "
+                                     f"check the file")
+            raise ZeppInputError(f"{where}: {what}: value {v} at index {list(idx)} is out of range [{lo}, {hi}); "
+                                 f"pass the model's expert count if this file has more experts")
+    return a.astype(np.int64)
+
+
+def weights_array(x, where: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Gate weights ``[N, k]`` float32: real, finite, of the ids' shape."""
+    a = to_numpy(x, where)
+    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+        raise ZeppInputError(f"{where}: topk_weights must be real numbers, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ZeppInputError(f"{where}: topk_weights has shape {a.shape}, topk_ids has {shape}; they must match")
+    if a.size and not np.all(np.isfinite(a)):
+        idx = _first(~np.isfinite(a))
+        raise ZeppInputError(f"{where}: topk_weights holds {a[idx].item()!r} at row {idx[0]}, position {idx[1] + 1}; "
+                             f"gate weights must be finite")
+    return a.astype(np.float32)
+
+
+def check_ids(ids: np.ndarray, num_experts: int | None, top_k: int | None, source: str, unit: str,
+              allow_duplicates: bool, row_numbers: np.ndarray | None = None) -> int:
+    """Checks shared by the array readers on ``ids [N, k]`` int64; returns the expert count
+    (``num_experts``, or ``max id + 1`` when not given, refused beyond ``MAX_INFERRED_EXPERTS``)."""
+    from zepp.traces.formats.text import MAX_INFERRED_EXPERTS
+
+    if ids.ndim != 2 or ids.shape[1] < 1:
+        raise ZeppInputError(f"{source}: topk_ids must be [tokens, k], got shape {ids.shape}")
+    if ids.shape[0] == 0:
+        raise ZeppInputError(f"{source}: the trace is empty (no token rows); give a file with one row per token")
+    if top_k is not None and ids.shape[1] != top_k:
+        raise ZeppInputError(f"{source}: rows have {ids.shape[1]} expert ids but the model is top-{top_k}; "
+                             f"pass --topk {ids.shape[1]} or use the trace recorded for this model")
+
+    def where(r: int) -> str:
+        return f"{unit} {int(row_numbers[r]) if row_numbers is not None else r}"
+
+    if num_experts is not None:
+        bad = (ids < 0) | (ids >= num_experts)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            v = int(ids[r, c])
+            if v < 0:
+                raise ZeppInputError(f"{source}: {where(r)}: negative expert id {v} (position {c + 1}); "
+                                     f"expert ids must lie in [0, {num_experts})")
+            raise ZeppInputError(f"{source}: {where(r)}: expert id {v} (position {c + 1}) is out of range "
+                                 f"[0, {num_experts}); pass the model's expert count (--experts) if this trace "
+                                 f"has more experts")
+        e = int(num_experts)
+    else:
+        if ids.min() < 0:
+            r, c = np.argwhere(ids < 0)[0]
+            raise ZeppInputError(f"{source}: {where(r)}: negative expert id {int(ids[r, c])} (position {c + 1})")
+        top = int(ids.max())
+        if top >= MAX_INFERRED_EXPERTS:
+            r, c = np.argwhere(ids == top)[0]
+            raise ZeppInputError(f"{source}: {where(r)}: expert id {top} would mean {top + 1} experts; pass the "
+                                 f"model's expert count (num_experts / --model) or check the file")
+        e = top + 1
+    if not allow_duplicates and ids.shape[1] > 1:
+        s = np.sort(ids, axis=1)
+        dup = (s[:, 1:] == s[:, :-1]).any(axis=1)
+        if dup.any():
+            r = int(np.flatnonzero(dup)[0])
+            v = int(s[r, 1:][s[r, 1:] == s[r, :-1]][0])
+            raise ZeppInputError(f"{source}: {where(r)}: expert id {v} appears twice in one token's top-k (a router "
+                                 f"never picks an expert twice); allow it only for synthetic data "
+                                 f"(allow_duplicates=True, --allow-duplicate-ids)")
+    return e

@@ -1,0 +1,457 @@
+"""Built-in synthetic expert-routing traces, fitted to the real ones.
+
+So ``zepp bench`` runs on a machine without ``../shared/traces``, each model with recorded
+traces (K2, Qwen3-235B) has a small parameter file ``zepp/data/synth_<model>.json`` and
+:func:`synthetic_traces` draws a history (``pool``) and an evaluation (``eval``) window
+from it, with the row counts of the real windows. Every other model preset draws from one of
+these two *skew profiles* adapted to its expert count and top-k (:func:`adapt_params`; the
+profile is chosen by the user or by :func:`default_profile` and named in the traces' source),
+and :func:`synthetic_history` makes a multi-layer history from them.
+
+The model (fitted by :func:`fit_synth`, refitted by ``benchmarks/fit_synth.py``):
+
+- Tokens come in ``C`` latent *types* (mixture components). A type ``z`` has expert logits
+  ``L[z, :]`` shared by both windows; it carries *which experts a token picks together*.
+- Each window ``w`` has its own type weights ``pi[w, :]`` and a per-expert popularity tilt
+  ``delta[w, :]``; the pair (pool, eval) carries the *drift* between history and evaluation.
+- Experts with nearby ids are picked together less often than their popularity predicts
+  (measured on both models: 5-15% fewer pairs at id distance below ~32). A kernel
+  ``J[d]``, ``d = |i - j| <= D``, carries this: a token draws a type ``z ~ pi[w]``, one
+  Gumbel noise ``g[e]`` per expert, and picks ``k`` distinct experts one after another, each
+  the argmax of ``L[z] + delta[w] + g + sum over picked j of J[|e - j|]``. With ``J = 0``
+  this is Plackett-Luce sampling (Gumbel top-k).
+
+Fitting: EM for a mixture of multinomials over both windows' rows (shared ``L``, per-window
+``pi``); then, on a fixed Monte Carlo sample (common random numbers, so the fit is
+deterministic), iterative scaling of the tilts ``delta[w]`` until each window's per-expert
+entry frequency (its *popularity*) equals the real window's, and of ``J[d]`` until the number
+of co-selected pairs at each id distance ``d`` equals the real one. Popularity and the pair
+rate by id distance are therefore matched by construction; everything else (distinct nodes
+per token, merge savings, per-batch skew, concentration of pairs) is a consequence the tests
+check. The real traces' rows are ordered by prompt;
+synthetic rows are independent draws (the benchmark samples rows with replacement, so the
+order never reaches a result).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from zepp.errors import ZeppInputError
+from zepp.traces.sampling import Trace
+
+__all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_params", "sample_window",
+           "PROFILES", "default_profile", "adapt_params", "synthetic_history"]
+
+# Skew profiles: the generators fitted to recorded traces (zepp/data/synth_<profile>.json).
+PROFILES = ("k2", "qwen")
+
+WINDOWS = ("pool", "eval")
+_NEG = -30.0  # logit of an expert a window never selects (exp(-30) ~ 1e-13)
+
+
+@dataclass(frozen=True)
+class SynthParams:
+    """Fitted generator of one model.
+
+    ``logits [C, E]`` per-type expert logits; ``weights [2, C]`` type weights of the pool and
+    eval windows; ``tilt [2, E]`` per-window popularity tilt; ``kernel [D + 1]`` co-selection
+    score added per already-picked expert at id distance ``d`` (``kernel[0] = 0``);
+    ``rows [2]`` rows per window.
+    """
+
+    model: str
+    num_experts: int
+    top_k: int
+    logits: np.ndarray
+    weights: np.ndarray
+    tilt: np.ndarray
+    kernel: np.ndarray
+    rows: tuple[int, int]
+    fit_seed: int = 0
+
+    def count(self) -> int:
+        """How many fitted numbers the generator holds."""
+        return self.logits.size + self.weights.size + self.tilt.size + self.kernel.size - 1
+
+    def to_json(self) -> dict:
+        r = lambda a, d: np.round(np.asarray(a, dtype=np.float64), d).tolist()  # noqa: E731
+        return {
+            "model": self.model, "num_experts": self.num_experts, "top_k": self.top_k,
+            "rows": {w: int(n) for w, n in zip(WINDOWS, self.rows)}, "fit_seed": self.fit_seed,
+            "types": int(self.logits.shape[0]),
+            "logits": r(self.logits, 3), "weights": {w: r(p, 5) for w, p in zip(WINDOWS, self.weights)},
+            "tilt": {w: r(t, 3) for w, t in zip(WINDOWS, self.tilt)},
+            "kernel": r(self.kernel, 4),
+        }
+
+    @staticmethod
+    def from_json(d: dict, source: str = "<json>") -> "SynthParams":
+        try:
+            p = SynthParams(
+                model=str(d["model"]), num_experts=int(d["num_experts"]), top_k=int(d["top_k"]),
+                logits=np.asarray(d["logits"], dtype=np.float64),
+                weights=np.asarray([d["weights"][w] for w in WINDOWS], dtype=np.float64),
+                tilt=np.asarray([d["tilt"][w] for w in WINDOWS], dtype=np.float64),
+                kernel=np.asarray(d["kernel"], dtype=np.float64),
+                rows=tuple(int(d["rows"][w]) for w in WINDOWS), fit_seed=int(d.get("fit_seed", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ZeppInputError(f"{source}: not a synthetic-trace parameter file ({exc!r})") from None
+        c, e = p.logits.shape if p.logits.ndim == 2 else (0, 0)
+        if (e != p.num_experts or p.weights.shape != (2, c) or p.tilt.shape != (2, e)
+                or p.kernel.ndim != 1 or not 1 <= p.kernel.size <= e):
+            raise ZeppInputError(f"{source}: parameter shapes disagree (logits {p.logits.shape}, experts {e})")
+        return p
+
+
+# ---------------------------------------------------------------- generation
+
+
+def _draw(scores: np.ndarray, k: int, kernel: np.ndarray) -> np.ndarray:
+    """Pick ``k`` distinct experts per row, greedily, from ``scores [n, E]`` (logits + Gumbel
+    noise; modified in place); after each pick the others' scores gain ``kernel[|e - pick|]``.
+    Returns ``[n, k]`` int32, sorted per row."""
+    n, e = scores.shape
+    d = kernel.size - 1
+    # Padding by d columns each side lets the kernel window be added without clipping.
+    pad = np.full((n, e + 2 * d), -np.inf, dtype=scores.dtype)
+    pad[:, d:d + e] = scores
+    offsets = np.arange(-d, d + 1)
+    window = kernel[np.abs(offsets)].astype(scores.dtype)
+    rows = np.arange(n)
+    out = np.empty((n, k), dtype=np.int32)
+    for s in range(k):  # loop over the k picks, vectorised over tokens
+        c = np.argmax(pad, axis=1)
+        out[:, s] = c - d
+        pad[rows, c] = -np.inf
+        if d and s < k - 1:
+            pad[rows[:, None], c[:, None] + offsets[None, :]] += window
+    return np.sort(out, axis=1)
+
+
+def sample_window(params: SynthParams, window: str, rows: int, seed, chunk: int = 8192) -> np.ndarray:
+    """``[rows, k]`` int32 synthetic rows of ``window`` (``pool`` or ``eval``)."""
+    w = WINDOWS.index(window)
+    rng = np.random.default_rng(seed)
+    types = rng.choice(params.logits.shape[0], size=rows, p=params.weights[w] / params.weights[w].sum())
+    out = np.empty((rows, params.top_k), dtype=np.int32)
+    base = (params.logits + params.tilt[w]).astype(np.float32)
+    for lo in range(0, rows, chunk):  # chunks bound the [n, E] score buffer
+        z = types[lo:lo + chunk]
+        scores = base[z] + rng.gumbel(size=(len(z), params.num_experts)).astype(np.float32)
+        out[lo:lo + chunk] = _draw(scores, params.top_k, params.kernel)
+    return out
+
+
+def _data_file(model: str):
+    return resources.files("zepp") / "data" / f"synth_{model}.json"
+
+
+def load_params(model: str, path=None) -> SynthParams:
+    """The shipped parameters of ``model`` (or those in ``path``)."""
+    if path is None:
+        f = _data_file(model)
+        if not f.is_file():
+            raise ZeppInputError(
+                f"no fitted skew profile {model!r}; profiles: {', '.join(PROFILES)} (every model preset draws "
+                f"its built-in traces from one of them: synthetic_traces(model, profile=...))"
+            )
+        text, source = f.read_text(), f"zepp/data/synth_{model}.json"
+    else:
+        text, source = Path(path).read_text(), str(path)
+    return SynthParams.from_json(json.loads(text), source)
+
+
+def save_params(params: SynthParams, path) -> None:
+    Path(path).write_text(json.dumps(params.to_json(), separators=(",", ":")) + "\n")
+
+
+def default_profile(model_name: str) -> str:
+    """The skew profile a preset's built-in traces come from: its own fit where one exists
+    (``k2``, ``qwen``), else ``k2`` for models with more than 128 experts and ``qwen`` otherwise
+    (the fitted model closest in expert count)."""
+    from zepp.model import model_preset
+
+    if model_name in PROFILES:
+        return model_name
+    return "k2" if model_preset(model_name).num_experts > 128 else "qwen"
+
+
+def _live_columns(p: SynthParams, n: int) -> np.ndarray:
+    """``n`` evenly spaced expert ids among those both windows select (tilt above the floor)."""
+    live = np.flatnonzero((p.tilt > _NEG / 2).all(axis=0))
+    if live.size < n:
+        live = np.arange(p.num_experts)
+    return live[(np.arange(n) * live.size) // n]
+
+
+def adapt_params(src: SynthParams, num_experts: int, top_k: int, model: str) -> SynthParams:
+    """A generator for ``num_experts`` / ``top_k`` with the skew of ``src``.
+
+    Fewer experts: evenly spaced live experts of ``src`` keep their per-type logits and tilts
+    (so popularity skew, drift between windows and token types carry over). More experts: each
+    source expert is split into equal parts (logit minus ``log(parts)``: the group keeps its
+    share). The co-selection kernel is rescaled in id distance (``d -> d * E_src / E``).
+    """
+    e_s, e_t = src.num_experts, int(num_experts)
+    if e_t <= e_s:
+        cols = _live_columns(src, e_t)
+        logits, tilt = src.logits[:, cols], src.tilt[:, cols]
+    else:
+        cols = (np.arange(e_t) * e_s) // e_t
+        parts = np.bincount(cols, minlength=e_s)[cols]
+        logits, tilt = src.logits[:, cols] - np.log(parts), src.tilt[:, cols]
+    d_s = src.kernel.size - 1
+    d_t = max(1, min(e_t - 1, e_t // 4))
+    idx = np.minimum(np.rint(np.arange(d_t + 1) * e_s / e_t).astype(int), d_s)
+    kernel = src.kernel[idx].copy()
+    kernel[0] = 0.0
+    if top_k > e_t:
+        raise ZeppInputError(f"model {model!r}: top-{top_k} exceeds its {e_t} experts")
+    return SynthParams(model, e_t, int(top_k), logits, src.weights.copy(), tilt, kernel, src.rows, src.fit_seed)
+
+
+def synthetic_traces(model_name: str, seed: int = 0, params: SynthParams | None = None,
+                     profile: str | None = None) -> tuple[Trace, Trace]:
+    """``(pool, eval)`` synthetic traces of ``model_name``, with the real windows' row counts.
+
+    Every model preset has them: drawn from skew ``profile`` (``k2`` or ``qwen``, default
+    :func:`default_profile`) adapted to the preset's experts and top-k (:func:`adapt_params`);
+    the traces' ``source`` names the profile. The same ``seed`` gives the same rows.
+    ``params`` overrides the generator. Shipped-profile draws are cached per
+    ``(model, profile, seed)``; each call returns fresh copies.
+    """
+    if params is None:
+        from zepp.model import model_preset
+
+        spec = model_preset(model_name)
+        prof = default_profile(model_name) if profile is None else profile
+        if prof not in PROFILES:
+            raise ZeppInputError(f"unknown skew profile {prof!r}; choose one of {', '.join(PROFILES)}")
+        ids = _cached_windows(spec.name, prof, int(seed))
+        e = spec.num_experts
+        tag = f"synthetic:{spec.name}/{{w}}(seed={seed})" if prof == spec.name else \
+            f"synthetic:{spec.name}/{{w}}(profile={prof},seed={seed})"
+    else:
+        ids = _windows(params, int(seed))
+        e = params.num_experts
+        tag = f"synthetic:{params.model}/{{w}}(seed={seed})"
+    return tuple(  # type: ignore[return-value]
+        Trace(a.copy(), e, tag.format(w=window)) for a, window in zip(ids, WINDOWS)
+    )
+
+
+def synthetic_history(model_name: str, profile: str | None = None, seed: int = 0, window: str = "pool",
+                      layers: tuple[int, ...] | None = None):
+    """A multi-layer :class:`~zepp.interop.history.LayerHistory` of built-in synthetic traces: MoE layer
+    ``j`` (of ``M``) is ``window``'s rows with expert ids rotated by ``j * E // M`` (the hot
+    experts move from layer to layer, as in real models), each layer's rows in an order of its
+    own (seeded). ``layers``: model layer indices (default every MoE layer of the preset)."""
+    from zepp.interop.history import history_from_traces
+    from zepp.model import model_preset
+
+    spec = model_preset(model_name)
+    pool, ev = synthetic_traces(model_name, seed=seed, profile=profile)
+    base = pool if window == "pool" else ev
+    layers = tuple(spec.moe_layers if layers is None else layers)
+    m = len(layers)
+    e = spec.num_experts
+    traces = []
+    for j, layer in enumerate(layers):
+        order = np.random.default_rng([seed, 7, j]).permutation(len(base))
+        ids = (base.topk_ids[order] + (j * e) // m) % e
+        traces.append(Trace(ids.astype(np.int32), e, f"{base.source}:layer{layer}"))
+    return history_from_traces(traces, layers, base.source[:-1] + f",layers={m})", "synthetic")
+
+
+def _windows(p: SynthParams, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # Distinct seed-derived streams per window.
+    return tuple(sample_window(p, window, p.rows[w], seed=[seed, w]) for w, window in enumerate(WINDOWS))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_windows(model_name: str, profile: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from zepp.model import model_preset
+
+    p = load_params(profile)
+    spec = model_preset(model_name)
+    if model_name != profile or (spec.num_experts, spec.top_k) != (p.num_experts, p.top_k):
+        p = adapt_params(p, spec.num_experts, spec.top_k, model_name)
+    return _windows(p, seed)
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def _em(ids: list[np.ndarray], num_experts: int, types: int, iters: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Mixture of multinomials over rows of several windows; shared type distributions.
+
+    ``ids[w] [N_w, k]`` -> ``(log_p [C, E], pi [W, C])``.
+    """
+    e = num_experts
+    all_ids = np.concatenate(ids)
+    win = np.concatenate([np.full(len(a), w) for w, a in enumerate(ids)])
+    n = len(all_ids)
+    resp = rng.dirichlet(np.ones(types), size=n)  # random soft start
+    flat = all_ids.ravel()
+    for _ in range(iters):
+        # M-step (loop over types: C is small)
+        counts = np.stack([np.bincount(flat, weights=np.repeat(resp[:, z], all_ids.shape[1]), minlength=e)
+                           for z in range(types)])
+        p = (counts + 1e-3) / (counts + 1e-3).sum(axis=1, keepdims=True)
+        pi = np.stack([resp[win == w].mean(axis=0) for w in range(len(ids))])
+        # E-step
+        log_p = np.log(p)
+        ll = log_p[:, all_ids].sum(axis=2).T + np.log(pi[win] + 1e-300)  # [n, C]
+        ll -= ll.max(axis=1, keepdims=True)
+        resp = np.exp(ll)
+        resp /= resp.sum(axis=1, keepdims=True)
+    return np.log(p), pi
+
+
+def _pair_distance_counts(ids: np.ndarray, dmax: int) -> np.ndarray:
+    """Co-selected pairs per id distance ``d = 0..dmax`` (``[dmax + 1]``; pairs farther are dropped)."""
+    k = ids.shape[1]
+    i, j = np.triu_indices(k, 1)
+    dist = np.abs(ids[:, i].astype(np.int64) - ids[:, j]).ravel()
+    return np.bincount(dist[dist <= dmax], minlength=dmax + 1).astype(np.float64)
+
+
+def fit_synth(pool: Trace, eval_: Trace, types: int = 8, kernel_range: int | None = None, em_iters: int = 60,
+              scale_iters: int = 25, mc_factor: int = 3, seed: int = 0, model: str | None = None) -> SynthParams:
+    """Fit the generator to a real ``(pool, eval)`` pair (see the module docstring).
+
+    ``types``: latent token types ``C``. ``kernel_range``: largest id distance ``D`` of the
+    co-selection kernel (default ``E // 4``, the home block of 4 nodes). ``mc_factor``: the
+    Monte Carlo sample is ``mc_factor`` times a window's rows. Deterministic for a ``seed``.
+    """
+    if pool.num_experts != eval_.num_experts or pool.top_k != eval_.top_k:
+        raise ZeppInputError("fit_synth: pool and eval traces must have the same num_experts and top_k")
+    e, k = pool.num_experts, pool.top_k
+    dmax = max(1, min(e - 1, e // 4 if kernel_range is None else int(kernel_range)))
+    rng = np.random.default_rng(seed)
+    log_p, pi = _em([pool.topk_ids, eval_.topk_ids], e, types, em_iters, rng)
+
+    windows = (pool, eval_)
+    targets = [t.expert_load() / t.topk_ids.size for t in windows]  # popularity per window
+    pair_target = sum(_pair_distance_counts(t.topk_ids, dmax) / len(t) for t in windows)
+    base = []
+    for w, t in enumerate(windows):  # fixed Monte Carlo sample per window
+        m = mc_factor * len(t)
+        z = np.repeat(np.arange(types), np.round(pi[w] * m).astype(int))  # stratified types
+        g = np.random.default_rng([seed, w]).gumbel(size=(len(z), e)).astype(np.float32)
+        base.append(g + log_p[z].astype(np.float32))
+    tilt = np.stack([np.where(tg == 0, _NEG, 0.0) for tg in targets])
+    kernel = np.zeros(dmax + 1)
+    # Damped (half-step) updates: a full step overshoots, as both fits move each other.
+    for _ in range(scale_iters):
+        pair_sim = np.zeros(dmax + 1)
+        for w in range(2):
+            top = _draw(base[w] + tilt[w].astype(np.float32), k, kernel)
+            sim = np.bincount(top.ravel(), minlength=e) / top.size
+            ok = targets[w] > 0
+            tilt[w, ok] += 0.5 * np.log(targets[w][ok] / np.maximum(sim[ok], 0.25 / top.size))
+            tilt[w, ok] -= tilt[w, ok].mean()
+            pair_sim += _pair_distance_counts(top, dmax) / len(top)
+        kernel[1:] += 0.5 * np.log(np.maximum(pair_target[1:], 1e-9) / np.maximum(pair_sim[1:], 1e-9))
+    return SynthParams(model or "?", e, k, log_p, pi, tilt, kernel, (len(pool), len(eval_)), seed)
+
+
+# ---------------------------------------------------------------- the statistics it is judged on
+
+
+def home_nodes(ids: np.ndarray, num_experts: int, nodes: int) -> np.ndarray:
+    """Node of each id under home placement (expert ``e`` on node ``e // (E / N)``)."""
+    if num_experts % nodes:
+        raise ZeppInputError(f"{num_experts} experts do not split evenly over {nodes} nodes")
+    return ids // (num_experts // nodes)
+
+
+def distinct_nodes(ids: np.ndarray, num_experts: int, nodes: int) -> float:
+    """Mean number of distinct home nodes per token (``ids [..., k]``)."""
+    s = np.sort(home_nodes(ids, num_experts, nodes), axis=-1)
+    return float((1 + (s[..., 1:] != s[..., :-1]).sum(-1)).mean())
+
+
+def merge_saving(batch: np.ndarray, num_experts: int, nodes: int, gpus_per_node: int = 4) -> float:
+    """Fraction of inter-node rows merging removes, under home placement.
+
+    ``batch [R, T, k]``, token of rank ``r`` on node ``r // L``. Without merging every entry
+    whose expert lives on another node is one row on the wire; with merging, one row per
+    (token, remote node). Returns ``1 - merged / per_entry``.
+    """
+    r = batch.shape[0]
+    own = (np.arange(r) // gpus_per_node)[:, None, None]
+    g = home_nodes(batch, num_experts, nodes)
+    remote = g != own
+    s = np.sort(np.where(remote, g, -1), axis=-1)
+    merged = ((s[..., 1:] != s[..., :-1]) & (s[..., 1:] >= 0)).sum() + (s[..., 0] >= 0).sum()
+    return float(1 - merged / max(1, remote.sum()))
+
+
+def batch_skew(batches: np.ndarray, num_experts: int) -> float:
+    """Mean over iterations of max / mean entries per expert: ``batches [iters, R, T, k]``."""
+    flat = batches.reshape(batches.shape[0], -1)
+    loads = np.stack([np.bincount(b, minlength=num_experts) for b in flat])
+    return float((loads.max(axis=1) / (flat.shape[1] / num_experts)).mean())
+
+
+def gpu_skew(batches: np.ndarray, num_experts: int) -> float:
+    """Mean over iterations of max / mean rows per GPU under home placement (expert ``e`` on
+    rank ``e // (E / R)``): ``batches [iters, R, T, k]``."""
+    r = batches.shape[1]
+    if num_experts % r:
+        raise ZeppInputError(f"{num_experts} experts do not split evenly over {r} GPUs")
+    flat = (batches // (num_experts // r)).reshape(batches.shape[0], -1)
+    loads = np.stack([np.bincount(b, minlength=r) for b in flat])
+    return float((loads.max(axis=1) / (flat.shape[1] / r)).mean())
+
+
+def popularity_tv(a: Trace, b: Trace) -> float:
+    """Total-variation distance between the expert popularity (entry shares) of two traces."""
+    pa = a.expert_load() / a.topk_ids.size
+    pb = b.expert_load() / b.topk_ids.size
+    return float(0.5 * np.abs(pa - pb).sum())
+
+
+def pair_concentration(ids: np.ndarray, num_experts: int, top: float = 0.01) -> float:
+    """Share of co-selected pairs that fall on the ``top`` fraction of most frequent expert pairs."""
+    k = ids.shape[1]
+    i, j = np.triu_indices(k, 1)
+    a = np.minimum(ids[:, i], ids[:, j]).astype(np.int64)
+    b = np.maximum(ids[:, i], ids[:, j]).astype(np.int64)
+    counts = np.sort(np.bincount((a * num_experts + b).ravel(), minlength=num_experts**2))[::-1]
+    n_pairs = num_experts * (num_experts - 1) // 2
+    return float(counts[: max(1, int(top * n_pairs))].sum() / counts.sum())
+
+
+def trace_statistics(pool: Trace, eval_: Trace, tokens_per_gpu: int, node_counts=(4, 8, 16),
+                     gpus_per_node: int = 4, iters: int = 4, seed: int = 0) -> dict:
+    """The statistics that drive the benchmark's results, for one ``(pool, eval)`` pair.
+
+    Batches are sampled from ``eval`` as the benchmark does (``tokens_per_gpu`` per rank).
+    Keys: ``skew@{N}`` (max/mean expert load per batch at ``N * L`` ranks), ``gpu_skew@{N}``
+    (:func:`gpu_skew`, home placement), ``nodes@{N}``
+    (distinct home nodes per eval token), ``merge@{N}`` (:func:`merge_saving`), ``drift_tv``
+    (:func:`popularity_tv` of pool vs eval), ``pairs_top1pct`` (:func:`pair_concentration`).
+    """
+    from zepp.traces.sampling import sample_batches
+
+    e = eval_.num_experts
+    out: dict[str, float] = {}
+    for n in node_counts:
+        b = sample_batches(eval_, n * gpus_per_node, tokens_per_gpu, iters, seed)
+        out[f"skew@{n}"] = batch_skew(b, e)
+        out[f"gpu_skew@{n}"] = gpu_skew(b, e)
+        out[f"nodes@{n}"] = distinct_nodes(eval_.topk_ids, e, n)
+        out[f"merge@{n}"] = float(np.mean([merge_saving(x, e, n, gpus_per_node) for x in b]))
+    out["drift_tv"] = popularity_tv(pool, eval_)
+    out["pairs_top1pct"] = pair_concentration(eval_.topk_ids, e)
+    return out

@@ -1,0 +1,144 @@
+"""``zepp bench``: the documented JSON schema, written as configurations finish, ``--resume``,
+bit-identical repeats, and one clear error per bad option."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from zepp import registry
+from zepp.cli.bench import bench
+from zepp.cli import main
+from zepp.sim.measured import measured_ms
+
+SMALL = ["--nodes", "1", "--models", "k2", "--budgets", "1", "--iters", "2", "--warmup", "1", "--jobs", "1"]
+
+
+def write_traces(root, rng, dirs=(("k2", 384), ("qwen3", 128))):
+    for sub, experts in dirs:
+        d = root / sub
+        d.mkdir(parents=True)
+        for window in ("pool", "eval"):
+            ids = np.argsort(rng.random((300, experts)), axis=1)[:, :8]
+            ids[:, :7].sort(axis=1)
+            (d / f"{window}.txt").write_text("\n".join(" ".join(map(str, r)) for r in ids) + "\n")
+
+
+def test_bench_json_schema(tmp_path):
+    write_traces(tmp_path / "traces", np.random.default_rng(0))
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(bench, ["--traces", str(tmp_path / "traces"), *SMALL, "--json", str(out),
+                                     "--plot", str(tmp_path / "b.png")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"rows", "geomean_speedup"}
+    assert len(data["rows"]) == 1
+    row = data["rows"][0]
+    assert set(row) == {"cluster", "nodes", "gpus_per_node", "model", "budget_mb", "latency_ms", "lower_bound_ms",
+                        "measured_ms", "variant", "run"}
+    assert (row["cluster"], row["nodes"], row["model"], row["budget_mb"]) == ("a100", 1, "k2", 1.0)
+    variants = registry.SYSTEMS["zepp"].best_of
+    assert set(row["latency_ms"]) == set(registry.PAPER_BASELINES) | {"zepp", *variants}
+    best_variant = min(variants, key=lambda s: row["latency_ms"][s])
+    assert row["latency_ms"]["zepp"] == row["latency_ms"][best_variant] and row["variant"]["zepp"] == best_variant
+    assert all(v >= row["lower_bound_ms"] for v in row["latency_ms"].values())
+    assert set(row["measured_ms"]) == set(registry.PAPER_BASELINES)
+    assert all(v is None for v in row["measured_ms"].values())
+    best = min(row["latency_ms"][s] for s in registry.PAPER_BASELINES)
+    assert data["geomean_speedup"] == best / row["latency_ms"]["zepp"]
+    assert (tmp_path / "b.png").stat().st_size > 0
+    assert "speedup" in res.output and "1 configuration," in res.output
+
+
+def test_repeat_is_bit_identical_and_resume_skips_stored_rows(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["--nodes", "1", "--models", "qwen", "--budgets", "1,2", "--iters", "2", "--warmup", "1",
+            "--systems", "a2av,zepp-overlap"]
+    r1 = CliRunner().invoke(bench, [*args, "--json", str(a), "--jobs", "1"])
+    r2 = CliRunner().invoke(bench, [*args, "--json", str(b), "--jobs", "2"])
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    la = [r["latency_ms"] for r in json.loads(a.read_text())["rows"]]
+    assert la == [r["latency_ms"] for r in json.loads(b.read_text())["rows"]]  # every digit, any worker count
+    # keep only the first configuration, as if the run had been killed after it
+    data = json.loads(a.read_text())
+    data["rows"] = data["rows"][:1]
+    a.write_text(json.dumps(data))
+    a.with_name("a.detail.json").unlink()
+    r3 = CliRunner().invoke(bench, [*args, "--json", str(a), "--jobs", "1", "--resume"])
+    assert r3.exit_code == 0, r3.output
+    assert "1 of 2 configurations already" in r3.output
+    assert [r["latency_ms"] for r in json.loads(a.read_text())["rows"]] == la
+
+
+def test_measured_cells_come_from_the_paper():
+    m = measured_ms("a100", 4, "k2", 1)
+    assert m["a2av"] == 5.36 and m["comet+eplb"] == 3.68
+    assert measured_ms("a100", 32, "k2", 64)["a2av"] == 368.6
+    assert measured_ms("h100", 4, "qwen", 1)["a2av"] is None
+
+
+@pytest.mark.parametrize("args,word", [
+    (["--systems", "nope"], "unknown system(s) nope"),
+    (["--systems", "zepp-p2p"], "not supported by this command"),
+    (["--nodes", "5", "--models", "k2"], "divide"),
+    (["--budgets", "inf"], "budget"),
+    (["--jobs", "0"], "--jobs"),
+    (["--resume"], "--resume needs --json"),
+    (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+])
+def test_bad_options_fail_clearly(tmp_path, capsys, args, word):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_traces_folder_names_what_it_looked_for(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--traces", str(tmp_path / "missing")])
+    assert info.value.code == 2
+    assert "not a directory" in capsys.readouterr().err
+    write_traces(tmp_path / "t", np.random.default_rng(1), dirs=(("k2", 384),))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--traces", str(tmp_path / "t"), "--models", "qwen", "--nodes", "1"])
+    assert info.value.code == 2
+    assert "pool.txt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_ends_every_worker(tmp_path, sig):
+    """SIGTERM / Ctrl-C to ``zepp bench`` ends its worker processes too (none outlive it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "zepp.cli", "bench", "--nodes", "16", "--models", "k2",
+                             "--budgets", "16", "--jobs", "2", "--json", str(tmp_path / "x.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    workers = []
+    while time.monotonic() < deadline and len(workers) < 3:  # two workers and the resource tracker
+        time.sleep(0.5)
+        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid]
+    assert len(workers) >= 3, f"the bench did not start its workers ({workers})"
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=60)
+    time.sleep(0.5)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and _ppid(w) is not None]
+    assert not alive, f"workers {alive} outlived zepp bench after {sig}"
+    assert "Traceback" not in proc.stderr.read().decode()
+
+
+def _ppid(pid: int):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is gone
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])

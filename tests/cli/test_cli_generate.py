@@ -1,0 +1,213 @@
+"""zepp generate: option checks (one line, before any rank starts), the --record layout read back,
+--history, --check, faults (a rank that dies or hangs ends every rank, naming it), checkpoint
+layouts and the emulated cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from zepp.errors import RankFailure, ZeppInputError  # noqa: E402
+from zepp.serve.tiny import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(str(tmp_path_factory.mktemp("qwen")), "qwen3_moe", experts=8, top_k=2, layers=2)
+
+
+@pytest.fixture
+def reqs(tmp_path):
+    p = tmp_path / "req.json"
+    rng = np.random.default_rng(5)
+    p.write_text(json.dumps({"input_ids": [rng.integers(0, 128, n).tolist() for n in (3, 9, 5, 12, 7)]}))
+    return str(p)
+
+
+def _zepp(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "zepp.cli", "generate", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _validate(**kw):
+    from zepp.cli.generate import validate
+
+    o = dict(checkpoint=None, nodes=1, gpus_per_node=2, system="a2av", input_ids=None, max_new_tokens=4,
+             json_path=None, check=False, emulate=False, rate_mbit=None, record=None, history=None, device="cpu",
+             relaxation=0.25, extra=2, timeout=30.0, threads=1, fault=None)
+    o.update(kw)
+    return validate(o)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(checkpoint="/nonexistent"), "is not a folder"),
+    (dict(nodes=0), "--nodes must be at least 1"),
+    (dict(system="nope"), "unknown system"),
+    (dict(system="comet"), "not supported"),
+    (dict(rate_mbit=500.0), "add --emulate"),
+    (dict(gpus_per_node=3), "do not divide over 3 ranks"),
+    (dict(history="/nonexistent"), "no layer_000.txt"),
+    (dict(max_new_tokens=0), "--max-new-tokens must be at least 1"),
+    (dict(device="tpu"), "--device must be"),
+])
+def test_bad_options_are_one_clear_error(ckpt, reqs, kw, msg):
+    kw = {"checkpoint": ckpt, "input_ids": reqs, **kw}
+    with pytest.raises(ZeppInputError, match=msg):
+        _validate(**kw)
+
+
+def test_bad_input_ids(ckpt, tmp_path):
+    for body, msg in (({"input_ids": [[1, 2], [500]]}, r"request 1 holds 500"), ({"ids": []}, "expected"),
+                      ({"input_ids": [[]]}, "request 0 is not a non-empty list"),
+                      ({"input_ids": [[1]], "max_new_tokens": [0]}, "max_new_tokens must be")):
+        p = tmp_path / "bad.json"
+        p.write_text(json.dumps(body))
+        with pytest.raises(ZeppInputError, match=msg):
+            _validate(checkpoint=ckpt, input_ids=str(p))
+    r = _zepp("--checkpoint", ckpt, "--input-ids", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("zepp: error: --input-ids")
+
+
+def test_record_then_history_with_check(ckpt, reqs, tmp_path):
+    from zepp.traces.sampling import read_load_histogram, read_trace
+
+    rec, out = tmp_path / "rec", tmp_path / "out.json"
+    r = _zepp("--checkpoint", ckpt, "--nodes", "1", "--gpus-per-node", "2", "--system", "a2av", "--input-ids", reqs,
+              "--max-new-tokens", "6", "--record", str(rec), "--check", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["system"] == "a2av" and rep["matches_reference"] and len(rep["output_ids"]) == 5
+    assert all(len(o) == 6 for o in rep["output_ids"]) and rep["prefill_tokens_per_s"] > 0
+    rows = sum(rep["rows_per_step"])
+    for i in range(2):
+        tr = read_trace(str(rec / f"layer_{i:03d}.txt"), num_experts=8, top_k=2)
+        assert len(tr) == rows  # every live token of every step, nothing else
+        assert np.array_equal(read_load_histogram(str(rec / "load.json"), layer=i),
+                              np.bincount(tr.topk_ids.ravel(), minlength=8))
+    r = _zepp("--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "1", "--system", "eplb,zepp-overlap",
+              "--history", str(rec), "--input-ids", reqs, "--max-new-tokens", "6", "--check", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rep2 = json.loads(out.read_text())
+    assert rep2["systems"]["eplb"]["output_ids"] == rep["output_ids"]
+    assert all(s["matches_reference"] for s in rep2["systems"].values())
+
+
+@pytest.mark.parametrize("mode", ["die", "hang"])
+def test_fault_ends_every_rank_naming_it(ckpt, reqs, mode):
+    from zepp.launch.generate import spawn_generate
+    from zepp.serve.rank import default_config
+
+    cfg = default_config()
+    cfg.update(checkpoint=ckpt, nodes=1, gpus_per_node=2, systems=["zepp-overlap"],
+               requests=[[1, 2, 3], [4, 5]], max_new=[8, 8], timeout=8.0,
+               fault={"rank": 1, "step": 3, "mode": mode})
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as ei:
+        spawn_generate(cfg, grace=10.0)
+    assert time.monotonic() - t0 < 120
+    text = str(ei.value)
+    first = text.splitlines()[0]
+    assert first.startswith("rank 1 died (fault injection)" if mode == "die" else "rank 1 hung"), first
+    assert "; rank 0 " not in first  # the peer that only noticed the failure is not blamed
+    assert not _my_ranks()
+
+
+def _my_ranks() -> list[int]:
+    """Pids of rank processes this test process started that are still alive."""
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            cmd = open(f"/proc/{p}/cmdline").read()
+        except OSError:
+            continue
+        if ppid == os.getpid() and "zepp.serve.rank" in cmd:
+            out.append(int(p))
+    return out
+
+
+def test_stacked_checkpoint_layout(tmp_path):
+    """transformers 5's stacked expert tensors: only the asked row is read."""
+    from safetensors.torch import save_file
+
+    from zepp.serve.checkpoint import Checkpoint
+
+    (tmp_path / "config.json").write_text("{}")
+    gu, dn = torch.randn(4, 6, 5), torch.randn(4, 5, 3)
+    save_file({"m.layers.0.mlp.experts.gate_up_proj": gu, "m.layers.0.mlp.experts.down_proj": dn},
+              str(tmp_path / "model.safetensors"))
+    ck = Checkpoint(tmp_path)
+    a, b = ck.expert_weights("m.layers.0.mlp", 2)
+    assert torch.equal(a, gu[2]) and torch.equal(b, dn[2])
+    assert ck.bytes_read == (6 * 5 + 5 * 3) * 4
+    with pytest.raises(ZeppInputError, match="no weights of expert"):
+        ck.expert_weights("m.layers.1.mlp", 0)
+
+
+def test_deal_balances_prompt_tokens():
+    from zepp.serve.engine import deal
+
+    d = deal([10, 1, 1, 1, 9, 2], 2)
+    assert sorted(sum(d, [])) == list(range(6))
+    load = [sum([10, 1, 1, 1, 9, 2][i] for i in r) for r in d]
+    assert max(load) - min(load) <= 1
+    assert deal([3], 4) == [[0], [], [], []]  # ranks without requests still take part
+
+
+def _netns_ok():
+    try:
+        from zepp.emulate.topology import availability
+
+        return availability()
+    except Exception as exc:  # noqa: BLE001
+        return False, str(exc)
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(not _netns_ok()[0], reason=f"emulated cluster unavailable: {_netns_ok()[1]}")
+def test_emulated_cluster(ckpt, reqs, tmp_path):
+    out = tmp_path / "emu.json"
+    r = _zepp("--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "1", "--system", "zepp-direct", "--emulate",
+              "--rate-mbit", "500", "--input-ids", reqs, "--max-new-tokens", "4", "--check", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["matches_reference"]
+    wire = rep["wire_nic_tx_bytes"]
+    assert wire is not None and wire["total"] >= rep["nic_bytes"] > 0
+
+
+def test_unknown_block_parts_are_refused():
+    """A MoE block with a part zepp would silently drop is refused, naming the part."""
+    from torch import nn
+
+    from zepp.serve.blocks import UnsupportedBlock, find_moe_blocks
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.zeros(4, 6, 5))
+            self.down_proj = nn.Parameter(torch.zeros(4, 5, 3))
+            self.act_fn = nn.SiLU()
+
+    class Router(nn.Module):
+        top_k = 2
+
+    class Block(nn.Module):
+        def __init__(self, extra):
+            super().__init__()
+            self.gate, self.experts = Router(), Experts()
+            if extra:
+                self.bias_mlp = nn.Linear(5, 5)
+
+    assert [n for n, _ in find_moe_blocks(nn.Sequential(Block(False)))] == ["0"]
+    with pytest.raises(UnsupportedBlock, match="bias_mlp"):
+        find_moe_blocks(nn.Sequential(Block(True)))

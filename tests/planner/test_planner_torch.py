@@ -1,0 +1,339 @@
+"""The torch planner equals the numpy planner element for element: routing ``slot [R, T, k]``
+and every column of both hop tables, for every routing and transport pair, on random clusters
+(1-4 nodes x 1-4 GPUs), skews and degenerate batches (T=0, k=1, one hot expert, one node,
+missing entries), with host reads allowed (``sync=True``) and without (``sync=False``, the
+capturable path). On CUDA tensors too when a GPU is present."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zepp.planner.torch as tp
+from zepp.errors import ZeppInputError
+from zepp.planner.flows import build_flows
+from zepp.planner.types import Placement
+from zepp.planner.routing import route
+from zepp.planner.torch.routing import TORCH_ROUTINGS
+
+COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
+PAIRS = (("a2av", None), ("dedup", None), ("relay", None), ("relay", "reduce"), ("relay", "reduce-direct"),
+         ("zepp", None), ("zepp", "reduce-direct"), ("zepp", "dedup"), ("zepp", "a2av"), ("allgather", None))
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def random_placement(rng, nodes, L, per_rank, extra):
+    """Home layout plus ``extra`` random replicas per rank (any expert, duplicates allowed)."""
+    R = nodes * L
+    E = R * per_rank
+    se = np.full((R, per_rank + extra), -1, np.int32)
+    se[:, :per_rank] = np.arange(E).reshape(R, per_rank)
+    if extra:
+        se[:, per_rank:] = rng.integers(-1, E, size=(R, extra))
+    return Placement(se, E, L)
+
+
+def skewed_batch(rng, R, T, k, E, alpha):
+    weights = np.arange(1, E + 1, dtype=float) ** -alpha
+    weights = rng.permutation(weights / weights.sum())
+    keys = rng.random((R * T, E)) ** (1.0 / weights)
+    return np.argsort(-keys, axis=1)[:, :k].reshape(R, T, k).astype(np.int32)
+
+
+def assert_same_plan(ids, pl, name, relaxation, device, sync):
+    ref = route(name, ids, pl, relaxation)
+    got = tp.route(name, torch.as_tensor(ids, device=device), pl, relaxation, sync=sync)
+    assert got.slot.device.type == device
+    np.testing.assert_array_equal(got.slot.cpu().numpy(), ref.slot, err_msg=f"routing {name}")
+    if got.unplaced is not None:
+        assert int(got.unplaced) == 0
+    for dispatch, combine in PAIRS:
+        want = build_flows(ref, dispatch, 16, combine)
+        have = tp.build_flows(got, dispatch, 16, combine)
+        for phase in ("dispatch", "combine"):
+            w, h = getattr(want, phase), getattr(have, phase)
+            assert int(h.count) == w.size, f"{name} {dispatch}/{combine} {phase}: {int(h.count)} hops, want {w.size}"
+            hn = h.to_numpy()
+            for c in COLS:
+                np.testing.assert_array_equal(getattr(hn, c), getattr(w, c),
+                                              err_msg=f"{name} {dispatch}/{combine} {phase}.{c}")
+                assert getattr(hn, c).dtype == getattr(w, c).dtype
+            # the buffer tail past the count is zero (fixed-capacity layout)
+            assert not bool(h.src[int(h.count):].any())
+        assert have.to_numpy().transport == want.transport
+
+
+cases = st.fixed_dictionaries({
+    "nodes": st.integers(1, 4),
+    "L": st.integers(1, 4),
+    "per_rank": st.integers(1, 3),
+    "extra": st.integers(0, 3),
+    "T": st.integers(0, 10),
+    "k": st.integers(1, 4),
+    "alpha": st.sampled_from([0.0, 1.0, 3.0]),
+    "relaxation": st.sampled_from([0.0, 0.1, 0.25, 0.5]),
+    "hot": st.booleans(),
+    "missing": st.sampled_from([0.0, 0.0, 0.2, 1.0]),
+    "seed": st.integers(0, 2**16),
+})
+
+
+def make_case(case):
+    rng = np.random.default_rng(case["seed"])
+    pl = random_placement(rng, case["nodes"], case["L"], case["per_rank"], case["extra"])
+    k = min(case["k"], pl.num_experts)
+    ids = skewed_batch(rng, pl.ranks, case["T"], k, pl.num_experts, case["alpha"])
+    if case["hot"]:  # one hot expert: every token picks expert 0 (ids need not be distinct)
+        ids[..., 0] = 0
+    if case["missing"]:
+        ids[rng.random(ids.shape) < case["missing"] * 0.5] = -1  # missing entries
+        ids[:, rng.random(ids.shape[1]) < case["missing"] * 0.3] = -1  # absent tokens (ragged ranks)
+    return pl, ids
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases, st.sampled_from(TORCH_ROUTINGS), st.booleans())
+def test_torch_planner_equals_numpy(case, name, sync):
+    pl, ids = make_case(case)
+    for device in DEVICES:
+        assert_same_plan(ids, pl, name, case["relaxation"], device, sync if device == "cpu" else False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zepp_on_a_realistic_batch_both_modes(device):
+    """A 4 x 4 cluster with the zepp placement and a skewed batch large enough for the vacate pass
+    to move tokens over several rounds; sync and capture-safe modes agree with numpy."""
+    from zepp.planner.placement import make_placement
+
+    rng = np.random.default_rng(3)
+    E, nodes, L = 64, 4, 4
+    ids = skewed_batch(rng, nodes * L, 96, 4, E, 1.2)
+    hist = np.stack([np.bincount(ids[n * L:(n + 1) * L].ravel(), minlength=E) for n in range(nodes)])
+    pl = make_placement("zepp", hist, E, nodes * L, L)
+    assert (pl.replica_count > 1).any()
+    for sync in ((True, False) if device == "cpu" else (False,)):
+        assert_same_plan(ids, pl, "zepp", 0.1, device, sync)
+
+
+def test_backend_follows_the_input_type():
+    rng = np.random.default_rng(0)
+    pl = random_placement(rng, 2, 2, 2, 1)
+    ids = skewed_batch(rng, 4, 5, 2, pl.num_experts, 1.0)
+    r_np = tp.route("zepp", ids, pl)
+    r_t = tp.route("zepp", torch.as_tensor(ids), pl)
+    assert isinstance(r_np.slot, np.ndarray) and isinstance(r_t.slot, torch.Tensor)
+    r_forced = tp.route("zepp", ids, pl, backend="torch")
+    assert isinstance(r_forced.slot, torch.Tensor)
+    np.testing.assert_array_equal(r_forced.slot.numpy(), r_np.slot)
+    assert isinstance(tp.build_flows(r_t, "zepp", 8).dispatch, tp.TorchHops)
+    assert tp.build_flows(r_np, "zepp", 8).dispatch.size == tp.build_flows(r_t, "zepp", 8).dispatch.to_numpy().size
+    plan = tp.plan_batch(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8).to_numpy()
+    plan.validate()
+    with pytest.raises(ZeppInputError, match="backend"):
+        tp.route("zepp", ids, pl, backend="jax")
+
+
+def test_bad_input_is_named():
+    rng = np.random.default_rng(0)
+    pl = random_placement(rng, 1, 2, 2, 0)
+    with pytest.raises(ZeppInputError, match="expert id 99"):
+        tp.route("home", torch.full((2, 1, 1), 99), pl)
+    with pytest.raises(ZeppInputError, match="ranks"):
+        tp.route("home", torch.zeros((3, 1, 1), dtype=torch.int64), pl)
+    with pytest.raises(ZeppInputError, match="integers"):
+        tp.route("home", torch.zeros((2, 1, 1)), pl)
+    with pytest.raises(ZeppInputError, match="moonep"):
+        tp.route("moonep", torch.zeros((2, 1, 1), dtype=torch.int64), pl)
+    r = tp.route("home", torch.zeros((2, 1, 1), dtype=torch.int64), pl)
+    with pytest.raises(ZeppInputError, match="needs a relay or zepp dispatch"):
+        tp.build_flows(r, "a2av", 8, "reduce")
+
+
+def test_capture_safe_mode_reads_nothing_back(monkeypatch):
+    """With ``sync=False`` the planning path never converts a tensor to a Python value."""
+    rng = np.random.default_rng(1)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0))
+    tp.device_placement(pl, "cpu")  # the per-placement tables are built (with numpy) outside
+
+    def forbidden(self, *a, **k):
+        raise AssertionError("host read in the capture-safe planning path")
+
+    for meth in ("item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu"):
+        monkeypatch.setattr(torch.Tensor, meth, forbidden)
+    for name in TORCH_ROUTINGS:
+        r = tp.route(name, ids, pl, 0.25, sync=False)
+        for dispatch, combine in PAIRS:
+            tp.build_flows(r, dispatch, 8, combine)
+    monkeypatch.undo()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_fewer_sweeps_are_flagged_or_exact(case):
+    """With one water-fill sweep the routing is either complete (and then the numpy planner's)
+    or says so (``unplaced > 0``); ``plan_batch_numpy`` then re-plans and is always exact."""
+    pl, ids = make_case(case)
+    ref = route("zepp", ids, pl, case["relaxation"])
+    t = torch.as_tensor(ids)
+    got = tp.route("zepp", t, pl, case["relaxation"], sync=False, sweeps=1)
+    if int(got.unplaced) == 0:
+        np.testing.assert_array_equal(got.slot.numpy(), ref.slot)
+    else:
+        with pytest.raises(tp.IncompletePlan):
+            got.to_numpy()
+    plan = tp.plan_batch_numpy(t, pl, "zepp", case["relaxation"], "zepp", None, 16, sweeps=1, sync=False)
+    want = build_flows(ref, "zepp", 16)
+    np.testing.assert_array_equal(plan.routing.slot, ref.slot)
+    for phase in ("dispatch", "combine"):
+        for c in COLS:
+            np.testing.assert_array_equal(getattr(getattr(plan, phase), c), getattr(getattr(want, phase), c))
+
+
+def test_zero_sweeps_leave_demand_unplaced():
+    """The flag can fire: no sweep at all leaves every multi-replica entry unplaced."""
+    rng = np.random.default_rng(5)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    assert (pl.replica_count > 1).any()
+    ids = np.full((4, 3, 1), int(np.flatnonzero(pl.replica_count > 1)[0]), np.int32)
+    got = tp.route("zepp", torch.as_tensor(ids), pl, 0.25, sync=False, sweeps=0)
+    assert int(got.unplaced) == ids.size
+    with pytest.raises(tp.IncompletePlan):
+        tp.plan_batch(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8, sync=False, sweeps=0).to_numpy()
+    assert tp.plan_batch_numpy(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8, sweeps=0).routing.slot.size
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_plan_is_captured_in_a_cuda_graph():
+    """Routing and flows captured once in a CUDA graph for a fixed batch shape; replays on new
+    ids (copied into the static input) equal the numpy planner's plan."""
+    from zepp.planner.placement import make_placement
+
+    rng = np.random.default_rng(11)
+    E, nodes, L = 64, 4, 4
+    batches = [skewed_batch(rng, nodes * L, 48, 4, E, 1.2) for _ in range(3)]
+    hist = np.stack([np.bincount(batches[0][n * L:(n + 1) * L].ravel(), minlength=E) for n in range(nodes)])
+    pl = make_placement("zepp", hist, E, nodes * L, L)
+    static = torch.as_tensor(batches[0], device="cuda").long()
+    tp.device_placement(pl, "cuda")
+    run = lambda: tp.plan_batch(static, pl, "zepp", 0.25, "zepp", None, 16, sweeps=1)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for ids in batches:
+        static.copy_(torch.as_tensor(ids, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        got = out.to_numpy()
+        ref = route("zepp", ids, pl, 0.25)
+        want = build_flows(ref, "zepp", 16)
+        np.testing.assert_array_equal(got.routing.slot, ref.slot)
+        for phase in ("dispatch", "combine"):
+            for c in COLS:
+                np.testing.assert_array_equal(getattr(getattr(got, phase), c), getattr(getattr(want, phase), c))
+
+
+def test_device_part_seconds_interpolates_recorded_device_figures():
+    from zepp.planner.torch.costs import device_part_seconds, recorded_times
+
+    assert recorded_times()["records"], "the data file holds the measured CPU figures"
+    cpu_only = {"records": recorded_times()["records"], "device_records": []}
+    assert device_part_seconds("route:zepp", 10**6, data=cpu_only) is None  # CPU figures are no device figures
+    rows = [{"entries": 1000, "parts_ms": {"route:zepp": 0.2}}, {"entries": 3000, "parts_ms": {"route:zepp": 0.6}}]
+    data = {"device_records": [{"cuda_graph": True, "hbm_bw": 4.8e12, "measured_at": "x", "rows": rows}]}
+    assert device_part_seconds("route:zepp", 10, data=data) == pytest.approx(0.2e-3)  # floor
+    assert device_part_seconds("route:zepp", 2000, data=data) == pytest.approx(0.4e-3)  # linear
+    assert device_part_seconds("route:zepp", 5000, data=data) == pytest.approx(1.0e-3)  # last slope
+    assert device_part_seconds("route:zepp", 5000, hbm_bw=2.4e12, data=data) == pytest.approx(0.2e-3 + 1.6e-3)
+    assert device_part_seconds("flows:zepp/reduce", 5000, data=data) is None
+
+
+def test_capture_safe_path_runs_on_the_meta_device():
+    """On the meta device (shapes only, no data) every routing and transport pair plans with
+    ``sync=False``: no host read and no operation whose output size depends on the data (the
+    conditions of CUDA-graph capture). Hop-table capacities depend on the shape alone. The
+    host-reading mode cannot run there (the test's own control)."""
+    rng = np.random.default_rng(1)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0)).to("meta")
+    for name in TORCH_ROUTINGS:
+        r = tp.route(name, ids, pl, 0.25, sync=False)
+        assert r.slot.shape == ids.shape and r.slot.device.type == "meta"
+        for dispatch, combine in PAIRS:
+            plan = tp.build_flows(r, dispatch, 8, combine, sync=False)
+            assert plan.dispatch.count.device.type == "meta"
+            if dispatch != "allgather":
+                assert plan.dispatch.capacity >= ids.numel()
+    with pytest.raises(Exception):
+        tp.route("zepp", ids, pl, 0.25, sync=True)
+
+
+def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    """One rank: the same batches planned by the numpy planner and by the torch planner
+    (``dispatcher.planner = "torch"``; the numpy path is made to fail), identity experts."""
+    import torch.distributed as dist
+
+    import zepp.runtime.dispatcher as D
+    from zepp.model import MoESpec
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        rng = np.random.default_rng(7)
+        E, L = 8, 1
+        pl = random_placement(rng, world // L, L, E // world, 2)
+        spec = MoESpec("tiny", E, 3, 8, 4, 4)
+        results = {}
+        numpy_build = D.build_plan
+        for planner in ("numpy", "torch"):
+            D.build_plan = numpy_build if planner == "numpy" else _forbidden
+            d = D.Dispatcher(spec, pl, routing="zepp", relaxation=0.25, dispatch="zepp")
+            if planner == "torch":
+                d.planner = "torch"
+            ys, tables = [], []
+            for b in range(2):
+                g = torch.Generator().manual_seed(100 * b + rank)
+                T = (5 + 3 * rank) if (b, rank) != (1, world - 1) else 0  # ragged; in batch 1 rank 1 holds none
+                x = torch.randn(T, spec.hidden, generator=g)
+                ids = torch.as_tensor(np.random.default_rng(1000 * b + rank).integers(0, E, size=(T, spec.top_k)))
+                w = torch.rand(T, spec.top_k, generator=g)
+                inputs, h = d.dispatch(x, ids, w)
+                ys.append(d.combine(inputs.rows.clone(), h))
+                tables.append({f"{ph}.{c}": getattr(getattr(d.last_plan, ph), c) for ph in ("dispatch", "combine")
+                               for c in COLS})
+            results[planner] = (ys, tables)
+        D.build_plan = numpy_build
+        for (y0, t0), (y1, t1) in [(results["numpy"], results["torch"])]:
+            for a, b in zip(y0, y1):
+                assert torch.equal(a, b)
+            for a, b in zip(t0, t1):
+                for key in a:
+                    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        Path(out_dir, f"ok{rank}").write_text("ok")
+    finally:
+        dist.destroy_process_group()
+
+
+def _forbidden(*a, **k):
+    raise AssertionError("the numpy planner ran although planner='torch'")
+
+
+def test_dispatcher_plans_with_the_torch_planner(tmp_path):
+    """Two gloo ranks on two nodes: ``Dispatcher.plan`` with ``planner = "torch"`` gives the
+    numpy planner's plans (every hop column) and bit-identical layer outputs, with a ragged batch
+    (one rank holds no token). Two processes only: spawning is slow on the shared machine."""
+    import torch.multiprocessing as mp
+
+    world = 2
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_dispatcher_worker, args=(world, init, str(tmp_path)), nprocs=world, join=True,
+                       start_method="spawn")
+    assert sorted(p.name for p in tmp_path.glob("ok*")) == [f"ok{r}" for r in range(world)]

@@ -1,0 +1,134 @@
+"""Today's clusters: DeepEP's kernels in the simulator, the systems that run on them, and the
+presets' published network figures."""
+
+import numpy as np
+import pytest
+
+from zepp import registry
+from zepp.sim.calibrate import FITTED, PUBLISHED, calibrated, network_of
+from zepp.cli import main
+from zepp.errors import ZeppInputError
+from zepp.model import model_preset
+from zepp.sim.mechanics import DEEPEP_FP8, DEEPEP_NET, MECHANICS
+from zepp.sim.run import Config, Shared, run_system, simulate_plan
+
+
+def uniform_config(nodes: int, tokens: int = 128, model: str = "deepseek-v3", preset: str = "h200-8",
+                   fast_gemm: bool = True, iters: int = 1) -> Config:
+    """DeepEP's benchmark setting: ``tokens`` per GPU, each picking top-8 experts uniformly at
+    random. ``fast_gemm``: GEMMs (almost) free, so the combine starts when the dispatch ends."""
+    cl, net = calibrated(preset, nodes, gpus_per_node=8)
+    if fast_gemm:
+        cl = cl.with_(peak_flops=1e21, hbm_bw=1e21)
+    spec = model_preset(model)
+    rng = np.random.default_rng(0)
+    R, E, k = cl.ranks, spec.num_experts, spec.top_k
+    ids = np.argsort(rng.random((iters, R, tokens, E)), axis=-1)[..., :k].astype(np.int32)
+    return Config(cl, spec, net, np.ones((nodes, E)), ids, warmup=0)
+
+
+def timeline(cfg: Config, name: str):
+    s = registry.system(name)
+    tl, _, _ = simulate_plan(cfg, s, Shared().plan(s, cfg, 0), keep=True)
+    return tl
+
+
+def phases(tl) -> tuple[float, float]:
+    """``(dispatch, combine)`` seconds: the dispatch from its first kernel to its last arrival;
+    the combine from the last second GEMM to its last kernel."""
+    kind = np.array(tl.kind)
+    d, c = kind == "dispatch", kind == "combine"
+    g2 = np.array([lab == "gemm2" for lab in tl.label])
+    return tl.end[d].max() - tl.start[d].min(), tl.end[c].max() - tl.end[g2].max()
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8])  # EP 16, 32, 64 of DeepEP's published EP 8-256
+def test_low_latency_kernels_land_in_deepeps_published_range(nodes):
+    # PAPER.md section 5: "DeepEP low-latency (128 tokens, top-8): dispatch 77-194 us, combine
+    # 114-369 us for EP 8-256". DEEPEP_NET takes nothing from these figures.
+    dispatch, combine = phases(timeline(uniform_config(nodes), "sglang-deepep-ll"))
+    assert 77e-6 <= dispatch <= 194e-6, dispatch
+    assert 114e-6 <= combine <= 369e-6, combine
+
+
+def test_deepep_timelines_hold_no_proxy_task_and_proxy_mechanics_do():
+    cfg = uniform_config(2, tokens=64)
+    for name in ("sglang-deepep-ll", "sglang-deepep-normal", "zepp-deepep-normal", "zepp-deepep-overlap"):
+        tl = timeline(cfg, name)
+        assert "proxy" not in tl.kind, name
+        assert not any(r.endswith(".proxy") for r in tl.resource), name
+    assert "proxy" in timeline(cfg, "sglang").kind  # the same routing through NVSHMEM's proxy
+
+
+def test_dispatch_moves_fp8_rows_and_combine_bf16():
+    cfg = uniform_config(2, tokens=32)
+    tl = timeline(cfg, "sglang-deepep-ll")
+    kind = np.array(tl.kind)
+    entries = cfg.cluster.ranks * 32 * 8
+    d_bytes, c_bytes = tl.bytes[kind == "dispatch"].sum(), tl.bytes[kind == "combine"].sum()
+    # a2av both ways moves the same rows (one per entry off its own GPU): FP8 out, BF16 back
+    assert d_bytes == pytest.approx(c_bytes * DEEPEP_FP8 / cfg.spec.dtype_bytes)
+    assert 0 < d_bytes <= entries * cfg.spec.hidden * DEEPEP_FP8
+
+
+def test_mode_switches_at_the_threshold():
+    s = registry.SYSTEMS["sglang-deepep"]
+    assert s.switch_tokens == 256
+    for name in ("sglang-deepep", "vllm-eplb"):
+        low, high = registry.SYSTEMS[name].best_of
+        assert registry.pick_variant(name, 256, {}) == low and low.endswith("-ll")
+        assert registry.pick_variant(name, 257, {}) == high and high.endswith("-normal")
+    for tokens, mode in ((256, "sglang-deepep-ll"), (257, "sglang-deepep-normal")):
+        res = run_system("sglang-deepep", uniform_config(1, tokens=tokens, model="qwen"))
+        assert res.variant == mode
+    # a best-of meta-system still picks the fastest variant
+    assert registry.pick_variant("zepp-deepep", 64, {"zepp-deepep-ll": 2.0, "zepp-deepep-normal": 1.0}) == \
+        "zepp-deepep-normal"
+
+
+def test_new_rows_run_exactly_where_their_executors_say(capsys):
+    rows = ["sglang-deepep", "vllm-eplb", "zepp-deepep"]
+    rows += [v for n in rows for v in registry.SYSTEMS[n].best_of]
+    for name in rows:
+        s = registry.SYSTEMS[name]
+        assert s.executors == ("plan", "sim")
+        assert registry.parse_systems(name, "plan") == [name] and registry.parse_systems(name, "sim") == [name]
+        with pytest.raises(ZeppInputError, match="runs in: plan, sim"):
+            registry.parse_systems(name, "runtime")
+        assert s.mechanics in MECHANICS or s.best_of
+    assert registry.parse_systems("sglang-deepep", "plan", expand=True) == ["sglang-deepep-ll", "sglang-deepep-normal"]
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--systems", "sglang-deepep"])
+    assert info.value.code == 2 and "runs in: plan, sim" in capsys.readouterr().err
+
+
+def test_todays_presets_simulate_with_deepeps_published_network(capsys):
+    for preset in ("h100-8", "h200-8", "gb200-nvl72"):
+        assert network_of(preset) == (DEEPEP_NET, "published")
+        assert calibrated(preset, 2, gpus_per_node=8)[1] is DEEPEP_NET
+    assert network_of("a100") == (FITTED["a100"], "fitted") and not set(FITTED) & set(PUBLISHED)
+    with pytest.raises(ZeppInputError, match="h200-8"):
+        network_of("tpu")
+    main(["bench", "--cluster", "h200-8", "--gpus-per-node", "8", "--nodes", "1", "--models", "qwen", "--budgets",
+          "0.5", "--iters", "1", "--warmup", "0", "--systems", "sglang-deepep,zepp-deepep", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert "sglang-deepep ms" in out and "zepp-deepep ms" in out
+
+
+def normal_dispatch_rdma_rate(nodes: int, tokens: int = 4096) -> float:
+    """DeepEP's normal-mode "RDMA bandwidth": a rank's bytes sent over its NIC in the dispatch
+    over the dispatch's time (mean over ranks), bytes/s."""
+    cfg = uniform_config(nodes, tokens=tokens)
+    tl = timeline(cfg, "sglang-deepep-normal")
+    kind, res = np.array(tl.kind), np.array(tl.resource).astype(str)
+    d = kind == "dispatch"
+    nic = d & np.char.startswith(res, "nic")
+    return float(np.bincount(tl.rank[nic], weights=tl.bytes[nic], minlength=cfg.cluster.ranks).mean()
+                 / (tl.end[d].max() - tl.start[d].min()))
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the simulator forwards whole messages, DeepEP's normal kernels "
+                   "pipeline NIC and NVLink stages in chunks; simulated 24 GB/s at EP 16 (README, bench_today.md)")
+def test_normal_kernels_reach_deepeps_published_rdma_rate():
+    # PAPER.md section 5: "DeepEP normal mode: 43-58 GB/s RDMA bottleneck bandwidth at EP 16-64"
+    assert normal_dispatch_rdma_rate(2) >= 43e9
