@@ -18,5 +18,16 @@ from zepp.planner.placement import make_placement, rebalance_experts
 from zepp.planner.routing import route
 from zepp.planner.types import FlowPlan, Hops, LinkStats, Placement, Routing
 
-__all__ = ["make_placement", "rebalance_experts", "route", "build_flows", "Placement", "Routing", "Hops",
-           "FlowPlan", "LinkStats"]
+__all__ = ["make_placement", "rebalance_experts", "route", "build_flows", "plan_batch", "Placement", "Routing",
+           "Hops", "FlowPlan", "LinkStats"]
+
+
+def plan_batch(topk_ids, placement: Placement, system, row_bytes: int, relaxation: float = 0.25) -> FlowPlan:
+    """The one entrance for a batch: route ``topk_ids [R, T, k]`` over ``placement`` and build the flows.
+
+    ``system``: any object with ``routing``, ``dispatch`` and ``combine`` stage names (a
+    ``zepp.registry.System`` row); ``row_bytes``: one row on the wire (``hidden * dtype_bytes``).
+    The result is the same on every rank that calls it with the same arguments (integer planner).
+    """
+    routing = route(system.routing, topk_ids, placement, relaxation)
+    return build_flows(routing, system.dispatch, row_bytes, system.combine)
