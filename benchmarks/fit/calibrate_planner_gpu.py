@@ -1,8 +1,11 @@
 """CPU -> GPU scale of planner-like array work, measured (the GPU op mix of ``zepp.sim.planning``).
 
-    python benchmarks/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
-    python benchmarks/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)
-    python benchmarks/calibrate_planner_gpu.py gpu-pipelined OUT.json   # the same mix queued without host syncs
+    python benchmarks/fit/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
+    python benchmarks/fit/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)
+    python benchmarks/fit/calibrate_planner_gpu.py gpu-pipelined OUT.json   # the same mix queued without host syncs
+
+``gpu-pipelined`` on an H200 wrote ``benchmarks/results/calibration_planner_gpu_pipelined.json``,
+the ``gpu_opmix`` that ``benchmarks/fit/planner_cost.py`` copies into ``src/zepp/data/planner_cost.json``.
 
 The planner (``route`` + ``build_flows``) is a sequence of whole-array passes over the batch's
 entries: sorts, histograms, gathers, prefix sums, binary searches, element-wise masks. The
