@@ -6,8 +6,8 @@ against every measured baseline cell (PAPER.md section 4), ratios to the lower b
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import numpy as np
 
@@ -112,5 +112,13 @@ def report(path: str, title: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", help="a zepp bench --json file")
+    ap.add_argument("title", nargs="?", help="the report's title (default: the file name)")
+    args = ap.parse_args()
+    print(report(args.json, args.title or args.json))
+
+
 if __name__ == "__main__":
-    print(report(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]))
+    main()

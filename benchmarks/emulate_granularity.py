@@ -33,8 +33,6 @@ import sys
 import time
 from collections import Counter
 
-import numpy as np
-
 from paths import RESULTS, add_traces_option, find_traces
 from zepp.emulate.runner import run_emulated
 from zepp.emulate.simcheck import calibrate

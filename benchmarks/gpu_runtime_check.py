@@ -111,7 +111,7 @@ def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         sys.exit("usage: python benchmarks/gpu_runtime_check.py OUT.json")
     report = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
     if not torch.cuda.is_available():

@@ -20,6 +20,7 @@ Writes ``benchmarks/results/granularity.{md,json}``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections import Counter
@@ -109,4 +110,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

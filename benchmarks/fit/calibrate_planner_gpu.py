@@ -22,8 +22,8 @@ synchronisation (a data-dependent size read back to the host, ``torch.nonzero``)
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 import numpy as np
@@ -204,4 +204,8 @@ def main(mode: str, path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("cpu", "gpu", "gpu-pipelined"))
+    ap.add_argument("out", help="the JSON file to write")
+    args = ap.parse_args()
+    main(args.mode, args.out)

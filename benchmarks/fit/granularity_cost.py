@@ -12,6 +12,7 @@ other parts' records stay as they are.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import platform
@@ -67,4 +68,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, before any work
     main()

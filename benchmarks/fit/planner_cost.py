@@ -18,6 +18,7 @@ result: the file is data, written once.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import platform
@@ -116,4 +117,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, before any work
     main()
