@@ -56,6 +56,7 @@ def main() -> None:
     else:
         from zepp.traces.synthetic import synthetic_traces
         pool, evaluation = synthetic_traces("k2", seed=0)
+    source = str(evaluation.source)
     tokens = spec.tokens_for_budget(16)
     batch = sample_batches(evaluation, ranks, tokens, 1, 0)[0]
     entries = batch.size
@@ -76,11 +77,11 @@ def main() -> None:
                          entries_per_s=entries / (t_route + t_flows), hops=plan.dispatch.size + plan.combine.size))
     info = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), entries=entries,
                 nodes=nodes, gpus_per_node=L, tokens_per_gpu=tokens, repeats=args.repeats,
-                load_average=os.getloadavg(), rows=rows)
+                load_average=os.getloadavg(), traces=source, rows=rows)
     Path(args.out + ".json").write_text(json.dumps(info, indent=2))
     lines = [f"# Planning speed: K2, {nodes} nodes x {L} GPUs, 16 MB/GPU = {tokens} tokens, {entries:,} entries",
              "", f"Median of {args.repeats} runs, one thread; load average at the end {os.getloadavg()[0]:.1f} "
-             f"on {os.cpu_count()} CPUs.", "",
+             f"on {os.cpu_count()} CPUs. Batch from {source}.", "",
              "| placement | routing | transport | placement ms | routing ms | flows ms | routing+flows ms | "
              "M entries/s | validate ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
