@@ -4,20 +4,23 @@ times section 7 reports for EPLB, set against the simulated ones (a check, not a
 
     zepp bench --traces ../shared/traces --systems a2av,fast,comet,eplb,epic,moonep,comet+eplb \\
         --json benchmarks/results/baseline_mechanics.json
-    python benchmarks/baseline_mechanics.py BEFORE.json AFTER.json [--phases] > benchmarks/results/baseline_mechanics.md
+    python benchmarks/baseline_mechanics.py BEFORE.json AFTER.json [--phases] [--traces DIR]
 
 ``BEFORE.json`` / ``AFTER.json``: ``zepp bench --json`` files (real traces) holding the baseline
 columns; the errors are simulated / measured - 1 per cell, as ``benchmarks/bench_report.py``
-computes them.
+computes them. ``--phases`` simulates the EPLB phase times on the recorded traces (``--traces``,
+found by ``benchmarks/paths.py``). The tables are printed; ``benchmarks/results/baseline_mechanics.md``
+holds them with the notes written around them (see ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import numpy as np
 
+from paths import add_traces_option, find_traces
 from zepp.registry import PAPER_BASELINES as BASELINES
 
 
@@ -41,7 +44,7 @@ def summary(errs: dict) -> dict[str, tuple[float, float, float, int]]:
     return out
 
 
-def eplb_phases() -> list[str]:
+def eplb_phases(traces) -> list[str]:
     """Simulated EPLB dispatch / combine phase times at K2, 1 MB, 4 / 8 / 16 nodes (one batch)
     against section 7's measured 1.5 / 2.1 / 2.9 ms and 1.1 / 1.5 / 1.7 ms."""
     from zepp.cli.bench import make_config
@@ -52,7 +55,7 @@ def eplb_phases() -> list[str]:
              "| --- | --- | --- | --- |"]
     for n, (md, mc) in measured.items():
         cfg = make_config(dict(cluster="a100", nodes=n, model="k2", budget_mb=1, seed=0, warmup=0, iters=1,
-                               traces="../shared/traces"))
+                               traces=str(traces)))
         tl = run_system("eplb", cfg, keep_timeline=True).timeline
         lab, kind = np.array(tl.label), np.array(tl.kind)
         plan_end = tl.end[lab == "plan"].max()
@@ -65,7 +68,7 @@ def eplb_phases() -> list[str]:
     return lines
 
 
-def report(before: str, after: str, phases: bool) -> str:
+def report(before: str, after: str, phases: bool, traces=None) -> str:
     eb, ea = cell_errors(before), cell_errors(after)
     sb, sa = summary(eb), summary(ea)
     out = [f"Before: `{before}`; after: `{after}`. Relative error = simulated / measured - 1 per cell "
@@ -86,10 +89,19 @@ def report(before: str, after: str, phases: bool) -> str:
                  if s in ea[key] else "-" for s in BASELINES]
         out.append(f"| {key[0]} | {key[1]} | {key[2]:g} | " + " | ".join(cells) + " |")
     if phases:
-        out += ["", "EPLB phase times (K2, 1 MB; PAPER.md section 7 measured):", ""] + eplb_phases()
+        out += ["", "EPLB phase times (K2, 1 MB; PAPER.md section 7 measured):", ""] + eplb_phases(find_traces(traces))
     return "\n".join(out) + "\n"
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", help="zepp bench --json file before the change")
+    ap.add_argument("after", help="zepp bench --json file after the change")
+    ap.add_argument("--phases", action="store_true", help="also simulate EPLB's phase times (recorded traces)")
+    add_traces_option(ap)
+    args = ap.parse_args()
+    print(report(args.before, args.after, args.phases, args.traces))
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    print(report(args[0], args[1], "--phases" in sys.argv))
+    main()

@@ -9,9 +9,10 @@ rate, busiest GPU's FLOPs at peak, its expert-weight reads at HBM rate) and the 
 floor (the smallest of them).
 
 Network figures: DeepEP's published ones (``zepp.sim.calibrate.PUBLISHED``, PAPER.md section 5),
-nothing fitted. Traces: ``../shared/traces`` for K2 and Qwen (``--traces``), built-in synthetic
-traces for DeepSeek-V3 (no recorded trace exists). The grid is sized to this machine (2 shared
-CPU cores): the simulator's cost grows with ranks x tokens x top-k (and with ranks squared for
+nothing fitted. Traces: the recorded ones for K2 and Qwen (``--traces``, found by
+``benchmarks/paths.py``; the built-in synthetic ones where absent, and each row records which),
+built-in synthetic traces for DeepSeek-V3 (no recorded trace exists). The grid is sized to this
+machine (2 shared CPU cores): the simulator's cost grows with ranks x tokens x top-k (and with ranks squared for
 the low-latency kernels' per-pair messages), so the largest prefill batches run at fewer nodes;
 ``GRID`` lists what runs and ``NOT_RUN`` what does not and why. Deterministic: the same
 arguments give the same file.
@@ -30,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp import registry
 from zepp.sim.calibrate import calibrated, network_of
 from zepp.model import model_preset
 from zepp.sim.run import Config, Shared, run_system
 from zepp.traces.sampling import node_demand, sample_batches
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = ("sglang-deepep", "vllm-eplb")
 DECODE_ZEPP = ("zepp-deepep-ll", "zepp-deepep-normal")  # Zepp's variants run on decode-sized batches
 PREFILL_ZEPP = ("zepp-deepep-normal", "zepp-deepep-overlap")  # and on prefill-sized ones
@@ -250,18 +251,20 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--traces", default=None, help="recorded traces (../shared/traces)")
+    add_traces_option(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--only", default=None, help="comma list of grid indices (timing)")
     ap.add_argument("--from-json", default=None, help="rewrite the .md and .png from a results JSON (no simulation)")
     ap.add_argument("--diagnose-only", action="store_true", help="add the DIAGNOSE figures to --from-json's file")
     args = ap.parse_args()
+    traces = find_traces(args.traces, required=False)
+    traces = traces and str(traces)
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         rows = data.pop("rows")
         if args.diagnose_only:
-            data["diagnosis"] = [diagnose(p, args.traces, args.seed) for p in DIAGNOSE]
+            data["diagnosis"] = [diagnose(p, traces, args.seed) for p in DIAGNOSE]
             Path(args.from_json).write_text(json.dumps(dict(data, rows=rows), indent=1))
         write(rows, data, Path(args.out))
         return
@@ -274,18 +277,18 @@ def main() -> None:
     t0 = time.process_time()
     out = Path(args.out)
     for i, p in enumerate(grid):
-        r = run_config(p, args.traces, args.seed)
+        r = run_config(p, traces, args.seed)
         rows.append(r)
         print(f"[{i + 1}/{len(grid)}] {p}: sglang {r['systems']['sglang-deepep']['median_ms']:.3f} ms, zepp "
               f"{r['systems']['zepp-deepep']['median_ms']:.3f} ms ({r['systems']['zepp-deepep']['variant']}) "
               f"{r['speedup_vs_sglang']:.2f}x, {r['cpu_s']:.1f} s", flush=True)
-        meta = dict(grid=len(rows), seed=args.seed, traces=args.traces and os.path.basename(args.traces.rstrip("/")),
+        meta = dict(grid=len(rows), seed=args.seed, traces=traces and os.path.basename(traces.rstrip("/")),
                     cpu_s=time.process_time() - t0, not_run=list(NOT_RUN),
                     network="DeepEP published (zepp.sim.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
                     prefill_zepp=list(PREFILL_ZEPP))
         write(rows, meta, out)
     if not args.only:
-        meta["diagnosis"] = [diagnose(p, args.traces, args.seed) for p in DIAGNOSE]
+        meta["diagnosis"] = [diagnose(p, traces, args.seed) for p in DIAGNOSE]
         write(rows, meta, out)
 
 

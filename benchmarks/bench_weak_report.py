@@ -3,9 +3,9 @@
     python benchmarks/bench_weak_report.py benchmarks/results/bench_weak.json > benchmarks/results/bench_weak.md
 """
 
+import argparse
 import json
 import math
-import sys
 
 VARIANTS = ("zepp-a2av", "zepp-overlap", "zepp-swap")
 
@@ -32,4 +32,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", help="a zepp bench --sweep weak --json file")
+    main(ap.parse_args().json)

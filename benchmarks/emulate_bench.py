@@ -4,7 +4,8 @@
 
 For 2 nodes x 2 ranks and 4 nodes x 2 ranks at NIC rates 1000 Mbit/s (the emulator's default)
 and 500 Mbit/s (one emulated cluster per rate and shape, ``zepp.emulate``),
-K2 and Qwen ids from ``../shared/traces`` (history = ``pool.txt``, batches from ``eval.txt``),
+K2 and Qwen ids from the recorded traces (``--traces``, found by ``benchmarks/paths.py``;
+history = ``pool.txt``, batches from ``eval.txt``),
 the runtime (``zepp run --emulate`` path: ``zepp.emulate.runner.run_emulated``) runs a2av, eplb,
 relay, zepp-overlap, zepp-sync, zepp-a2av and zepp-direct interleaved iteration by iteration (so every
 system sees the same machine load), checked against the reference. Shrunk layer (``--hidden``
@@ -15,7 +16,10 @@ bytes from the interface counters next to the planner's.
 Then the simulator (``zepp.emulate.simcheck``: the simulator's layer builder with the gloo
 executor's record, ``zepp.emulate.glooexec``): links and expert compute calibrated on each
 cluster, two free parameters (per-call CPU overhead, CPU cost per byte) fitted on the a2av cells
-only, every system simulated on the same batches. Writes ``benchmarks/results/emulate_bench.{md,json}``.
+only, every system simulated on the same batches. Writes ``<out>.{md,json}`` (``--out``, default
+``benchmarks/results/emulate_bench``), with ``<out>.notes.md`` appended to the ``.md`` where it
+exists. The published runs are ``emulate_bench_quiet.*`` and ``emulate_bench_loaded.*``
+(``benchmarks/README.md``).
 
 ``--resim FILE.json`` re-runs only the simulator on saved measurements; ``--before FILE.json``
 adds the simulated figures saved in that file (an earlier model) next to the new ones, cell by
@@ -32,6 +36,7 @@ import time
 
 import numpy as np
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.emulate.topology import EmulatedCluster, availability
 from zepp.emulate.runner import run_emulated
 from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans
@@ -39,14 +44,13 @@ from zepp.emulate.glooexec import gloo_mechanics
 from zepp.runtime.systems import SYSTEMS
 from zepp.runtime.worker import default_config
 
-TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "traces")
 MODELS = {"k2": "k2", "qwen": "qwen3"}
 SYSTEM_NAMES = ["a2av", "eplb", "relay", "zepp-overlap", "zepp-sync", "zepp-a2av", "zepp-direct"]
 ZEPP_VARIANTS = ["zepp-overlap", "zepp-sync", "zepp-a2av", "zepp-direct"]
 # results written before the registry named the overlap variant "zepp-overlap" call it "zepp"
 LEGACY_NAMES = {"zepp": "zepp-overlap"}
 OTHERS = ["a2av", "eplb", "relay"]
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+OUT = str(RESULTS)
 
 
 def main() -> int:
@@ -63,9 +67,11 @@ def main() -> int:
     ap.add_argument("--resim", default=None, help="re-run only the simulator on this saved JSON")
     ap.add_argument("--before", default=None, help="a results JSON whose simulated figures to show as 'before'")
     ap.add_argument("--prefix", default="zbench", help="name prefix of the emulated clusters' namespaces")
+    add_traces_option(ap)
     args = ap.parse_args()
     if args.resim:
         return resimulate(args.resim, args)
+    args.traces = str(find_traces(args.traces))
     ok, reason = availability()
     if not ok:
         print(f"emulate_bench: {reason}", file=sys.stderr)
@@ -90,7 +96,8 @@ def main() -> int:
                 cfg.update(nodes=N, gpus_per_node=L, model=model, hidden=args.hidden, ffn=args.ffn,
                            tokens=args.tokens, systems=SYSTEM_NAMES, iters=args.iters, warmup=args.warmup,
                            check=True, timeout=60.0, interleave=True,
-                           history=f"{TRACES}/{MODELS[model]}/pool.txt", trace=f"{TRACES}/{MODELS[model]}/eval.txt")
+                           history=f"{args.traces}/{MODELS[model]}/pool.txt",
+                           trace=f"{args.traces}/{MODELS[model]}/eval.txt")
                 load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
                 rep = run_emulated(cfg, rate, cluster=cl)
@@ -136,6 +143,7 @@ def resimulate(path: str, args) -> int:
     a = argparse.Namespace(**{**vars(args), **saved["args"]})
     a.out, a.before = args.out, args.before
     cells = [_renamed(row["cell"]) for row in saved["rows"]]
+    a.traces = os.path.dirname(os.path.dirname(cells[0]["cfg"]["history"]))  # where the measured ids came from
     fit = simulate_cells(cells, saved["calibration"])
     write(a, cells, saved["calibration"], fit, saved["seconds"]["runs"], saved["seconds"]["total"])
     return 0
@@ -195,7 +203,7 @@ def write(args, cells, cals, fit, t_run, t_total) -> None:
           f"{min(c['load_before'] for c in cells):.1f}-{max(c['load_after'] for c in cells):.1f}. "
           f"NIC {args.rates} Mbit/s per direction (tbf; one cluster per rate and shape), NVLink = unshaped veth. Layer: H={args.hidden}, "
           f"FFN={args.ffn}, fp32 (rows of {4 * args.hidden} B), {args.tokens} tokens per rank, top-8, "
-          f"ids from {TRACES} (placement history pool.txt, batches eval.txt). "
+          f"ids from {args.traces} (placement history pool.txt, batches eval.txt). "
           f"{args.iters} timed iterations after {args.warmup} warm-up, systems interleaved per iteration; "
           "per cell the median over iterations of the slowest rank's layer time (ms). Every cell was checked "
           "against the single-process reference (fp32, rel. err <= 1e-5) and its measured bytes against the "

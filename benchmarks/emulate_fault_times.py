@@ -23,6 +23,7 @@ import platform
 import statistics
 import time
 
+from paths import RESULTS
 from zepp.errors import RankFailure
 from zepp.cli.run import spawn_local
 from zepp.runtime.worker import default_config
@@ -47,7 +48,7 @@ def _time(fn) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     cases = {
         "local-die": lambda: spawn_local(_cfg(2, 1, 30.0, {"rank": 1, "system": "zepp-overlap", "iter": 1,

@@ -19,8 +19,9 @@ links and expert compute calibrated (``zepp.emulate.simcheck.calibrate``); the c
 
 Then ``zepp-overlap`` (fixed: one group per arrival event, one wave per node), ``zepp-auto``
 (the choice) and ``zepp-sync`` (one GEMM per phase, blocking collectives) run interleaved
-iteration by iteration (``interleave``), K2 ids from ``../shared/traces/k2``, checked against
-the reference. Writes ``benchmarks/results/emulate_granularity.{md,json}``.
+iteration by iteration (``interleave``), K2 ids from the recorded traces (``--traces``, found by
+``benchmarks/paths.py``), checked against the reference. Writes
+``benchmarks/results/emulate_granularity.{md,json}`` (``--out``).
 """
 
 from __future__ import annotations
@@ -32,15 +33,13 @@ import sys
 import time
 from collections import Counter
 
-import numpy as np
-
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.emulate.runner import run_emulated
 from zepp.emulate.simcheck import calibrate
 from zepp.emulate.topology import EmulatedCluster, availability
 from zepp.runtime.worker import default_config
 
-TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "traces")
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+OUT = str(RESULTS)
 SYSTEMS = ["zepp-overlap", "zepp-auto", "zepp-sync"]
 
 
@@ -66,7 +65,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(OUT, "emulate_granularity"))
     ap.add_argument("--overlap", type=float, default=None, help="Figures.overlap (default: min(1, cores / ranks))")
+    add_traces_option(ap)
     args = ap.parse_args()
+    args.traces = str(find_traces(args.traces))
     ok, reason = availability()
     if not ok:
         print(f"emulate_granularity: {reason}", file=sys.stderr)
@@ -87,7 +88,7 @@ def main() -> int:
                 cfg.update(nodes=N, gpus_per_node=L, model="k2", hidden=args.hidden, ffn=args.ffn, tokens=T,
                            systems=SYSTEMS, iters=args.iters, warmup=args.warmup, check=True, timeout=120.0,
                            interleave=True, cost_cluster=fig,
-                           history=f"{TRACES}/k2/pool.txt", trace=f"{TRACES}/k2/eval.txt")
+                           history=f"{args.traces}/k2/pool.txt", trace=f"{args.traces}/k2/eval.txt")
                 load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
                 rep = run_emulated(cfg, args.rate, cluster=cl)

@@ -15,6 +15,7 @@ import os
 import platform
 import time
 
+from paths import RESULTS
 from zepp.emulate import EmulatedCluster, availability
 from zepp.emulate.linkcal import calibrate_links, measure_loopback
 
@@ -28,7 +29,7 @@ def main() -> None:
     ap.add_argument("--rates", default="500,1000,2000")
     ap.add_argument("--a2a-bytes", type=int, default=1 << 20, help="bytes per peer in the all-to-all")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved loopback / NVLink veth rounds")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     ok, reason = availability()
     if not ok:

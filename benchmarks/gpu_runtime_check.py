@@ -7,7 +7,8 @@ One GPU cannot host two NCCL ranks, so the multi-rank checks are split:
 1. ``local``: every rank's compiled program executed in one process on CUDA tensors
    (``zepp.runtime.reference.execute_local``: same index arrays and summation order as the
    Dispatcher), 2 nodes x 4 ranks, Qwen3-30B-A3B shapes (H 2048, FFN 768), fp32 and bf16,
-   every transport: error against the single-GPU reference, bytes against the planner,
+   every transport, ids from the built-in synthetic Qwen traces (the recorded ones do not travel to
+   a GPU machine): error against the single-GPU reference, bytes against the planner,
    wave/plain bit-identity, and the wall time of the in-process executor.
 2. ``gloo_cuda``: the real Dispatcher + MoELayer in 4 local processes (2 nodes x 2 ranks), gloo
    backend, CUDA tensors, all on this GPU; collective systems first, then the overlapped
@@ -27,8 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def part_local(device: str = "cuda", small: bool = False) -> dict:
@@ -112,7 +111,7 @@ def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         sys.exit("usage: python benchmarks/gpu_runtime_check.py OUT.json")
     report = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
     if not torch.cuda.is_available():

@@ -1,29 +1,33 @@
 """Zepp's per-batch granularity in the paper's table: per row Zepp's best variant against the
-fastest simulated baseline, before (``zepp`` = best of zepp-a2av / zepp-overlap / zepp-swap, as
-committed in ``bench_synth.json`` / ``bench_real.json``) and after (``zepp-auto`` joins the
-variants), with the granularity ``zepp-auto`` chose.
+fastest simulated baseline, before (``zepp`` = best of zepp-a2av / zepp-overlap / zepp-swap) and
+after (``zepp-auto`` joins the variants), with the granularity ``zepp-auto`` chose.
 
     python benchmarks/granularity_report.py
 
-Reads the baselines and Zepp's earlier variants (zepp-a2av, zepp-overlap, zepp-swap) from
-``benchmarks/results/bench_{synth,real}.json`` (their code is unchanged by the granularity work:
-``zepp.sim.layer.build_layer`` takes the old path when no granularity is given; re-simulated on
-this branch bit-identical for a2av, epic, comet, comet+eplb and the three Zepp variants at 4 and 8
-nodes) and ``zepp-auto`` from ``benchmarks/results/granularity_{synth,real}_auto.json``
-(``zepp bench [--traces ../shared/traces] --systems zepp-auto`` on this branch, the same seed,
-iterations and traces). Writes ``benchmarks/results/granularity.{md,json}``.
+Reads JSON only, the two runs of the granularity work (branch ``h-gran``, commits 28322d2 and
+60dfcb8), so the table stays the one it published while ``bench_{synth,real}.json`` move on:
+
+- the baselines and Zepp's earlier variants (zepp-a2av, zepp-overlap, zepp-swap) from
+  ``benchmarks/results/granularity_bench_{synth,real}.json`` (``zepp bench [--traces
+  ../shared/traces]`` on that branch; its baseline and earlier-variant cells are bit-identical to
+  ``bench_{synth,real}.json`` as they stood then, at d948de1);
+- ``zepp-auto``'s latency, chosen granularity and planning time from
+  ``benchmarks/results/granularity_{synth,real}_auto.detail.json`` (``zepp bench [--traces
+  ../shared/traces] --systems zepp-auto`` on that branch, the same seed, iterations and traces).
+
+Writes ``benchmarks/results/granularity.{md,json}``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections import Counter
-from pathlib import Path
 
+from paths import RESULTS as RES
 from zepp import registry
 
-RES = Path(__file__).resolve().parent / "results"
 BEFORE_VARIANTS = ("zepp-a2av", "zepp-overlap", "zepp-swap")
 
 
@@ -36,7 +40,7 @@ def _geo(xs) -> float:
 
 
 def table(kind: str) -> tuple[list[dict], list[str]]:
-    base = {_key(r): r for r in json.loads((RES / f"bench_{kind}.json").read_text())["rows"]}
+    base = {_key(r): r for r in json.loads((RES / f"granularity_bench_{kind}.json").read_text())["rows"]}
     arows = json.loads((RES / f"granularity_{kind}_auto.detail.json").read_text())
     out = []
     for a in arows:
@@ -69,10 +73,11 @@ def table(kind: str) -> tuple[list[dict], list[str]]:
 
 def main() -> None:
     md = ["# Zepp's per-batch granularity in the paper's table (simulated)", "",
-          "Produced by `python benchmarks/granularity_report.py` from `bench_{synth,real}.json` (baselines and "
-          "zepp-a2av / zepp-overlap / zepp-swap, as committed; unchanged code, spot-checked bit-identical) and "
-          "`granularity_{synth,real}_auto.json` (`zepp bench [--traces ../shared/traces] --systems zepp-auto` on "
-          "this branch: 10 timed + 5 warm-up iterations, seed 0, a100 preset, network calibrated on a2av). "
+          "Produced by `python benchmarks/granularity_report.py` from `granularity_bench_{synth,real}.json` "
+          "(baselines and zepp-a2av / zepp-overlap / zepp-swap: `zepp bench` on branch h-gran, bit-identical to "
+          "`bench_{synth,real}.json` as they stood then) and `granularity_{synth,real}_auto.detail.json` "
+          "(`zepp bench [--traces ../shared/traces] --systems zepp-auto` on that branch: 10 timed + 5 warm-up "
+          "iterations, seed 0, a100 preset, network calibrated on a2av). "
           "ms = median simulated layer latency, max over ranks. *Before*: Zepp = best of "
           "zepp-a2av / zepp-overlap / zepp-swap (the committed definition); *after*: zepp-auto joins the "
           "variants (zepp-auto = zepp-overlap's mechanics with the groups and waves `zepp.planner.granularity.choose` "
@@ -105,4 +110,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

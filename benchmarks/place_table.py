@@ -15,12 +15,13 @@ The engine transport is DeepEP-style relay dispatch with in-node reduced combine
 (``relay``/``reduce``). Figures per batch (mean of ``--iters``), dispatch + combine: the busiest
 NIC's bytes and the busiest GPU's GEMM rows.
 
-Traces: ``../shared/traces`` (K2 and Qwen3-235B, MoE layer 5: history ``pool.txt``, held out
-``eval.txt``) and a synthetic multi-layer trace (``zepp.traces.synthetic.synthetic_history``: DeepSeek-V3
-from the K2 skew profile, the first ``--layers`` MoE layers, history = pool window, held out =
-eval window); for multi-layer traces the figures are sums over the layers.
+Traces: the recorded ones (``--traces``, found by ``benchmarks/paths.py``; K2 and Qwen3-235B,
+MoE layer 5: history ``pool.txt``, held out ``eval.txt``) and a synthetic multi-layer trace
+(``zepp.traces.synthetic.synthetic_history``: DeepSeek-V3 from the K2 skew profile, the first
+``--layers`` MoE layers, history = pool window, held out = eval window); for multi-layer traces
+the figures are sums over the layers.
 
-    python benchmarks/place_table.py [--iters 3] [--budget-mb 4]
+    python benchmarks/place_table.py [--iters 3] [--budget-mb 4] [--traces DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.cluster import cluster_preset
 from zepp.planner.flows import build_flows
 from zepp.interop.history import history_from_traces
@@ -41,8 +43,6 @@ from zepp.model import model_preset
 from zepp.planner.routing import route
 from zepp.traces.sampling import load_model_traces
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
 ENGINES = {"sglang": "locality", "sglang-dyn": "dynamic", "vllm": "random", "trtllm": "replica-rr"}
 CONFIGS = ("eplb", "zepp-place", "zepp-route", "zepp-full")
 NODES = (2, 4, 8)
@@ -59,9 +59,9 @@ def _fig(batches, placement, routing, dispatch, combine, row_bytes, rel):
     return float(np.mean(nic)), float(np.mean(rows))
 
 
-def workloads(layers: int, seed: int):
+def workloads(traces: Path, layers: int, seed: int):
     for model, name in (("k2", "K2 (real, layer 5)"), ("qwen", "Qwen3-235B (real, layer 5)")):
-        pool, ev = load_model_traces(TRACES, model)
+        pool, ev = load_model_traces(traces, model)
         yield name, model, history_from_traces([pool], (5,), str(pool.source)), \
             history_from_traces([ev], (5,), str(ev.source))
     from zepp.traces.synthetic import synthetic_history
@@ -78,15 +78,17 @@ def main() -> None:
     ap.add_argument("--budget-mb", type=float, default=4.0)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "place_table"))
+    ap.add_argument("--out", default=str(RESULTS / "place_table"))
     ap.add_argument("--replot", default=None, help="only redraw the PNG from this results JSON")
+    add_traces_option(ap)
     args = ap.parse_args()
     if args.replot:
         replot(args.replot)
         return
+    traces = find_traces(args.traces)
     t0 = time.time()
     rows = []
-    for name, model, hist, held in workloads(args.layers, args.seed):
+    for name, model, hist, held in workloads(traces, args.layers, args.seed):
         spec = model_preset(model)
         tokens = spec.tokens_for_budget(args.budget_mb)
         for nodes in NODES:

@@ -3,7 +3,11 @@
 (``zepp.traces.formats.text``, streamed in chunks). Each read runs in its own process; peak memory is
 that process's ``ru_maxrss`` (Python + numpy included, torch not imported).
 
-    python benchmarks/place_trace_reader.py [--mb 200] [--skip-old] [--out benchmarks/results/place_trace_reader]
+    python benchmarks/place_trace_reader.py [--mb 200] [--skip-old] [--traces DIR]
+        [--out benchmarks/results/place_trace_reader]
+
+The file is K2's recorded ``pool.txt`` (``--traces``, found by ``benchmarks/paths.py``) repeated
+to ``--mb`` megabytes.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
+from paths import RESULTS, ROOT, add_traces_option, find_traces
+
 OLD_COMMIT = "923cbb3"
 
 CHILD = r"""
@@ -42,9 +46,10 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=200)
     ap.add_argument("--skip-old", action="store_true")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "place_trace_reader"))
+    ap.add_argument("--out", default=str(RESULTS / "place_trace_reader"))
+    add_traces_option(ap)
     args = ap.parse_args()
-    src = (TRACES / "k2" / "pool.txt").read_bytes()
+    src = (find_traces(args.traces) / "k2" / "pool.txt").read_bytes()
     tmp = Path(tempfile.mkdtemp(prefix="zepp-reader-"))
     try:
         big = tmp / "k2_big.txt"

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.cli.plan import default_relaxation, plan_table
 from zepp.model import model_preset
 from zepp.traces.sampling import load_model_traces
@@ -23,14 +24,15 @@ SYSTEMS = ["a2av", "relay", "eplb", "sglang", "epic", "zepp-a2av", "zepp-relay",
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--traces", default=str(Path(__file__).resolve().parents[2] / "shared" / "traces"))
+    add_traces_option(parser)
     parser.add_argument("--iters", type=int, default=3)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_bytes"))
+    parser.add_argument("--out", default=str(RESULTS / "plan_bytes"))
     args = parser.parse_args()
+    traces = find_traces(args.traces)
     results = []
     for model in ("k2", "qwen"):
         spec = model_preset(model)
-        pool, evaluation = load_model_traces(args.traces, model)
+        pool, evaluation = load_model_traces(traces, model)
         for nodes in (4, 8, 16):
             for mb in (1, 4, 16):
                 rows = plan_table(spec, nodes, 4, mb, pool, evaluation, SYSTEMS, args.iters, seed=0,

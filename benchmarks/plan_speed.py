@@ -2,7 +2,9 @@
 
 About 600k entries (64 ranks x 1168 tokens x top-8). Each stage is timed ``--repeats`` times on
 one core (numpy's own threads pinned to 1) and the median is reported with entries per second.
-Writes ``benchmarks/results/plan_speed.{json,md}`` (or ``--out PREFIX``).
+Writes ``benchmarks/results/plan_speed.{json,md}`` (or ``--out PREFIX``). Batches come from the
+recorded K2 traces (``--traces``, found by ``benchmarks/paths.py``), else from the built-in
+synthetic ones.
 
     python benchmarks/plan_speed.py [--traces ../shared/traces] [--repeats 7]
 """
@@ -21,6 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.planner.flows import build_flows
 from zepp.model import model_preset
 from zepp.planner.placement import make_placement
@@ -39,19 +42,21 @@ def timed(fn, repeats):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--traces", default=str(Path(__file__).resolve().parents[2] / "shared" / "traces"))
+    add_traces_option(parser)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_speed"))
+    parser.add_argument("--out", default=str(RESULTS / "plan_speed"))
     args = parser.parse_args()
     spec = model_preset("k2")
     nodes, L = args.nodes, 4
     ranks = nodes * L
-    if Path(args.traces).is_dir():
-        pool, evaluation = load_model_traces(args.traces, "k2")
+    traces = find_traces(args.traces, required=False)
+    if traces:
+        pool, evaluation = load_model_traces(traces, "k2")
     else:
         from zepp.traces.synthetic import synthetic_traces
         pool, evaluation = synthetic_traces("k2", seed=0)
+    source = str(evaluation.source)
     tokens = spec.tokens_for_budget(16)
     batch = sample_batches(evaluation, ranks, tokens, 1, 0)[0]
     entries = batch.size
@@ -72,11 +77,11 @@ def main() -> None:
                          entries_per_s=entries / (t_route + t_flows), hops=plan.dispatch.size + plan.combine.size))
     info = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), entries=entries,
                 nodes=nodes, gpus_per_node=L, tokens_per_gpu=tokens, repeats=args.repeats,
-                load_average=os.getloadavg(), rows=rows)
+                load_average=os.getloadavg(), traces=source, rows=rows)
     Path(args.out + ".json").write_text(json.dumps(info, indent=2))
     lines = [f"# Planning speed: K2, {nodes} nodes x {L} GPUs, 16 MB/GPU = {tokens} tokens, {entries:,} entries",
              "", f"Median of {args.repeats} runs, one thread; load average at the end {os.getloadavg()[0]:.1f} "
-             f"on {os.cpu_count()} CPUs.", "",
+             f"on {os.cpu_count()} CPUs. Batch from {source}.", "",
              "| placement | routing | transport | placement ms | routing ms | flows ms | routing+flows ms | "
              "M entries/s | validate ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

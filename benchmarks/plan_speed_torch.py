@@ -1,15 +1,15 @@
 """Planning speed of the torch planner on the CPU against the numpy planner, as ratios from one run.
 
 Per configuration (nodes x 4 GPUs, K2 and Qwen3-235B, MB per GPU), one batch sampled from the
-recorded traces (``../shared/traces``; the built-in synthetic traces when absent) is planned with
-Zepp's pipeline (placement ``zepp``, routing ``zepp``, dispatch ``zepp``, combine ``reduce``) by
-both planners, ``--repeats`` times, interleaved (numpy then torch, then torch then numpy, ...),
-one thread each. Reported: median routing and flows times of each planner and the ratio
-torch / numpy (above 1: torch slower). Every configuration also checks that both planners'
-``slot`` and hop tables are equal (the benchmark fails otherwise). The torch planner runs in
-its default mode on the CPU (``sync=True``: early exits and exact-size tables); ``--capture-safe``
-adds the ``sync=False`` mode (no host read; the mode a CUDA graph captures) for the smaller
-configurations.
+recorded traces (``--traces``, found by ``benchmarks/paths.py``; the built-in synthetic traces
+when absent) is planned with Zepp's pipeline (placement ``zepp``, routing ``zepp``, dispatch
+``zepp``, combine ``reduce``) by both planners, ``--repeats`` times, interleaved (numpy then
+torch, then torch then numpy, ...), one thread each. Reported: median routing and flows times of
+each planner and the ratio torch / numpy (above 1: torch slower). Every configuration also
+checks that both planners' ``slot`` and hop tables are equal (the benchmark fails otherwise).
+The torch planner runs in its default mode on the CPU (``sync=True``: early exits and exact-size
+tables); ``--capture-safe`` adds the ``sync=False`` mode (no host read; the mode a CUDA graph
+captures) for the smaller configurations.
 
     nice python benchmarks/plan_speed_torch.py [--traces ../shared/traces] [--repeats 3]
         [--nodes 4,8,16,32] [--budgets 1,4,16,64] [--models k2,qwen] [--out benchmarks/results/plan_speed_torch]
@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from paths import RESULTS, ROOT, add_traces_option, find_traces
 from zepp.planner.flows import build_flows
 from zepp.model import model_preset
 from zepp.planner.placement import make_placement
@@ -121,19 +122,20 @@ def _write_data(path: str, info: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--traces", default=str(Path(__file__).resolve().parents[2] / "shared" / "traces"))
+    add_traces_option(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nodes", default="4,8,16,32")
     parser.add_argument("--budgets", default="1,4,16,64")
     parser.add_argument("--models", default="k2,qwen")
     parser.add_argument("--capture-safe", action="store_true",
                         help="also time sync=False (no host reads) on configurations up to 1M entries")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_speed_torch"))
+    parser.add_argument("--out", default=str(RESULTS / "plan_speed_torch"))
     parser.add_argument("--data", default=None,
                         help="also write the measured torch planning times as a data file "
                              "(src/zepp/data/planner_torch_times.json)")
     parser.add_argument("--device", default="cpu", help="cpu (numpy vs torch-CPU) or cuda (device planning times)")
     args = parser.parse_args()
+    args.traces = find_traces(args.traces, required=False)
     if args.device != "cpu":
         return device_main(args)
     torch.set_num_threads(1)
@@ -142,9 +144,9 @@ def main() -> None:
     source = {}
     for model in args.models.split(","):
         spec = model_preset(model)
-        if Path(args.traces).is_dir():
+        if args.traces:
             pool, evaluation = load_model_traces(args.traces, model)
-            source[model] = f"recorded: {os.path.relpath(args.traces, Path(__file__).resolve().parents[1])}"
+            source[model] = f"recorded: {os.path.relpath(args.traces, ROOT)}"
         else:
             from zepp.traces.synthetic import synthetic_traces
 
@@ -299,7 +301,7 @@ def device_main(args) -> None:
     rows = []
     for model in models:
         spec = model_preset(model)
-        if Path(args.traces).is_dir():
+        if args.traces:
             pool, evaluation = load_model_traces(args.traces, model)
         else:
             from zepp.traces.synthetic import synthetic_traces

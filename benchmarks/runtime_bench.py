@@ -10,7 +10,10 @@ ratio measures executor overheads (stages, messages, planning), not the network 
 the inter-node byte columns show. The emulated cluster (zepp.emulate) is where NIC bytes are
 scarce.
 
-    python benchmarks/runtime_bench.py [--quick] [--out benchmarks/results/runtime_bench]
+    python benchmarks/runtime_bench.py [--quick] [--traces DIR] [--out benchmarks/results/runtime_bench]
+
+Batches come from the recorded traces (``--traces``, found by ``benchmarks/paths.py``), else from
+the built-in synthetic ones; the table names its source.
 """
 
 from __future__ import annotations
@@ -24,24 +27,28 @@ from pathlib import Path
 
 import numpy as np
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.cli.run import spawn_local
 from zepp.runtime.worker import default_config
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 SYSTEMS = ["a2av", "eplb", "relay", "zepp", "zepp-sync", "zepp-a2av"]
 
 
-def configs(quick: bool) -> list[dict]:
+def _trace_files(traces: Path | None, tdir: str) -> dict:
+    """``history`` / ``trace`` of one model's recorded traces, or ``{}`` (built-in synthetic)."""
+    if traces is None or not (traces / tdir / "eval.txt").is_file():
+        return {}
+    return {"history": str(traces / tdir / "pool.txt"), "trace": str(traces / tdir / "eval.txt")}
+
+
+def configs(quick: bool, traces: Path | None) -> list[dict]:
     out = []
     for model, tdir in (("k2", "k2"), ("qwen", "qwen3")):
-        files = {}
-        if (TRACES / tdir / "eval.txt").is_file():
-            files = {"history": str(TRACES / tdir / "pool.txt"), "trace": str(TRACES / tdir / "eval.txt")}
+        files = _trace_files(traces, tdir)
         for mb in ((1.0,) if quick else (1.0, 2.0)):
             out.append(dict(nodes=2, gpus_per_node=2, model=model, hidden=1024, ffn=64, budget_mb=mb, **files))
     if not quick:
-        f = {"history": str(TRACES / "k2" / "pool.txt"), "trace": str(TRACES / "k2" / "eval.txt")} \
-            if (TRACES / "k2" / "eval.txt").is_file() else {}
+        f = _trace_files(traces, "k2")
         out.append(dict(nodes=2, gpus_per_node=4, model="k2", hidden=1024, ffn=64, budget_mb=1.0, **f))
     return out
 
@@ -96,9 +103,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer configurations and iterations")
     ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "runtime_bench"))
+    ap.add_argument("--out", default=str(RESULTS / "runtime_bench"))
     ap.add_argument("--render", default=None, help="only re-render OUT.md from this JSON (with --where)")
     ap.add_argument("--where", default=None, help="where the JSON was measured (for --render)")
+    add_traces_option(ap)
     args = ap.parse_args()
     out = Path(args.out)
     if args.render:
@@ -111,7 +119,7 @@ def main() -> None:
         return
     iters = args.iters or (5 if args.quick else 10)
     raw = []
-    for c in configs(args.quick):
+    for c in configs(args.quick, find_traces(args.traces, required=False)):
         cfg = default_config()
         cfg.update(c, systems=SYSTEMS, iters=iters, warmup=3, check=True, interleave=True, timeout=300)
         load0 = os.getloadavg()[0]

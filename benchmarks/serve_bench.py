@@ -4,12 +4,13 @@
 
 1. Model (made once, cached in ``--work``): DeepSeek-V3 architecture (the one transformers MoE
    with a per-expert selection bias, ``e_score_correction_bias``), ``--hidden`` 1024, 128 experts,
-   top-8 (the shape of ``../shared/traces/qwen3``), ``--layers`` MoE layers, tiny MLA attention,
+   top-8 (the shape of the recorded ``qwen3`` traces), ``--layers`` MoE layers, tiny MLA attention,
    one small shared expert, random init.
 2. Realistic skew: random routers are nearly uniform. For each layer the selection bias is fitted
    (multiplicative updates on captured router inputs, a few passes through the model so later
    layers see the biased earlier ones) until the model's expert popularity on *history* prompts
-   matches the real Qwen3 trace's (``pool.txt``) popularity, with a different expert permutation
+   matches the real Qwen3 trace's (``qwen3/pool.txt`` of ``--traces``, found by
+   ``benchmarks/paths.py``) popularity, with a different expert permutation
    per layer. The router's own computation is unchanged: the bias is a checkpoint tensor the
    architecture already has. The model's selections on the history prompts are written as the
    per-layer history (``layer_{i:03d}.txt``), which plans EPLB's and Zepp's placements.
@@ -36,8 +37,7 @@ import time
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TRACES = os.path.join(HERE, "..", "..", "shared", "traces", "qwen3")
+from paths import RESULTS, add_traces_option, find_traces
 
 
 # ----------------------------------------------------------------------------- model and skew
@@ -61,11 +61,13 @@ def make_model(folder: str, hidden: int, ffn: int, layers: int, seed: int = 0) -
 
 
 @torch.no_grad()
-def fit_skew(folder: str, prompts: list[list[int]], passes: int = 3, iters: int = 300, seed: int = 0) -> dict:
-    """Fit each layer's selection bias to the real popularity; write the history traces."""
+def fit_skew(folder: str, qwen3: str, prompts: list[list[int]], passes: int = 3, iters: int = 300,
+             seed: int = 0) -> dict:
+    """Fit each layer's selection bias to the real popularity (``qwen3``: the recorded Qwen3 traces'
+    folder); write the history traces."""
     from transformers import AutoModelForCausalLM
 
-    pool = np.loadtxt(os.path.join(TRACES, "pool.txt"), dtype=np.int64)
+    pool = np.loadtxt(os.path.join(qwen3, "pool.txt"), dtype=np.int64)
     target = np.bincount(pool.ravel(), minlength=128).astype(np.float64)
     target /= target.sum()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -290,27 +292,29 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--work", default="/tmp/zepp-serve-bench")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "serve_bench.json"))
+    ap.add_argument("--out", default=str(RESULTS / "serve_bench.json"))
     ap.add_argument("--limit-s", type=float, default=3000.0)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
     ap.add_argument("--prefix", default="zsb", help="emulated cluster name prefix (apart from other users')")
+    add_traces_option(ap)
     a = ap.parse_args()
     if a.rank:
         return rank_main(a.rank)
+    qwen3 = str(find_traces(a.traces) / "qwen3")
     os.makedirs(a.work, exist_ok=True)
     ckpt = os.path.join(a.work, f"model_h{a.hidden}_f{a.ffn}_l{a.layers}")
     t0 = time.time()
     if not os.path.exists(os.path.join(ckpt, "history", f"layer_{a.layers - 1:03d}.txt")):
         make_model(ckpt, a.hidden, a.ffn, a.layers)
         rng = np.random.default_rng(123)
-        skew = fit_skew(ckpt, rng.integers(0, 256, (16, 64)).tolist())
+        skew = fit_skew(ckpt, qwen3, rng.integers(0, 256, (16, 64)).tolist())
         with open(os.path.join(ckpt, "skew.json"), "w") as f:
             json.dump(skew, f)
     with open(os.path.join(ckpt, "skew.json")) as f:
         skew = json.load(f)
     print(f"model ready in {time.time() - t0:.0f} s: {skew}", flush=True)
-    pool = np.loadtxt(os.path.join(TRACES, "pool.txt"), dtype=np.int64)
-    ev = np.loadtxt(os.path.join(TRACES, "eval.txt"), dtype=np.int64)
+    pool = np.loadtxt(os.path.join(qwen3, "pool.txt"), dtype=np.int64)
+    ev = np.loadtxt(os.path.join(qwen3, "eval.txt"), dtype=np.int64)
     real = {w: float(np.bincount(x.ravel(), minlength=128).max() / np.bincount(x.ravel(), minlength=128).mean())
             for w, x in (("pool", pool), ("eval", ev))}
     systems = a.systems.split(",")

@@ -20,16 +20,16 @@ import subprocess
 import sys
 import tempfile
 
+from paths import RESULTS, ROOT
 from zepp.emulate import simcheck
 from zepp.emulate.glooexec import gloo_mechanics
 from zepp.registry import system
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEGACY_NAMES = {"zepp": "zepp-overlap"}
 
 
 def old_simcheck(rev: str):
-    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:src/zepp/emulate/simcheck.py"], check=True,
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:src/zepp/emulate/simcheck.py"], check=True,
                          capture_output=True, text=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(src)
@@ -44,7 +44,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+")
     ap.add_argument("--rev", default="a541777")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "simcheck_port_check.md"))
+    ap.add_argument("--out", default=str(RESULTS / "simcheck_port_check.md"))
     args = ap.parse_args()
     old = old_simcheck(args.rev)
     md = ["# simcheck: its own task graph (before) vs the shared layer builder (after)", "",

@@ -17,9 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from paths import RESULTS, add_traces_option, find_traces
 from zepp.model import TRACE_DIR_OF
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def plan(model: str, nodes: int, iters: int, files: tuple[str, str] | None) -> dict:
@@ -35,16 +34,17 @@ def plan(model: str, nodes: int, iters: int, files: tuple[str, str] | None) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"))
+    add_traces_option(ap)
     ap.add_argument("--iters", type=int, default=2)
     args = ap.parse_args()
+    traces = find_traces(args.traces)
     rows = ["# Planner on real vs built-in synthetic traces", "",
             f"`python benchmarks/synth_vs_real_plan.py --iters {args.iters}`: `zepp plan`, A100 preset, 16 MB per GPU, "
             "seed 0, history dealt to nodes by `node_demand` (shuffled). diff = synthetic / real - 1.", "",
             "| model | nodes | system | busiest NIC MB real | synth | diff | inter-node GB real | synth | diff "
             "| busiest GPU rows real | synth | diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in ("k2", "qwen"):
-        d = Path(args.traces) / TRACE_DIR_OF[model]
+        d = traces / TRACE_DIR_OF[model]
         for nodes in (4, 8, 16):
             real = plan(model, nodes, args.iters, (str(d / "pool.txt"), str(d / "eval.txt")))
             syn = plan(model, nodes, args.iters, None)
@@ -57,7 +57,7 @@ def main() -> None:
                     cells += [f"{x:{fmt}}", f"{y:{fmt}}", f"{(y - x) / x:+.1%}"]
                 rows.append(f"| {model} | {nodes} | {name} | " + " | ".join(cells) + " |")
             print(model, nodes, "done", flush=True)
-    out = ROOT / "benchmarks" / "results" / "synth_vs_real_plan.md"
+    out = RESULTS / "synth_vs_real_plan.md"
     out.write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
 

@@ -1,9 +1,9 @@
 """Refit the built-in synthetic traces to the real ones and rewrite their parameter files.
 
-    python benchmarks/fit_synth.py [--traces ../shared/traces] [--types 8] [--models k2,qwen]
+    python benchmarks/fit/fit_synth.py [--traces ../shared/traces] [--types 8] [--models k2,qwen]
 
 Writes ``src/zepp/data/synth_<model>.json`` (the shipped parameters) and
-``benchmarks/results/synth_fit.{md,json}`` (the statistics of real and synthetic traces side by
+``benchmarks/results/fit_synth.{md,json}`` (the statistics of real and synthetic traces side by
 side: synthetic over three seeds, mean and spread). The fit is deterministic (``--seed``).
 """
 
@@ -11,37 +11,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from zepp.model import model_preset
-from zepp.traces.synthetic import fit_synth, save_params, synthetic_traces, trace_statistics
-from zepp.traces.sampling import load_model_traces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import DATA, RESULTS, ROOT, add_traces_option, find_traces  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from zepp.model import model_preset  # noqa: E402
+from zepp.traces.synthetic import fit_synth, save_params, synthetic_traces, trace_statistics  # noqa: E402
+from zepp.traces.sampling import load_model_traces  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"))
+    add_traces_option(ap)
     ap.add_argument("--models", default="k2,qwen")
     ap.add_argument("--types", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget-mb", type=float, default=16, help="budget whose tokens per GPU the statistics use")
-    ap.add_argument("--out-dir", default=str(ROOT / "src" / "zepp" / "data"))
-    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "synth_fit"))
+    ap.add_argument("--out-dir", default=str(DATA))
+    ap.add_argument("--results", default=str(RESULTS / "fit_synth"))
     args = ap.parse_args()
+    traces = find_traces(args.traces)
 
     report: dict[str, dict] = {}
     lines = ["# Synthetic vs real traces", "",
-             f"`python benchmarks/fit_synth.py --types {args.types} --seed {args.seed}`; statistics at "
+             f"`python benchmarks/fit/fit_synth.py --types {args.types} --seed {args.seed}`; statistics at "
              f"{args.budget_mb:g} MB per GPU, 4 GPUs per node, home placement (expert e on node e // (E/N)). "
              "Synthetic: mean over seeds 0-2 (and the max - min spread).", ""]
     for model in args.models.split(","):
         spec = model_preset(model)
-        pool, ev = load_model_traces(args.traces, model)
+        pool, ev = load_model_traces(traces, model)
         t0 = time.perf_counter()
         params = fit_synth(pool, ev, types=args.types, seed=args.seed, model=model)
         fit_s = time.perf_counter() - t0

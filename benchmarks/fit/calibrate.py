@@ -1,17 +1,18 @@
 """Fit the simulator's free network parameters on the measured a2av latencies (PAPER.md section 4).
 
-    python benchmarks/calibrate.py fit a100 [ROUNDS [CHECK_BATCHES]]  # -> results/calibration_a100.json
-    python benchmarks/calibrate.py fit h100     # -> benchmarks/results/calibration_h100.json
-    python benchmarks/calibrate.py report       # -> benchmarks/results/calibration.{json,md}
+    python benchmarks/fit/calibrate.py fit a100 [ROUNDS [CHECK_BATCHES]]  # -> benchmarks/results/calibration_a100.json
+    python benchmarks/fit/calibrate.py fit h100     # -> benchmarks/results/calibration_h100.json
+    python benchmarks/fit/calibrate.py report       # -> benchmarks/results/calibration.{json,md}
 
 Only the a2av column (Fig. 9) and Fig. 10's a2av weak-scaling numbers are used, on the real
-traces of ../shared/traces. Each cell is simulated on ``FIT_BATCHES`` batches (median); the
-final check re-simulates every cell on 10 batches. Copy the fitted values into
-``zepp.sim.calibrate.FITTED``.
+traces (``--traces``; by default ``../shared/traces``, see ``benchmarks/paths.py``). Each cell
+is simulated on ``FIT_BATCHES`` batches (median); the final check re-simulates every cell on
+``CHECK_BATCHES`` (default 10). Copy the fitted values into ``zepp.sim.calibrate.FITTED``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -19,22 +20,22 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.sim.calibrate import FITTED, HARDWARE, calibrated, fit_a2av, fit_cells
-from zepp.model import model_preset
-from zepp.sim.run import Config, run_system
-from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-if not TRACES.is_dir():
-    TRACES = Path("/work/shared/traces")
-OUT = Path(__file__).resolve().parent / "results"
+from zepp.sim.calibrate import FITTED, HARDWARE, calibrated, fit_a2av, fit_cells  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.sim.run import Config, run_system  # noqa: E402
+from zepp.traces.sampling import load_model_traces, node_demand, sample_batches  # noqa: E402
+
+OUT = RESULTS
 FIT_BATCHES = 2
 _traces: dict = {}
 
 
-def _cfg(preset, nodes, model, mb, net, batches, seed=0):
+def _cfg(traces: Path, preset, nodes, model, mb, net, batches, seed=0):
     if model not in _traces:
-        _traces[model] = load_model_traces(TRACES, model)
+        _traces[model] = load_model_traces(traces, model)
     pool, ev = _traces[model]
     cl, net = calibrated(preset, nodes, net)
     spec = model_preset(model)
@@ -42,20 +43,20 @@ def _cfg(preset, nodes, model, mb, net, batches, seed=0):
     return Config(cl, spec, net, node_demand(pool, nodes, cl.gpus_per_node), b, warmup=0)
 
 
-def fit(preset: str, rounds: int = 3, check_batches: int = 10) -> None:
+def fit(traces: Path, preset: str, rounds: int = 3, check_batches: int = 10) -> None:
     cells = fit_cells(preset)
     t0 = time.time()
 
     def sim(cell, net):
         n, m, mb, _ = cell
-        return run_system("a2av", _cfg(preset, n, m, mb, net, FIT_BATCHES if n * mb <= 256 else 1)).median
+        return run_system("a2av", _cfg(traces, preset, n, m, mb, net, FIT_BATCHES if n * mb <= 256 else 1)).median
 
     res = fit_a2av(preset, cells, sim, start=FITTED[preset], rounds=rounds)
     net = res.pop("net")
     # final check on more batches per cell
     final = []
     for c in cells:
-        lat = run_system("a2av", _cfg(preset, c[0], c[1], c[2], net, check_batches if c[0] * c[2] <= 256 else max(1, check_batches // 3))).median * 1e3
+        lat = run_system("a2av", _cfg(traces, preset, c[0], c[1], c[2], net, check_batches if c[0] * c[2] <= 256 else max(1, check_batches // 3))).median * 1e3
         final.append(dict(nodes=c[0], model=c[1], budget_mb=c[2], measured_ms=c[3], simulated_ms=lat,
                           rel_error=lat / c[3] - 1))
     err = np.array([f["rel_error"] for f in final])
@@ -94,8 +95,21 @@ def report() -> None:
     print("\n".join(lines))
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "fit":
-        fit(sys.argv[2], *(int(a) for a in sys.argv[3:5]))
-    else:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("fit", "report"))
+    ap.add_argument("preset", nargs="?", help="fit: the cluster preset (a100, h100)")
+    ap.add_argument("rounds", nargs="?", type=int, default=3, help="fit: rounds of the fit (default 3)")
+    ap.add_argument("check_batches", nargs="?", type=int, default=10, help="fit: batches per cell in the final check (default 10)")
+    add_traces_option(ap)
+    args = ap.parse_args()
+    if args.mode == "report":
         report()
+        return
+    if not args.preset:
+        ap.error("fit needs a preset (a100 or h100)")
+    fit(find_traces(args.traces), args.preset, args.rounds, args.check_batches)
+
+
+if __name__ == "__main__":
+    main()

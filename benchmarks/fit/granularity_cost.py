@@ -1,9 +1,9 @@
 """Record the op-mix rounds of Zepp's granularity choice (``zepp.planner.granularity.choose``), the
 ``granularity`` part of the simulator's planning-cost model (``zepp.sim.planning``).
 
-    python benchmarks/granularity_cost.py    # adds "granularity" to src/zepp/data/planner_cost.json
+    python benchmarks/fit/granularity_cost.py    # adds "granularity" to src/zepp/data/planner_cost.json
 
-Same rule as ``benchmarks/planner_cost.py`` (whose op mix and timing it reuses): the choice is
+Same rule as ``benchmarks/fit/planner_cost.py`` (whose op mix and timing it reuses): the choice is
 timed with numpy next to the op mix, in the same process and moment, at the paper table's
 configurations with at least ``MIN_ENTRIES`` entries; the recorded count is the median ratio
 ``choice / mix``. Only the ``granularity`` key of ``rounds`` (and its source) is written; the
@@ -12,6 +12,7 @@ other parts' records stay as they are.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import platform
@@ -19,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/fit/: its sibling planner_cost.py
 
 from planner_cost import MIN_ENTRIES, OUT, best, opmix  # noqa: E402
 
@@ -59,7 +60,7 @@ def main() -> None:
     data = json.loads(OUT.read_text())
     data["rounds"]["granularity"] = rounds
     data["granularity_source"] = {"measured": datetime.date.today().isoformat(), "host": platform.node(),
-                                  "script": "benchmarks/granularity_cost.py",
+                                  "script": "benchmarks/fit/granularity_cost.py",
                                   "rule": f"median of choose/opmix over configurations with >= {MIN_ENTRIES} entries",
                                   "per_configuration": rows}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
@@ -67,4 +68,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, before any work
     main()

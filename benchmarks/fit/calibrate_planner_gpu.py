@@ -1,8 +1,11 @@
 """CPU -> GPU scale of planner-like array work, measured (the GPU op mix of ``zepp.sim.planning``).
 
-    python benchmarks/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
-    python benchmarks/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)
-    python benchmarks/calibrate_planner_gpu.py gpu-pipelined OUT.json   # the same mix queued without host syncs
+    python benchmarks/fit/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
+    python benchmarks/fit/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)
+    python benchmarks/fit/calibrate_planner_gpu.py gpu-pipelined OUT.json   # the same mix queued without host syncs
+
+``gpu-pipelined`` on an H200 wrote ``benchmarks/results/calibration_planner_gpu_pipelined.json``,
+the ``gpu_opmix`` that ``benchmarks/fit/planner_cost.py`` copies into ``src/zepp/data/planner_cost.json``.
 
 The planner (``route`` + ``build_flows``) is a sequence of whole-array passes over the batch's
 entries: sorts, histograms, gathers, prefix sums, binary searches, element-wise masks. The
@@ -19,8 +22,8 @@ synchronisation (a data-dependent size read back to the host, ``torch.nonzero``)
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 import numpy as np
@@ -201,4 +204,8 @@ def main(mode: str, path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("cpu", "gpu", "gpu-pipelined"))
+    ap.add_argument("out", help="the JSON file to write")
+    args = ap.parse_args()
+    main(args.mode, args.out)

@@ -1,7 +1,7 @@
 """Record how many planner "op-mix rounds" each part of Zepp's planner costs, for the
 simulator's deterministic planning-cost model (``zepp.sim.planning``).
 
-    python benchmarks/planner_cost.py        # writes src/zepp/data/planner_cost.json
+    python benchmarks/fit/planner_cost.py        # writes src/zepp/data/planner_cost.json
 
 The planner is a sequence of whole-array passes over a batch's entries (sorts, histograms,
 gathers, prefix sums, binary searches, masks). A fixed mix of those passes (``opmix``) is timed
@@ -18,31 +18,36 @@ result: the file is data, written once.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from zepp.planner.flows import build_flows
-from zepp.model import model_preset
-from zepp.planner.placement import make_placement
-from zepp.planner.routing import route
-from zepp.planner.swaps import plan_swaps
-from zepp.traces.synthetic import synthetic_traces
-from zepp.traces.sampling import node_demand, sample_batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import DATA, RESULTS  # noqa: E402
+
+from zepp.planner.flows import build_flows  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.planner.placement import make_placement  # noqa: E402
+from zepp.planner.routing import route  # noqa: E402
+from zepp.planner.swaps import plan_swaps  # noqa: E402
+from zepp.traces.synthetic import synthetic_traces  # noqa: E402
+from zepp.traces.sampling import node_demand, sample_batches  # noqa: E402
 
 MIN_ENTRIES = 100_000
-OUT = Path(__file__).resolve().parents[1] / "src" / "zepp" / "data" / "planner_cost.json"
-PIPELINED = Path(__file__).resolve().parent / "results" / "calibration_planner_gpu_pipelined.json"
+OUT = DATA / "planner_cost.json"
+PIPELINED = RESULTS / "calibration_planner_gpu_pipelined.json"
 FLOWS = (("a2av", "a2av"), ("relay", "dedup"), ("zepp", "reduce"), ("zepp", "reduce-direct"))
 
 
 def opmix(entries: int, seed: int = 0):
-    """The op mix at ``entries`` (as benchmarks/calibrate_planner_gpu.py times it on the GPU)."""
+    """The op mix at ``entries`` (as benchmarks/fit/calibrate_planner_gpu.py times it on the GPU)."""
     rng = np.random.default_rng(seed)
     n = max(int(entries), 16)
     key = rng.integers(0, n * 8, n)
@@ -96,7 +101,7 @@ def main() -> None:
     rounds = {k: statistics.median(r["rounds"][k] for r in big) for k in rows[0]["rounds"]}
     gpu = json.loads(PIPELINED.read_text())
     data = {
-        "about": "Planner cost model of zepp.sim.planning (written by benchmarks/planner_cost.py; see its docstring).",
+        "about": "Planner cost model of zepp.sim.planning (written by benchmarks/fit/planner_cost.py; see its docstring).",
         "rounds": rounds,
         "rounds_source": {"measured": datetime.date.today().isoformat(), "host": platform.node(),
                           "processor": platform.processor() or platform.machine(),
@@ -112,4 +117,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, before any work
     main()
