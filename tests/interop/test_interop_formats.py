@@ -344,7 +344,7 @@ def test_cluster_presets_and_file(tmp_path):
 
 @pytest.mark.parametrize("model", ["deepseek-v3", "mixtral", "qwen"])
 def test_load_model_traces_any_preset(tmp_path, model):
-    from zepp.traces.sampling import load_model_traces
+    from zepp.traces import load_model_traces
 
     spec = model_preset(model)
     rng = np.random.default_rng(0)

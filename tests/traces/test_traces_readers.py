@@ -14,7 +14,7 @@ import pytest
 
 from zepp.errors import ZeppInputError
 from zepp.model import model_preset
-from zepp.traces.sampling import read_load_histogram, read_trace
+from zepp.traces import read_load_histogram, read_trace
 
 
 def txt(tmp_path, text, name="t.txt"):

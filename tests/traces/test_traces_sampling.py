@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zepp.errors import ZeppInputError
-from zepp.traces.sampling import (
+from zepp.traces import (
     Trace, load_model_traces, node_demand, rank_demand, read_load_histogram, read_trace, sample_batches,
 )
 

@@ -16,7 +16,7 @@ from zepp.traces.synthetic import (
 )
 from zepp.model import PRESET_NAMES, model_preset
 from zepp.traces.synthetic import PROFILES, default_profile, synthetic_history
-from zepp.traces.sampling import Trace, load_model_traces
+from zepp.traces import Trace, load_model_traces
 
 from shared_traces import TRACES, needs_traces  # noqa: E402
 
