@@ -16,6 +16,7 @@ from zepp.errors import ZeppInputError
 __all__ = ["Trace", "check_id_range", "check_no_repeats", "check_weights", "MAX_INFERRED_EXPERTS"]
 
 MAX_INFERRED_EXPERTS = 1 << 16  # without num_experts, larger ids are refused (pass the count)
+_INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -63,21 +64,24 @@ class Trace:
 # ---------------------------------------------------------------- checks shared by every reader
 
 
-def check_id_range(ids: np.ndarray, num_experts: int, source: str, where) -> None:
-    """Raise on the first id of ``ids [N, k]`` outside ``[0, num_experts)``, compared in the
-    array's own dtype (large unsigned values never wrap). ``where(r)`` names row ``r`` in the
-    message (``"line 7"``, ``"row 6"``)."""
-    bad = (ids < 0) | (ids >= num_experts)
+def check_id_range(ids: np.ndarray, num_experts: int | None, source: str, where) -> None:
+    """Raise on the first id of ``ids [N, k]`` outside ``[0, num_experts)`` (``num_experts``
+    ``None``: outside the int32 range, the count is inferred later), compared in the array's own
+    dtype (large unsigned values never wrap). ``where(r)`` names row ``r`` in the message
+    (``"line 7"``, ``"row 6"``)."""
+    bad = (ids < 0) | (ids >= (num_experts if num_experts is not None else _INT32_MAX + 1))
     if not bad.any():
         return
     r, c = np.argwhere(bad)[0]
     v = int(ids[r, c])
     if v < 0:
-        raise ZeppInputError(f"{source}: {where(r)}: negative expert id {v} (position {c + 1}); "
-                             f"expert ids must lie in [0, {num_experts})")
-    raise ZeppInputError(f"{source}: {where(r)}: expert id {v} (position {c + 1}) is out of range "
-                         f"[0, {num_experts}); pass the model's expert count (--experts) if this trace "
-                         f"has more experts")
+        why = f"negative expert id {v} (position {c + 1}); expert ids must lie in [0, {num_experts or 'num_experts'})"
+    elif num_experts is None:
+        why = f"expert id {v} (position {c + 1}) exceeds the int32 range; expert ids are small integers, check the file"
+    else:
+        why = (f"expert id {v} (position {c + 1}) is out of range [0, {num_experts}); pass the model's expert count "
+               f"(--experts) if this trace has more experts")
+    raise ZeppInputError(f"{source}: {where(r)}: {why}")
 
 
 def check_no_repeats(ids: np.ndarray, source: str, where) -> None:

@@ -27,7 +27,6 @@ __all__ = ["read_text_ids", "CHUNK_BYTES", "MAX_INFERRED_EXPERTS", "PEAK_FACTOR"
 
 CHUNK_BYTES = 4 << 20
 PEAK_FACTOR = 2.2  # peak memory / file size, worst case (1-digit ids), for the limit check
-_INT32_MAX = (1 << 31) - 1
 _MAX_DIGITS = 10
 
 _WS = np.zeros(256, dtype=bool)
@@ -157,34 +156,18 @@ class _Reader:
         def where(r: int) -> str:
             return f"line {lines[r]}"
 
-        if self.num_experts is not None:
-            check_id_range(ids, self.num_experts, self.source, where)
-        else:
-            self._check_inferred(ids, lines)
-        if not self.allow_duplicates:
-            check_no_repeats(ids, self.source, where)
-
-    def _check_inferred(self, ids: np.ndarray, lines: np.ndarray) -> None:
-        """Without the expert count: ids within int32 and below ``MAX_INFERRED_EXPERTS``."""
-        src = self.source
-        bad = (ids < 0) | (ids >= _INT32_MAX + 1)
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            v = int(ids[r, c])
-            if v < 0:
-                raise ZeppInputError(f"{src}: line {lines[r]}: negative expert id {v} (position {c + 1}); "
-                                     f"expert ids must lie in [0, num_experts)")
-            raise ZeppInputError(f"{src}: line {lines[r]}: expert id {v} (position {c + 1}) exceeds the int32 range; "
-                                 f"expert ids are small integers, check the file")
-        if ids.size:
+        check_id_range(ids, self.num_experts, self.source, where)
+        if self.num_experts is None and ids.size:
             top = int(ids.max())
             if top >= MAX_INFERRED_EXPERTS:
                 r, c = np.argwhere(ids == top)[0]
                 raise ZeppInputError(
-                    f"{src}: line {lines[r]}: expert id {top} would mean {top + 1} experts; no model has that "
-                    f"many: pass the model's expert count (num_experts / --model) or check the file"
+                    f"{self.source}: line {lines[r]}: expert id {top} would mean {top + 1} experts; no model has "
+                    f"that many: pass the model's expert count (num_experts / --model) or check the file"
                 )
             self.max_id = max(self.max_id, top)
+        if not self.allow_duplicates:
+            check_no_repeats(ids, self.source, where)
 
 
 def read_text_ids(p: Path, top_k: int | None, num_experts: int | None, allow_duplicates: bool = False,
