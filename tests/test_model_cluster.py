@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from zepp.cluster import cluster_preset
+from zepp.cluster import cluster_preset, load_cluster_file
 from zepp.errors import ZeppInputError
 from zepp.model import PRESET_NAMES, TRACE_DIR_OF, model_preset
 
@@ -67,7 +69,7 @@ def test_budget_too_small_for_one_token():
     # the suggested budget is enough
     smallest = float(msg.rsplit("above ", 1)[1].split()[0])
     assert k2.tokens_for_budget(smallest * 1.01) == 8
-    for bad in (0, -1, float("nan")):
+    for bad in (0, -1, float("nan"), float("inf"), True):
         with pytest.raises(ZeppInputError, match="positive, finite number of MB"):
             k2.tokens_for_budget(bad)
 
@@ -83,3 +85,25 @@ def test_cluster_presets():
         cluster_preset("tpu", nodes=4)
     with pytest.raises(ZeppInputError, match="nodes must be a positive integer"):
         cluster_preset("a100", nodes=0)
+
+
+def test_todays_presets_and_cluster_file(tmp_path):
+    h = cluster_preset("h100", 4)
+    assert h.gpus_per_node == 4 and h.nvlink_bw == 370e9 / 3 and h.nic_bw == 25e9  # unchanged (weak-scaling table)
+    for name, l in (("h100-8", 8), ("h200-8", 8), ("gb200-nvl72", 72)):
+        c = cluster_preset(name, 2)
+        assert c.gpus_per_node == l and c.nic_bw == 46e9
+    (tmp_path / "c.yaml").write_text("base: h200-8\nnodes: 3\nnic_bw: 5.0e10\n")
+    c = load_cluster_file(tmp_path / "c.yaml")
+    assert (c.nodes, c.gpus_per_node, c.nic_bw, c.hbm_bw) == (3, 8, 5e10, 4.8e12)
+    (tmp_path / "c.json").write_text(json.dumps({"nodes": 2, "gpus_per_node": 4, "nic_bw": 1e10, "nvlink_bw": 1e11,
+                                                 "peak_flops": 1e15, "hbm_bw": 3e12}))
+    assert load_cluster_file(tmp_path / "c.json").nic_bw == 1e10
+    for text, needle in (("nodes: 2\nnic_speed: 3\n", "unknown field 'nic_speed'"),
+                         ("nodes: 2\nnic_bw: fast\n", "field 'nic_bw' must be a finite number"),
+                         ("nodes: 0\n", "field 'nodes' must be a positive integer"),
+                         ("base: tpu\nnodes: 1\n", "field 'base': unknown preset 'tpu'"),
+                         ("nodes: [1\n", "not valid YAML")):
+        (tmp_path / "b.yaml").write_text(text)
+        with pytest.raises(ZeppInputError, match=needle):
+            load_cluster_file(tmp_path / "b.yaml")

@@ -20,11 +20,18 @@ them with ``zepp.emulate.linkcal``).
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from zepp.errors import ZeppInputError
+from zepp.files import input_file, read_bytes
+
+# figures that must be positive (a zero bandwidth or peak would divide by zero)
+_POSITIVE_FIELDS = ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max")
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class Cluster:
             raise ZeppInputError(
                 f"cluster {self.name!r}: gpus_per_node must be a positive integer, got {self.gpus_per_node!r}"
             )
-        for field in ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max"):
+        for field in _POSITIVE_FIELDS:
             if not getattr(self, field) > 0:
                 raise ZeppInputError(f"cluster {self.name!r}: {field} must be positive, got {getattr(self, field)!r}")
 
@@ -108,7 +115,7 @@ _DEFAULT_GPUS_PER_NODE = 4
 PRESET_NAMES = tuple(_PRESETS)
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Cluster)}
-_NUMBER = __import__("re").compile(r"[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def cluster_preset(name: str, nodes: int, gpus_per_node: int | None = None, **overrides) -> Cluster:
@@ -138,54 +145,14 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
     overrides) and ``name``. ``nodes`` / ``gpus_per_node`` given here win over the file's.
     An unknown field, a wrong type or a bad value is one error naming the field.
     """
-    from pathlib import Path
-
-    from zepp.traces.formats.files import input_file, read_bytes
-
     p = input_file(Path(path), "cluster file", ".yaml, .yml or .json")
-    raw = read_bytes(p)
-    try:
-        if p.suffix.lower() == ".json":
-            import json
-
-            obj = json.loads(raw)
-        else:
-            import yaml
-
-            obj = yaml.safe_load(raw)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ZeppInputError(f"{p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'} ({first})") from None
-    if not isinstance(obj, dict):
-        raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}")
-    fields: dict = {}
+    obj = _read_mapping(p)
     base = obj.get("base")
-    if base is not None:
-        if base not in _PRESETS:
-            raise ZeppInputError(f"{p}: field 'base': unknown preset {base!r}; choose one of {', '.join(PRESET_NAMES)}")
-        fields.update(_PRESETS[base])
-        fields.setdefault("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
+    fields = _base_fields(p, base)
     for key, value in obj.items():
-        if key == "base":
-            continue
-        if key not in _FIELDS:
-            raise ZeppInputError(f"{p}: unknown field {key!r}; cluster fields are {', '.join(_FIELDS)} (and base)")
-        if key == "name":
-            if not isinstance(value, str) or not value:
-                raise ZeppInputError(f"{p}: field 'name' must be a non-empty string, got {value!r}")
-        elif key in ("nodes", "gpus_per_node"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ZeppInputError(f"{p}: field {key!r} must be a positive integer, got {value!r}")
-        elif value is None and key == "weight_copy_bw":
-            pass
-        elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-            value = float(value)  # YAML 1.1 reads 5.0e10 (no exponent sign) as a string
-            if not np.isfinite(value) or value < 0:
-                raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
-            raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
-        fields[key] = value
-    for key in ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max"):
+        if key != "base":
+            fields[key] = _field_value(p, key, value)
+    for key in _POSITIVE_FIELDS:
         if key in fields and not fields[key] > 0:
             raise ZeppInputError(f"{p}: field {key!r} must be positive, got {fields[key]!r}")
     if nodes is not None:
@@ -196,3 +163,54 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
         raise ZeppInputError(f"{p}: field 'nodes' is missing (or pass --nodes)")
     fields.setdefault("name", str(base or p.stem))
     return Cluster(**fields)
+
+
+def _read_mapping(p: Path) -> dict:
+    """The mapping a cluster file holds (JSON by suffix, else YAML)."""
+    raw = read_bytes(p)
+    is_json = p.suffix.lower() == ".json"
+    try:
+        if is_json:
+            obj = json.loads(raw)
+        else:
+            import yaml
+
+            obj = yaml.safe_load(raw)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ZeppInputError(f"{p}: not valid {'JSON' if is_json else 'YAML'} ({first})") from None
+    if not isinstance(obj, dict):
+        raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}")
+    return obj
+
+
+def _base_fields(p: Path, base) -> dict:
+    """The figures of preset ``base`` (none when ``base`` is ``None``)."""
+    fields: dict = {}
+    if base is not None:
+        if base not in _PRESETS:
+            raise ZeppInputError(f"{p}: field 'base': unknown preset {base!r}; choose one of {', '.join(PRESET_NAMES)}")
+        fields.update(_PRESETS[base])
+        fields.setdefault("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
+    return fields
+
+
+def _field_value(p: Path, key: str, value):
+    """``value`` of cluster field ``key`` from file ``p``, checked (numbers written as strings parsed)."""
+    if key not in _FIELDS:
+        raise ZeppInputError(f"{p}: unknown field {key!r}; cluster fields are {', '.join(_FIELDS)} (and base)")
+    if key == "name":
+        if not isinstance(value, str) or not value:
+            raise ZeppInputError(f"{p}: field 'name' must be a non-empty string, got {value!r}")
+    elif key in ("nodes", "gpus_per_node"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ZeppInputError(f"{p}: field {key!r} must be a positive integer, got {value!r}")
+    elif value is None and key == "weight_copy_bw":
+        pass
+    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 5.0e10 (no exponent sign) as a string
+        if not np.isfinite(value) or value < 0:
+            raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
+    return value

@@ -107,7 +107,7 @@ PRESET_NAMES = tuple(_PRESETS)
 # The folder of ../shared/traces that holds each model's recorded ids.
 TRACE_DIR_OF = {"k2": "k2", "qwen": "qwen3"}
 # Other folder names accepted for a preset in a trace directory (besides the preset's own name).
-TRACE_DIR_ALIASES = {"qwen": ("qwen3",)}
+TRACE_DIR_ALIASES = {name: (d,) for name, d in TRACE_DIR_OF.items() if d != name}
 
 
 def trace_dirs(name: str) -> tuple[str, ...]:

@@ -78,7 +78,7 @@ def test_bad_input_ids(ckpt, tmp_path):
 
 
 def test_record_then_history_with_check(ckpt, reqs, tmp_path):
-    from zepp.traces.sampling import read_load_histogram, read_trace
+    from zepp.traces import read_load_histogram, read_trace
 
     rec, out = tmp_path / "rec", tmp_path / "out.json"
     r = _zepp("--checkpoint", ckpt, "--nodes", "1", "--gpus-per-node", "2", "--system", "a2av", "--input-ids", reqs,

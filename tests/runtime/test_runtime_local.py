@@ -100,7 +100,7 @@ def test_degenerate_batches():
 def test_real_trace_batches(model, E):
     if not (TRACES / model / "eval.txt").is_file():
         pytest.skip(f"real traces not found under {TRACES}")
-    from zepp.traces.sampling import node_demand, read_trace, sample_batches
+    from zepp.traces import node_demand, read_trace, sample_batches
 
     pool = read_trace(TRACES / model / "pool.txt", E, 8)
     ev = read_trace(TRACES / model / "eval.txt", E, 8)

@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 
 from zepp.errors import ZeppInputError
-from zepp.model import model_preset
-from zepp.traces.synthetic import (
-    SynthParams, distinct_nodes, fit_synth, load_params, merge_saving, pair_concentration, popularity_tv,
-    sample_window, synthetic_traces, trace_statistics,
-)
 from zepp.model import PRESET_NAMES, model_preset
-from zepp.traces.synthetic import PROFILES, default_profile, synthetic_history
-from zepp.traces.sampling import Trace, load_model_traces
+from zepp.traces import Trace, load_model_traces
+from zepp.traces.synthetic import (
+    PROFILES, SynthParams, default_profile, distinct_nodes, fit_synth, load_params, merge_saving, pair_concentration,
+    popularity_tv, sample_window, synthetic_history, synthetic_traces, trace_statistics,
+)
 
 from shared_traces import TRACES, needs_traces  # noqa: E402
 

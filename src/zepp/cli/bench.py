@@ -57,7 +57,7 @@ def _csv(kind, value, cast):
 def traces_for(model: str, traces_dir: str | None, seed: int):
     """``(pool, eval)`` Traces: ``DIR/<model>/`` when ``traces_dir`` is given, else built-in."""
     if traces_dir:
-        from zepp.traces.sampling import load_model_traces
+        from zepp.traces import load_model_traces
 
         return load_model_traces(traces_dir, model)
     from zepp.traces.synthetic import synthetic_traces
@@ -70,7 +70,7 @@ def make_config(job: dict):
     from zepp.sim.calibrate import calibrated
     from zepp.model import model_preset
     from zepp.sim.run import Config
-    from zepp.traces.sampling import node_demand, sample_batches
+    from zepp.traces import node_demand, sample_batches
 
     cl, net = calibrated(job["cluster"], job["nodes"], gpus_per_node=job.get("gpus_per_node", 4))
     spec = model_preset(job["model"])

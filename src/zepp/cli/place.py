@@ -15,14 +15,71 @@ run the layer (``zepp.interop.buys``), on the history and on a held-out part of 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from zepp.errors import ZeppInputError
+from zepp.interop import FORMATS
 
-_FORMATS = ("sglang", "vllm", "trtllm", "zepp")
+if TYPE_CHECKING:
+    from zepp.cluster import Cluster
+    from zepp.model import MoESpec
+
+
+@dataclass(frozen=True)
+class PlaceOptions:
+    """The options of ``zepp place`` as given (click's parameter names)."""
+
+    history_path: str
+    model: str
+    nodes: int
+    gpus_per_node: int | None
+    redundant: int | None
+    fmt: str
+    out: str
+    policy: str
+    routing: str | None
+    dispatch: str
+    combine: str
+    cluster_name: str
+    cluster_file: str | None
+    budget_mb: float
+    iters: int
+    heldout: float
+    relaxation: float | None
+    seed: int
+    experts: int | None
+    topk: int | None
+    allow_duplicate_ids: bool
+    sim_layers: int
+    report_path: str | None
+    no_report: bool
+
+
+@dataclass(frozen=True)
+class PlaceJob:
+    """Checked options and what follows from them: the model, the cluster, the redundant
+    experts, the engine's routing for the report and Zepp's relaxation ``C``."""
+
+    opts: PlaceOptions
+    spec: MoESpec
+    cluster: Cluster
+    redundant: int
+    routing: str
+    relaxation: float
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.cluster.gpus_per_node
+
+
+# ---------------------------------------------------------------- every option checked before any work
 
 
 def _policies():
@@ -31,39 +88,118 @@ def _policies():
     return tuple(PLACEMENTS)
 
 
-def _hint(fmt: str, out: str, ep) -> str:
-    if fmt == "sglang":
-        return (f"SGLang: --init-expert-location {out} --ep-num-redundant-experts {ep.redundant} "
-                f"(EP size {ep.ranks}; without --enable-eplb, which would re-plan it)")
-    if fmt == "trtllm":
-        return f"TensorRT-LLM: moe_config: {{backend: WideEP, load_balancer: {out}}} (EP size {ep.ranks})"
-    if fmt == "vllm":
-        if out.lower().endswith(".json"):
-            return f"vLLM-Ascend: give {out} as the expert placement file (EP size {ep.ranks})"
-        return (f"vLLM: {out} holds physical_to_logical_map, logical_to_physical_map and logical_replica_count per "
-                f"MoE layer for its EPLB state (num_redundant_experts={ep.redundant}; mainline vLLM has no loader)")
-    return f"zepp: zepp.interop.read_placement_file({out!r}, 'zepp', spec, {ep.nodes}, {ep.gpus_per_node})"
+def _check_deployment(o: PlaceOptions):
+    """``(spec, cluster, redundant)``: the model, the cluster and the redundant experts (default:
+    the smallest count >= the GPU count that makes experts + redundant divide)."""
+    from zepp.cluster import cluster_preset, load_cluster_file
+    from zepp.interop.layers import physical_experts
+    from zepp.model import model_preset
+
+    spec = model_preset(o.model, experts=o.experts, topk=o.topk)
+    if o.nodes is None or o.nodes < 1:
+        raise ZeppInputError(f"--nodes must be a positive integer, got {o.nodes!r}")
+    cl = load_cluster_file(o.cluster_file, o.nodes, o.gpus_per_node) if o.cluster_file else \
+        cluster_preset(o.cluster_name, o.nodes, o.gpus_per_node)
+    ranks = o.nodes * cl.gpus_per_node
+    redundant = o.redundant
+    if redundant is None:
+        redundant = ranks + (-(spec.num_experts + ranks)) % ranks
+    physical_experts(spec.num_experts, ranks, redundant)
+    return spec, cl, redundant
+
+
+def _check_engine(o: PlaceOptions) -> str:
+    """The placement policy, the engine's routing (returned, defaulted by format) and transports."""
+    from zepp.interop.buys import ENGINE_ROUTING
+    from zepp.planner.flows import check_transports
+    from zepp.registry import ROUTINGS
+
+    if o.policy not in _policies():
+        raise ZeppInputError(f"--policy {o.policy!r}: choose one of {', '.join(_policies())}")
+    routing = o.routing or ENGINE_ROUTING[o.fmt]
+    if routing not in ROUTINGS or routing == "moonep":
+        raise ZeppInputError(f"--routing {routing!r}: choose one of {', '.join(r for r in ROUTINGS if r != 'moonep')}")
+    check_transports(o.dispatch, o.combine)
+    return routing
+
+
+def _check_report_numbers(o: PlaceOptions, spec) -> float:
+    """The report's budget, batches, held-out share and layers; returns Zepp's relaxation ``C``."""
+    for name, v in (("--budget-mb", o.budget_mb), ("--heldout", o.heldout)):
+        if not math.isfinite(v):
+            raise ZeppInputError(f"{name} must be a finite number, got {v!r}")
+    if o.iters < 1:
+        raise ZeppInputError(f"--iters must be >= 1, got {o.iters}")
+    if o.sim_layers < 0:
+        raise ZeppInputError(f"--sim-layers must be >= 0, got {o.sim_layers}")
+    if not 0 <= o.heldout < 1:
+        raise ZeppInputError(f"--heldout must lie in [0, 1), got {o.heldout}")
+    spec.tokens_for_budget(o.budget_mb)
+    rel = (0.5 if o.nodes >= 16 else 0.25) if o.relaxation is None else o.relaxation
+    if not (math.isfinite(rel) and rel >= 0):
+        raise ZeppInputError(f"--relaxation must be a finite number >= 0, got {o.relaxation!r}")
+    return rel
+
+
+def _check_outputs(o: PlaceOptions) -> None:
+    from zepp.interop import check_suffix
+    from zepp.interop.common import writable
+
+    check_suffix(o.fmt, o.out)
+    writable(o.out)
+    if o.report_path:
+        writable(o.report_path)
+
+
+def checked(o: PlaceOptions) -> PlaceJob:
+    """Every option checked, in the order the messages come, before anything is read."""
+    spec, cl, redundant = _check_deployment(o)
+    routing = _check_engine(o)
+    rel = _check_report_numbers(o, spec)
+    _check_outputs(o)
+    return PlaceJob(o, spec, cl, redundant, routing, rel)
+
+
+# ---------------------------------------------------------------- read, plan, write
+
+
+def _read_history(job: PlaceJob):
+    o = job.opts
+    if o.history_path == "synthetic" or o.history_path.startswith("synthetic:"):
+        from zepp.traces.synthetic import synthetic_history
+
+        prof = o.history_path.split(":", 1)[1] if ":" in o.history_path else None
+        hist = synthetic_history(job.spec.name, profile=prof, seed=o.seed)
+    else:
+        from zepp.interop.history import read_history
+
+        hist = read_history(o.history_path, job.spec.name, o.experts, o.topk, o.allow_duplicate_ids)
+    click.echo(f"history: {hist.describe()}")
+    for n in hist.notes:
+        click.echo(f"  note: {n}")
+    return hist
+
+
+def _most_copies_on_a_node(ep) -> int:
+    """The most copies of one expert on one node, over every layer of ``ep``."""
+    import numpy as np
+
+    worst = 0
+    for row in ep.maps.values():
+        node = np.arange(row.size) // (ep.slots_per_gpu * ep.gpus_per_node)
+        worst = max(worst, int(np.bincount(node * ep.model.num_experts + row).max()))
+    return worst
 
 
 def _rule_lines(zepp_ep, eplb_ep, history) -> list[str]:
     """Zepp's rule, visible: copies per node and the hottest experts' copies."""
     import numpy as np
 
-    lines = []
-    worst = 0
-    for layer, row in zepp_ep.maps.items():
-        node = np.arange(row.size) // (zepp_ep.slots_per_gpu * zepp_ep.gpus_per_node)
-        key = node * zepp_ep.model.num_experts + row
-        worst = max(worst, int(np.bincount(key).max()))
-    eplb_worst = 0
-    for layer, row in eplb_ep.maps.items():
-        node = np.arange(row.size) // (eplb_ep.slots_per_gpu * eplb_ep.gpus_per_node)
-        eplb_worst = max(eplb_worst, int(np.bincount(node * eplb_ep.model.num_experts + row).max()))
-    lines.append(f"most copies of one expert on one node: {zepp_ep.policy} {worst}, eplb {eplb_worst} "
-                 f"({'no expert has two copies on one node' if worst == 1 else 'some expert has several copies on a node'})")
-    i = 0
+    worst, eplb_worst = _most_copies_on_a_node(zepp_ep), _most_copies_on_a_node(eplb_ep)
+    verdict = "no expert has two copies on one node" if worst == 1 else "some expert has several copies on a node"
+    lines = [f"most copies of one expert on one node: {zepp_ep.policy} {worst}, eplb {eplb_worst} ({verdict})"]
     layer = history.layers[0] if history.layers is not None else zepp_ep.model.moe_layers[0]
-    load = history.load(i)
+    load = history.load(0)
     share = load / max(1, load.sum())
     zc = np.bincount(zepp_ep.maps[layer], minlength=zepp_ep.model.num_experts)
     ec = np.bincount(eplb_ep.maps[layer], minlength=zepp_ep.model.num_experts)
@@ -73,6 +209,74 @@ def _rule_lines(zepp_ep, eplb_ep, history) -> list[str]:
                  f"{zepp_ep.policy} / eplb")
     lines.append("  " + ", ".join(f"{e} ({share[e]:.1%}): {zc[e]}/{ec[e]}" for e in [*hot, *cold]))
     return lines
+
+
+def _plan_and_write(job: PlaceJob, plan_hist):
+    """``(placement, eplb's placement, how each layer's node demand was obtained)``; the
+    placement is written, read back and compared before it is reported as written."""
+    from zepp.interop import load_hint, read_placement_file, write_placement
+    from zepp.interop.layers import plan_layers
+
+    o, spec, L = job.opts, job.spec, job.gpus_per_node
+    ep, how = plan_layers(plan_hist, spec, o.nodes, L, job.redundant, o.policy)
+    eplb_ep, _ = plan_layers(plan_hist, spec, o.nodes, L, job.redundant, "eplb")
+    click.echo(f"cluster: {job.cluster.name}, {o.nodes} nodes x {L} GPUs = {o.nodes * L} GPUs; {spec.num_experts} "
+               f"experts + {job.redundant} redundant = {ep.num_physical} physical ({ep.slots_per_gpu} per GPU); "
+               f"{len(ep.maps)} MoE layers of {spec.num_layers}")
+    click.echo(f"node demand: {how[0]}")
+    for n in ep.notes:
+        click.echo(f"  note: {n}")
+    for line in _rule_lines(ep, eplb_ep, plan_hist):
+        click.echo(line)
+    write_placement(o.out, ep, o.fmt)
+    back = read_placement_file(o.out, o.fmt, spec, o.nodes, L)
+    if not back.same_as(ep):
+        raise ZeppInputError(f"{o.out}: reading the written file back gave another placement (a bug; please report)")
+    click.echo(f"wrote {o.out} ({o.fmt}, {o.policy} placement, read back identical)")
+    click.echo(f"  {load_hint(o.fmt, o.out, ep)}")
+    return ep, eplb_ep, how
+
+
+# ---------------------------------------------------------------- what it buys
+
+
+def _progress(i: int, n: int) -> None:
+    if sys.stderr.isatty():
+        click.echo(f"\rreport: layer {i}/{n}", err=True, nl=i == n)
+
+
+def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
+    """The report's figures per layer, window and configuration, printed as a table."""
+    from zepp.interop.buys import buys, format_table
+
+    o, spec = job.opts, job.spec
+    figs = buys(plan_hist, held, ep, eplb_ep, job.routing, o.dispatch, o.combine, o.budget_mb, o.iters, o.seed,
+                job.relaxation, _progress, cluster=job.cluster if o.sim_layers else None, sim_layers=o.sim_layers)
+    click.echo("")
+    click.echo(f"what it buys ({spec.name}, {spec.tokens_for_budget(o.budget_mb)} tokens per GPU = {o.budget_mb:g} "
+               f"MiB budget; engine routing '{job.routing}' over {o.dispatch}/{o.combine}; x eplb < 1 is better):")
+    click.echo("  eplb: engine routing over EPLB's placement | engine+zepp-place: the same routing over this file | "
+               "zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
+    click.echo(format_table(figs))
+    if o.sim_layers:
+        from zepp.sim.calibrate import FITTED
+
+        cl = job.cluster
+        net = "its calibrated network figures" if cl.name in FITTED else "default network figures (uncalibrated)"
+        click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {o.sim_layers} "
+                   f"layer(s), no overlap for any configuration")
+    return figs
+
+
+def _write_report(job: PlaceJob, hist, how: list[str], figs: list) -> None:
+    o = job.opts
+    Path(o.report_path).write_text(json.dumps({
+        "history": hist.describe(), "model": job.spec.name, "cluster": job.cluster.name, "nodes": o.nodes,
+        "gpus_per_node": job.gpus_per_node, "redundant": job.redundant, "policy": o.policy, "format": o.fmt,
+        "out": o.out, "routing": job.routing, "dispatch": o.dispatch, "combine": o.combine,
+        "budget_mb": o.budget_mb, "iters": o.iters, "heldout": o.heldout, "node_demand": how[0],
+        "figures": [f.__dict__ for f in figs]}, indent=1) + "\n")
+    click.echo(f"wrote {o.report_path} (report, every layer)")
 
 
 @click.command("place")
@@ -85,7 +289,7 @@ def _rule_lines(zepp_ep, eplb_ep, history) -> list[str]:
 @click.option("--redundant", type=int, default=None,
               help="extra physical experts in total (E + R must be divisible by the GPU count); default: the "
                    "smallest R >= GPU count that divides")
-@click.option("--format", "fmt", type=click.Choice(_FORMATS), required=True, help="engine file to write")
+@click.option("--format", "fmt", type=click.Choice(tuple(FORMATS)), required=True, help="engine file to write")
 @click.option("--out", required=True, help="file to write (.json/.pt sglang; .yaml trtllm; .pt/.json vllm; .json zepp)")
 @click.option("--policy", default="zepp", help="placement to write (a registry placement; zepp place compares it "
                                                "with eplb)")
@@ -108,120 +312,19 @@ def _rule_lines(zepp_ep, eplb_ep, history) -> list[str]:
               help="simulate the first N layers' layer time on the cluster (0: none)")
 @click.option("--report", "report_path", default=None, help="write the report (every layer) as JSON here")
 @click.option("--no-report", is_flag=True, help="write the placement only")
-def place(history_path, model, nodes, gpus_per_node, redundant, fmt, out, policy, routing, dispatch, combine,
-          cluster_name, cluster_file, budget_mb, iters, heldout, relaxation, seed, experts, topk, allow_duplicate_ids,
-          sim_layers, report_path, no_report):
+def place(**options):
     """Plan every layer's expert placement from an engine's history and write the file it loads."""
-    import math
-
-    from zepp.cluster import cluster_preset, load_cluster_file
-    from zepp.planner.flows import check_transports
-    from zepp.interop import check_suffix, read_placement_file, write_placement
-    from zepp.interop.buys import ENGINE_ROUTING, buys, format_table
-    from zepp.interop.common import writable
-    from zepp.interop.layers import physical_experts, plan_layers
-    from zepp.model import model_preset
-    from zepp.registry import ROUTINGS
-
-    # ---- every option checked before any work
-    spec = model_preset(model, experts=experts, topk=topk)
-    if nodes is None or nodes < 1:
-        raise ZeppInputError(f"--nodes must be a positive integer, got {nodes!r}")
-    cl = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
-        cluster_preset(cluster_name, nodes, gpus_per_node)
-    L = cl.gpus_per_node
-    ranks = nodes * L
-    if redundant is None:
-        redundant = ranks + (-(spec.num_experts + ranks)) % ranks
-    physical_experts(spec.num_experts, ranks, redundant)
-    if policy not in _policies():
-        raise ZeppInputError(f"--policy {policy!r}: choose one of {', '.join(_policies())}")
-    routing = routing or ENGINE_ROUTING[fmt]
-    if routing not in ROUTINGS or routing == "moonep":
-        raise ZeppInputError(f"--routing {routing!r}: choose one of {', '.join(r for r in ROUTINGS if r != 'moonep')}")
-    check_transports(dispatch, combine)
-    for name, v in (("--budget-mb", budget_mb), ("--heldout", heldout)):
-        if not math.isfinite(v):
-            raise ZeppInputError(f"{name} must be a finite number, got {v!r}")
-    if iters < 1:
-        raise ZeppInputError(f"--iters must be >= 1, got {iters}")
-    if sim_layers < 0:
-        raise ZeppInputError(f"--sim-layers must be >= 0, got {sim_layers}")
-    if not 0 <= heldout < 1:
-        raise ZeppInputError(f"--heldout must lie in [0, 1), got {heldout}")
-    spec.tokens_for_budget(budget_mb)
-    rel = (0.5 if nodes >= 16 else 0.25) if relaxation is None else relaxation
-    if not (math.isfinite(rel) and rel >= 0):
-        raise ZeppInputError(f"--relaxation must be a finite number >= 0, got {relaxation!r}")
-    check_suffix(fmt, out)
-    writable(out)
-    if report_path:
-        writable(report_path)
-
-    # ---- read
+    job = checked(PlaceOptions(**options))
+    o = job.opts
     t0 = time.perf_counter()
-    if history_path == "synthetic" or history_path.startswith("synthetic:"):
-        from zepp.traces.synthetic import synthetic_history
-
-        prof = history_path.split(":", 1)[1] if ":" in history_path else None
-        hist = synthetic_history(spec.name, profile=prof, seed=seed)
-    else:
-        from zepp.interop.history import read_history
-
-        hist = read_history(history_path, spec.name, experts, topk, allow_duplicate_ids)
-    click.echo(f"history: {hist.describe()}")
-    for n in hist.notes:
-        click.echo(f"  note: {n}")
-    plan_hist, held = hist.split(heldout) if not no_report else (hist, None)
-    if heldout and held is None and not no_report:
+    hist = _read_history(job)
+    plan_hist, held = hist.split(o.heldout) if not o.no_report else (hist, None)
+    if o.heldout and held is None and not o.no_report:
         click.echo("  note: nothing can be held out (one time bin); the report is on the planning history only")
-
-    # ---- plan and write
-    ep, how = plan_layers(plan_hist, spec, nodes, L, redundant, policy)
-    eplb_ep, _ = plan_layers(plan_hist, spec, nodes, L, redundant, "eplb")
-    click.echo(f"cluster: {cl.name}, {nodes} nodes x {L} GPUs = {ranks} GPUs; {spec.num_experts} experts + "
-               f"{redundant} redundant = {ep.num_physical} physical ({ep.slots_per_gpu} per GPU); "
-               f"{len(ep.maps)} MoE layers of {spec.num_layers}")
-    click.echo(f"node demand: {how[0]}")
-    for n in ep.notes:
-        click.echo(f"  note: {n}")
-    for line in _rule_lines(ep, eplb_ep, plan_hist):
-        click.echo(line)
-    write_placement(out, ep, fmt)
-    back = read_placement_file(out, fmt, spec, nodes, L)
-    if not back.same_as(ep):
-        raise ZeppInputError(f"{out}: reading the written file back gave another placement (a bug; please report)")
-    click.echo(f"wrote {out} ({fmt}, {policy} placement, read back identical)")
-    click.echo(f"  {_hint(fmt, out, ep)}")
-    if no_report:
+    ep, eplb_ep, how = _plan_and_write(job, plan_hist)
+    if o.no_report:
         return
-
-    # ---- what it buys
-    def progress(i, n):
-        if sys.stderr.isatty():
-            click.echo(f"\rreport: layer {i}/{n}", err=True, nl=i == n)
-
-    figs = buys(plan_hist, held, ep, eplb_ep, routing, dispatch, combine, budget_mb, iters, seed, rel, progress,
-                cluster=cl if sim_layers else None, sim_layers=sim_layers)
-    click.echo("")
-    click.echo(f"what it buys ({spec.name}, {spec.tokens_for_budget(budget_mb)} tokens per GPU = {budget_mb:g} MiB "
-               f"budget; engine routing '{routing}' over {dispatch}/{combine}; x eplb < 1 is better):")
-    click.echo("  eplb: engine routing over EPLB's placement | engine+zepp-place: the same routing over this file | "
-               "zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
-    click.echo(format_table(figs))
-    if sim_layers:
-        from zepp.sim.calibrate import FITTED
-
-        net = "its calibrated network figures" if cl.name in FITTED else "default network figures (uncalibrated)"
-        click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {sim_layers} layer(s), "
-                   f"no overlap for any configuration")
+    figs = _report(job, plan_hist, held, ep, eplb_ep)
     click.echo(f"({time.perf_counter() - t0:.1f} s)")
-    if report_path:
-        from pathlib import Path
-
-        Path(report_path).write_text(json.dumps({
-            "history": hist.describe(), "model": spec.name, "cluster": cl.name, "nodes": nodes, "gpus_per_node": L,
-            "redundant": redundant, "policy": policy, "format": fmt, "out": out, "routing": routing,
-            "dispatch": dispatch, "combine": combine, "budget_mb": budget_mb, "iters": iters, "heldout": heldout,
-            "node_demand": how[0], "figures": [f.__dict__ for f in figs]}, indent=1) + "\n")
-        click.echo(f"wrote {report_path} (report, every layer)")
+    if o.report_path:
+        _write_report(job, hist, how, figs)

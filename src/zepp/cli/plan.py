@@ -20,7 +20,7 @@ from zepp.model import MoESpec, model_preset
 from zepp.planner.placement import make_placement
 from zepp.planner.routing import route
 from zepp import registry
-from zepp.traces.sampling import Trace, node_demand, read_trace, sample_batches
+from zepp.traces import Trace, node_demand, read_trace, sample_batches
 
 
 def default_relaxation(nodes: int) -> float:

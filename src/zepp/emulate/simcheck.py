@@ -72,7 +72,7 @@ def worker_plans(cfg: dict) -> dict:
     from zepp.runtime.dispatcher import build_plan
     from zepp.runtime.systems import SYSTEMS
     from zepp.runtime.worker import DTYPES, load_traces
-    from zepp.traces.sampling import node_demand, sample_batches
+    from zepp.traces import node_demand, sample_batches
 
     import torch
 

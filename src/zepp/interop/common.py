@@ -1,15 +1,16 @@
-"""Checks shared by the engine placement formats."""
+"""What the engine placement formats share: the rules every map obeys, reading and writing files."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from zepp.errors import ZeppInputError
+from zepp.files import input_file, read_bytes, read_json
 from zepp.traces.formats.arrays import int_array, to_numpy, torch_load
-from zepp.traces.formats.files import input_file, read_bytes
 
 __all__ = ["check_rows", "load_obj", "save_json", "writable"]
 
@@ -41,10 +42,7 @@ def load_obj(path, kinds: tuple[str, ...]):
     p = input_file(path, "placement file", ", ".join(kinds))
     suffix = p.suffix.lower()
     if suffix == ".json" and ".json" in kinds:
-        try:
-            return p, json.loads(read_bytes(p))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ZeppInputError(f"{p}: not valid JSON ({exc})") from None
+        return p, read_json(p, "placement file", ", ".join(kinds))
     if suffix in (".pt", ".pth") and ".pt" in kinds:
         obj = torch_load(p)
         if isinstance(obj, dict):
@@ -63,8 +61,6 @@ def load_obj(path, kinds: tuple[str, ...]):
 
 def writable(path) -> Path:
     """Check an output path before any work: its folder exists and can be written."""
-    import os
-
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():

@@ -54,6 +54,57 @@ def place_zepp_slots(hist, gpus_per_node: int, slots_per_gpu: int) -> Placement:
 
     return zepp_slots(np.asarray(hist, dtype=np.int64), gpus_per_node, slots_per_gpu)
 
+
+def _place_zepp(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
+                num_physical: int) -> Placement:
+    """Zepp's rules for any slots per GPU; never two copies of an expert on one node."""
+    e = spec.num_experts
+    if num_physical > e * nodes:
+        raise ZeppInputError(
+            f"--redundant {num_physical - e}: zepp keeps at most one copy of an expert per node, so {nodes} "
+            f"nodes hold at most {e * nodes} physical experts ({e * (nodes - 1)} redundant); lower --redundant")
+    pl = place_zepp_slots(hist, gpus_per_node, num_physical // (nodes * gpus_per_node))
+    if (pl.slot_expert < 0).any():
+        raise ZeppInputError(
+            f"--redundant {num_physical - e}: some slots cannot be filled without a second copy of an expert on "
+            f"one node; lower --redundant")
+    return pl
+
+
+def _place_eplb(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
+                num_physical: int) -> Placement:
+    """DeepSeek EPLB on the total load: hierarchical when the expert groups divide over the nodes."""
+    import torch
+
+    from zepp.planner.placement import rebalance_experts
+
+    e, ranks = spec.num_experts, nodes * gpus_per_node
+    groups = spec.expert_groups
+    g, n = (groups, nodes) if groups > 1 and groups % nodes == 0 and e % groups == 0 else (1, 1)
+    w = torch.from_numpy(hist.sum(axis=0).astype(np.float32))[None, :]
+    phy2log, _, _ = rebalance_experts(w, num_physical, g, n, ranks)
+    return Placement(phy2log[0].numpy().reshape(ranks, num_physical // ranks).astype(np.int32), e, gpus_per_node)
+
+
+def _place_per_gpu(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
+                   num_physical: int) -> Placement:
+    """The planner's placement ``policy`` (``E`` a multiple of the GPU count, extra slots per GPU)."""
+    from zepp.planner.placement import make_placement
+
+    e, ranks = spec.num_experts, nodes * gpus_per_node
+    if e % ranks:
+        raise ZeppInputError(f"--policy {policy}: needs the expert count ({e}) to be a multiple of the GPU count "
+                             f"({ranks}); use --policy zepp or eplb")
+    extra = num_physical // ranks - e // ranks
+    if policy == "home" and extra:
+        raise ZeppInputError("--policy home has no redundant experts: use --redundant 0")
+    return make_placement(policy, hist, e, ranks, gpus_per_node, extra)
+
+
+# {policy: how it places P slots in total}; the registry's other placements go through _place_per_gpu
+ENGINE_PLACERS = {"zepp": _place_zepp, "eplb": _place_eplb}
+
+
 def place_layer(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
                 num_physical: int) -> Placement:
     """One layer's placement with ``num_physical`` slots in total (see the module docstring)."""
@@ -61,39 +112,8 @@ def place_layer(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_p
 
     if policy not in PLACEMENTS:
         raise ZeppInputError(f"--policy {policy!r}: unknown placement; choose from {', '.join(PLACEMENTS)}")
-    e = spec.num_experts
-    ranks = nodes * gpus_per_node
-    s = num_physical // ranks
-    if policy == "zepp":
-        if num_physical > e * nodes:
-            raise ZeppInputError(
-                f"--redundant {num_physical - e}: zepp keeps at most one copy of an expert per node, so {nodes} "
-                f"nodes hold at most {e * nodes} physical experts ({e * (nodes - 1)} redundant); lower --redundant")
-        pl = place_zepp_slots(hist, gpus_per_node, s)
-        if (pl.slot_expert < 0).any():
-            raise ZeppInputError(
-                f"--redundant {num_physical - e}: some slots cannot be filled without a second copy of an expert on "
-                f"one node; lower --redundant")
-        return pl
-    if policy == "eplb":
-        import torch
-
-        from zepp.planner.placement import rebalance_experts
-
-        groups = spec.expert_groups
-        g, n = (groups, nodes) if groups > 1 and groups % nodes == 0 and e % groups == 0 else (1, 1)
-        w = torch.from_numpy(hist.sum(axis=0).astype(np.float32))[None, :]
-        phy2log, _, _ = rebalance_experts(w, num_physical, g, n, ranks)
-        return Placement(phy2log[0].numpy().reshape(ranks, s).astype(np.int32), e, gpus_per_node)
-    from zepp.planner.placement import make_placement
-
-    if e % ranks:
-        raise ZeppInputError(f"--policy {policy}: needs the expert count ({e}) to be a multiple of the GPU count "
-                             f"({ranks}); use --policy zepp or eplb")
-    extra = s - e // ranks
-    if policy == "home" and extra:
-        raise ZeppInputError("--policy home has no redundant experts: use --redundant 0")
-    return make_placement(policy, hist, e, ranks, gpus_per_node, extra)
+    place = ENGINE_PLACERS.get(policy, _place_per_gpu)
+    return place(policy, hist, spec, nodes, gpus_per_node, num_physical)
 
 
 @dataclass(frozen=True)
@@ -141,9 +161,15 @@ class EnginePlacement:
                 and all(np.array_equal(self.maps[k], other.maps[k]) for k in self.maps))
 
 
+def _slot_row(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
+              num_physical: int) -> np.ndarray:
+    """``[P]`` int64: the logical expert in each physical slot of one layer's placement."""
+    return place_layer(policy, hist, spec, nodes, gpus_per_node, num_physical).slot_expert.ravel().astype(np.int64)
+
+
 def plan_layers(history, spec: MoESpec, nodes: int, gpus_per_node: int, redundant: int, policy: str,
                 ) -> tuple[EnginePlacement, list[str]]:
-    """Plan every MoE layer of ``spec`` from ``history`` (a :class:`zepp.interop.history.LayerHistory`).
+    """Plan every MoE layer of ``spec`` from ``history`` (a :class:`zepp.traces.layer_history.LayerHistory`).
 
     Returns the placement and, per planned layer, how its node demand was obtained. A history
     of one layer (``layers is None``) gives every MoE layer the same placement."""
@@ -156,7 +182,7 @@ def plan_layers(history, spec: MoESpec, nodes: int, gpus_per_node: int, redundan
     how: list[str] = []
     if history.layers is None:
         hist, why = history.node_demand(0, nodes, gpus_per_node)
-        row = place_layer(policy, hist, spec, nodes, gpus_per_node, p).slot_expert.ravel().astype(np.int64)
+        row = _slot_row(policy, hist, spec, nodes, gpus_per_node, p)
         for layer in spec.moe_layers:
             maps[layer] = row
         how.append(why)
@@ -165,13 +191,13 @@ def plan_layers(history, spec: MoESpec, nodes: int, gpus_per_node: int, redundan
         missing = [l for l in spec.moe_layers if l not in history.layers]
         for i, layer in enumerate(history.layers):
             hist, why = history.node_demand(i, nodes, gpus_per_node)
-            maps[layer] = place_layer(policy, hist, spec, nodes, gpus_per_node, p).slot_expert.ravel().astype(np.int64)
+            maps[layer] = _slot_row(policy, hist, spec, nodes, gpus_per_node, p)
             how.append(why)
         notes = ()
         if missing:
             # MoE layers without any record: the total over recorded layers stands in for them
             total = sum(history.node_demand(i, nodes, gpus_per_node)[0] for i in range(history.num_entries))
-            row = place_layer(policy, total, spec, nodes, gpus_per_node, p).slot_expert.ravel().astype(np.int64)
+            row = _slot_row(policy, total, spec, nodes, gpus_per_node, p)
             for layer in missing:
                 maps[layer] = row
             notes = (f"{len(missing)} MoE layer(s) without records get the placement of the summed history",)

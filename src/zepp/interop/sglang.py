@@ -10,9 +10,15 @@ appears in every row; ``P = E + --ep-num-redundant-experts`` is divisible by the
 (checked against ``sglang/srt/eplb/expert_location.py`` of SGLang 0.5.23:
 ``compute_initial_expert_location_metadata`` and ``init_by_mapping``).
 
-Its expert distribution recorder dumps are read by :func:`zepp.interop.history.read_history`.
 zepp's :class:`~zepp.planner.types.Placement` ``slot_expert [R, S]`` is one layer's row, slot
 ``r * S + s`` at row ``r``, column ``s``.
+
+What SGLang records (its expert distribution recorder, ``--expert-distribution-recorder-mode``),
+read by :func:`read_dumps` (through :func:`zepp.interop.history.read_history`): ``stat``
+(``logical_count [steps, layers, E]``, one file: rank 0 writes it, summed over ranks),
+``per_pass`` (``records[*].global_physical_count [layers, P]``) and ``per_token``
+(``records[*].topk_ids_of_layer [layers, T, k]``), one file per rank, physical ids mapped to
+logical ones through the dump's ``last_physical_to_logical_map [layers, P]``.
 """
 
 from __future__ import annotations
@@ -22,14 +28,19 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.traces.formats import read_load_histogram, read_trace
-from zepp.traces.formats.files import describe_keys
+from zepp.files import describe_keys, input_file
+from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
 from zepp.planner.types import Placement
+from zepp.traces.formats.arrays import check_ids, int_array, npz_load, torch_load, whole_counts
+from zepp.traces.formats.sglang_dumps import sglang_topk
+from zepp.traces.layer_history import LayerHistory, bin_steps
+from zepp.traces.trace import Trace
 
 __all__ = [
-    "placement_to_physical_map", "write_init_expert_location", "read_placement", "write_logical_count",
-    "read_load_histogram", "read_trace", "write_engine", "read_engine", "check_file_object",
+    "load_hint", "placement_to_physical_map", "write_init_expert_location", "read_placement", "write_logical_count",
+    "write_engine", "read_engine", "check_file_object", "is_dump", "has_dumps", "read_dumps", "read_dump_file",
+    "read_dump_folder",
 ]
 
 KEY = "physical_to_logical_map"
@@ -120,19 +131,13 @@ def read_placement(path, num_experts: int, ranks: int, gpus_per_node: int, layer
     """A :class:`Placement` from an SGLang (or vLLM) ``physical_to_logical_map [layers, P]``
     file (``.json``, ``.pt`` or ``.npz``); ``P`` must be a multiple of ``ranks``. Float slots
     are refused (never truncated)."""
-    from zepp.traces.formats.arrays import npz_load
-
     p = Path(path)
     if p.suffix.lower() == ".npz":
-        from zepp.traces.formats.files import input_file
-
         obj = npz_load(input_file(p, "expert-location file", ".json, .pt or .npz"))
     else:
         p, obj = load_obj(p, (".json", ".pt"))
     if not isinstance(obj, dict) or KEY not in obj:
         raise ZeppInputError(f"{p}: no {KEY!r} (found {describe_keys(obj)})")
-    from zepp.traces.formats.arrays import int_array
-
     m = int_array(obj[KEY], f"{p}: {KEY}", "logical expert ids", lo=0, hi=num_experts)
     if m.ndim == 1:
         m = m[None, :]
@@ -147,3 +152,181 @@ def read_placement(path, num_experts: int, ranks: int, gpus_per_node: int, layer
             f"the map was made for"
         )
     return Placement(row.reshape(ranks, -1).astype(np.int32), int(num_experts), int(gpus_per_node))
+
+
+def load_hint(out: str, ep) -> str:
+    """How SGLang is started with the file ``out`` of ``ep``."""
+    return (f"SGLang: --init-expert-location {out} --ep-num-redundant-experts {ep.redundant} "
+            f"(EP size {ep.ranks}; without --enable-eplb, which would re-plan it)")
+
+
+# ---------------------------------------------------------------- what SGLang records
+
+
+def is_dump(obj) -> bool:
+    """An expert-distribution dump: ``logical_count`` (stat mode) or ``records`` (per_pass / per_token)."""
+    return isinstance(obj, dict) and ("logical_count" in obj or "records" in obj)
+
+
+def has_dumps(d: Path) -> bool:
+    """A folder holding ``.pt`` files (one dump per rank)."""
+    return any(d.glob("*.pt"))
+
+
+def read_dump_folder(d: Path, req: HistoryRequest) -> LayerHistory:
+    """Every ``*.pt`` dump of folder ``d`` (one per rank), read by :func:`read_dumps`."""
+    paths = sorted(d.glob("*.pt"))
+    return read_dumps(paths, [torch_load(input_file(f)) for f in paths], req)
+
+
+def read_dump_file(p: Path, obj, req: HistoryRequest) -> LayerHistory:
+    """One dump ``obj`` (loaded from ``p``), read by :func:`read_dumps`."""
+    return read_dumps([p], [obj], req)
+
+
+def read_dumps(paths: list[Path], objs: list, req: HistoryRequest) -> LayerHistory:
+    """Every layer of SGLang expert-distribution dumps ``objs`` (loaded from ``paths``): one
+    stat-mode dump, or per_pass / per_token dumps, one per rank."""
+    source = str(paths[0].parent if len(paths) > 1 else paths[0])
+    if isinstance(objs[0], dict) and "logical_count" in objs[0]:
+        if len(objs) > 1:
+            raise ZeppInputError(f"{source}: more than one stat-mode dump; give one file (rank 0 writes it)")
+        return _stat_history(paths[0], objs[0], source, req)
+    dumps = _RankDumps(req)
+    for p, obj in zip(paths, objs):
+        dumps.add(p, obj)
+    return dumps.history(source, several=len(paths) > 1)
+
+
+def _stat_history(p: Path, obj: dict, source: str, req: HistoryRequest) -> LayerHistory:
+    """``logical_count [steps, layers, E]`` (or ``[layers, E]``): counts without source ranks."""
+    notes: list[str] = []
+    lc = whole_counts(obj["logical_count"], f"{p}: logical_count")
+    if lc.ndim == 2:
+        lc = lc[None]
+    if lc.ndim != 3:
+        raise ZeppInputError(f"{p}: logical_count must be [steps, layers, E], got shape {lc.shape}")
+    e = req.experts or lc.shape[2]
+    if lc.shape[2] != e:
+        raise ZeppInputError(f"{p}: logical_count has {lc.shape[2]} experts, the model {e}")
+    layers = req.model_layers(lc.shape[1], str(p), "logical_count")
+    c = bin_steps(lc, 0).transpose(1, 0, 2)[:, :, None, :]  # [L, B, 1, E]
+    keep = req.moe_rows(layers, c)
+    if len(keep) < len(layers):
+        notes.append(f"{len(layers) - len(keep)} dense or empty layer row(s) skipped")
+    notes.append("stat mode sums over ranks: no source ranks")
+    return LayerHistory(source, "sglang-stat", e, req.k, tuple(layers[i] for i in keep), counts=c[keep],
+                        sources="none", notes=tuple(notes))
+
+
+class _RankDumps:
+    """per_pass / per_token dumps, one file per rank, added in the order given: the first file
+    sets the mode and the layer count; the last one's map sets the expert count."""
+
+    def __init__(self, req: HistoryRequest):
+        self.req = req
+        self.per_token: bool | None = None
+        self.n_layers: int | None = None
+        self.num_experts: int | None = None
+        self.ranks: list[int] = []
+        self.tokens: dict[int, list[tuple[int, np.ndarray]]] = {}  # layer row -> per file (rank, ids [T, k])
+        self.counts: list[np.ndarray] = []  # per file [passes, L, E]
+
+    def add(self, p: Path, obj) -> None:
+        """Check dump ``obj`` (file ``p``) and keep its ids or counts in logical experts."""
+        m = self._physical_map(p, obj)
+        self.num_experts = self.req.experts or int(m.max()) + 1
+        recs = [r for r in obj["records"] if isinstance(r, dict)]
+        if not recs:
+            raise ZeppInputError(f"{p}: 'records' is empty; record some forward passes before dumping")
+        has_tok = all("topk_ids_of_layer" in r for r in recs)
+        self.per_token = has_tok if self.per_token is None else self.per_token
+        rank = int(recs[0].get("rank", len(self.ranks))) if not isinstance(recs[0].get("rank"), bool) else 0
+        self.ranks.append(rank)
+        if self.per_token:
+            self._add_tokens(p, recs, m, rank)
+        else:
+            self._add_counts(p, recs, m)
+
+    def _physical_map(self, p: Path, obj) -> np.ndarray:
+        """``last_physical_to_logical_map [L, P]`` of a dump, checked against the other files'."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("records"), (list, tuple)):
+            raise ZeppInputError(f"{p}: not an SGLang expert-distribution dump (keys {describe_keys(obj)}); expected "
+                                 f"'logical_count' (stat mode) or 'records' (per_pass / per_token mode)")
+        if "last_physical_to_logical_map" not in obj:
+            raise ZeppInputError(f"{p}: no 'last_physical_to_logical_map'; the recorded ids are physical and cannot "
+                                 f"be mapped to logical experts without it")
+        m = int_array(obj["last_physical_to_logical_map"], f"{p}: last_physical_to_logical_map", "logical ids",
+                      lo=0, hi=self.req.experts)
+        if m.ndim != 2:
+            raise ZeppInputError(f"{p}: last_physical_to_logical_map must be [layers, P], got shape {m.shape}")
+        self.n_layers = m.shape[0] if self.n_layers is None else self.n_layers
+        if m.shape[0] != self.n_layers:
+            raise ZeppInputError(f"{p}: {m.shape[0]} layers, other ranks' files {self.n_layers}")
+        return m
+
+    def _add_tokens(self, p: Path, recs: list[dict], m: np.ndarray, rank: int) -> None:
+        for li in range(self.n_layers):
+            parts = [sglang_topk({"topk_ids_of_layer": r["topk_ids_of_layer"],
+                                  "last_physical_to_logical_map": m}, str(p), li) for r in recs]
+            ids = np.concatenate(parts) if parts else np.empty((0, 1), np.int64)
+            self.tokens.setdefault(li, []).append((rank, ids))
+
+    def _add_counts(self, p: Path, recs: list[dict], m: np.ndarray) -> None:
+        rows = []
+        for j, r in enumerate(recs):
+            if "global_physical_count" not in r:
+                raise ZeppInputError(f"{p}: record {j} has no 'global_physical_count' (keys {describe_keys(r)})")
+            g = whole_counts(r["global_physical_count"], f"{p}: record {j}: global_physical_count")
+            if g.shape != m.shape:
+                raise ZeppInputError(f"{p}: record {j}: global_physical_count has shape {g.shape}, the map "
+                                     f"{m.shape}")
+            logical = np.zeros((self.n_layers, self.num_experts), dtype=np.int64)
+            np.add.at(logical, (np.arange(self.n_layers)[:, None], m), g)  # physical -> logical
+            rows.append(logical)
+        self.counts.append(np.stack(rows))
+
+    def history(self, source: str, several: bool) -> LayerHistory:
+        """The files' history, ranks in ascending order (``several``: more than one file)."""
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ZeppInputError(f"{source}: two files claim the same rank ({sorted(self.ranks)}); give one file "
+                                 f"per rank")
+        layers = self.req.model_layers(self.n_layers, source, "last_physical_to_logical_map")
+        order = np.argsort(self.ranks)
+        if self.per_token:
+            return self._token_history(source, layers, order, several)
+        return self._count_history(source, layers, order, several)
+
+    def _token_history(self, source: str, layers: tuple[int, ...], order: np.ndarray, several: bool) -> LayerHistory:
+        spec, e = self.req.spec, self.num_experts
+        traces, token_ranks, kept = [], [], []
+        for li in range(self.n_layers):
+            if spec is not None and layers[li] not in spec.moe_layers:
+                continue
+            pieces = [self.tokens[li][j] for j in order]
+            ids = np.concatenate([a for _, a in pieces])
+            if ids.shape[0] == 0:
+                continue
+            ek = check_ids(ids, e, self.req.top_k, f"{source} (layer {layers[li]})", "row (0-based)",
+                           self.req.allow_duplicates)
+            traces.append(Trace(ids.astype(np.int32), ek, f"{source}:layer{layers[li]}"))
+            token_ranks.append(np.concatenate([np.full(len(a), j, dtype=np.int64) for j, (_, a) in enumerate(pieces)]))
+            kept.append(layers[li])
+        if not traces:
+            raise ZeppInputError(f"{source}: no MoE layer holds any token")
+        if not several:
+            token_ranks = [None] * len(traces)
+        return LayerHistory(source, "sglang-per-token", e, traces[0].top_k, tuple(kept), tuple(traces),
+                            sources="ranks" if several else "none", token_ranks=tuple(token_ranks))
+
+    def _count_history(self, source: str, layers: tuple[int, ...], order: np.ndarray, several: bool) -> LayerHistory:
+        notes = []
+        passes = {c.shape[0] for c in self.counts}
+        steps = min(passes)
+        if len(passes) > 1:
+            notes.append(f"ranks recorded different pass counts {sorted(passes)}; the first {steps} of each are used")
+        arr = np.stack([self.counts[j][:steps] for j in order], axis=2)  # [passes, L, S, E]
+        c = bin_steps(arr, 0).transpose(1, 0, 2, 3)  # [L, B, S, E]
+        keep = self.req.moe_rows(layers, c)
+        return LayerHistory(source, "sglang-per-pass", self.num_experts, self.req.k, tuple(layers[i] for i in keep),
+                            counts=c[keep], sources="ranks" if several else "none", notes=tuple(notes))

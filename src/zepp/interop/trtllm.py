@@ -5,20 +5,31 @@ The YAML holds ``num_slots`` (physical experts in total, divisible by the EP siz
 keyed by their index in the model; slots ``r * num_slots / ep_size ...`` belong to rank ``r``;
 every expert at least once per layer) and ``layer_updates_per_iter`` (``0``: static). These are
 the rules of ``../shared/INTEROP.md``; TensorRT-LLM's own code could not be installed here to
-check against. Its expert statistics are read by :func:`zepp.interop.history.read_history`.
+check against.
+
+What it records (expert statistics: ``EXPERT_STATISTIC_ITER_RANGE``, ``EXPERT_STATISTIC_PATH``),
+read by :func:`read_statistics`: a folder with ``meta_info.json`` (``num_experts``,
+``num_experts_per_token``) and ``rank{r}.safetensors``, keys ``"{iteration}_{layer}"`` each a
+bincount ``[E]``; or ``rank{r}_raw.safetensors``, the selected ids ``[T, k]`` per key.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.traces.formats.files import describe_keys
+from zepp.files import describe_keys, read_json
+from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj
+from zepp.traces.formats.arrays import check_ids, int_array, whole_counts
+from zepp.traces.layer_history import LayerHistory, bin_steps
+from zepp.traces.trace import Trace
 
-__all__ = ["write_engine", "read_engine", "check_file_object", "KEYS"]
+__all__ = ["load_hint", "write_engine", "read_engine", "check_file_object", "KEYS", "is_statistics_folder",
+           "read_statistics"]
 
 KEYS = ("num_slots", "initial_global_assignments", "layer_updates_per_iter")
 
@@ -96,3 +107,144 @@ def read_engine(path, spec, nodes: int, gpus_per_node: int):
     p, obj = load_obj(path, (".yaml",))
     ns, maps = check_file_object(obj, str(p), spec, nodes * gpus_per_node)
     return EnginePlacement(spec, nodes, gpus_per_node, ns, maps, "file")
+
+
+def load_hint(out: str, ep) -> str:
+    """How TensorRT-LLM is given the file ``out`` of ``ep``."""
+    return f"TensorRT-LLM: moe_config: {{backend: WideEP, load_balancer: {out}}} (EP size {ep.ranks})"
+
+
+# ---------------------------------------------------------------- what TensorRT-LLM records
+
+
+_RANK_FILE = re.compile(r"^rank(\d+)(_raw)?\.safetensors$")
+_KEY = re.compile(r"^(\d+)_(\d+)$")
+
+
+def is_statistics_folder(d: Path) -> bool:
+    return (d / "meta_info.json").exists()
+
+
+def read_statistics(d: Path, req: HistoryRequest) -> LayerHistory:
+    """Every layer's expert statistics of folder ``d`` (per-rank bincounts, or the raw ids when
+    ``rank{r}_raw.safetensors`` files are there)."""
+    e, k = _meta(d, req)
+    files, raw = _rank_files(d)
+    per_rank = [_keyed_arrays(files[r]) for r in sorted(files)]
+    iters = sorted({it for pr in per_rank for it, _ in pr})
+    layer_ids = sorted({ly for pr in per_rank for _, ly in pr})
+    spec = req.spec
+    if spec is not None:
+        bad = [ly for ly in layer_ids if ly not in spec.moe_layers]
+        if bad:
+            raise ZeppInputError(f"{d}: layer index {bad[0]} is not a MoE layer of model {spec.name!r} "
+                                 f"(MoE layers {spec.moe_layers[0]}..{spec.moe_layers[-1]})")
+    if raw:
+        return _raw_history(d, files, per_rank, iters, layer_ids, e, k, req.allow_duplicates)
+    return _count_history(d, files, per_rank, iters, layer_ids, e, k)
+
+
+def _meta(d: Path, req: HistoryRequest) -> tuple[int, int]:
+    """``(experts, top-k)`` of ``meta_info.json``, checked against the model when it is known."""
+    meta_p = d / "meta_info.json"
+    meta = read_json(meta_p, "TensorRT-LLM meta_info.json")
+    for key in ("num_experts", "num_experts_per_token"):
+        v = meta.get(key) if isinstance(meta, dict) else None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ZeppInputError(f"{meta_p}: field {key!r} must be a positive integer, got {v!r}")
+    e, k = meta["num_experts"], meta["num_experts_per_token"]
+    if req.spec is not None and (e, k) != (req.experts, req.k):
+        raise ZeppInputError(f"{meta_p}: {e} experts, top-{k}, but model {req.spec.name!r} has "
+                             f"{req.experts} experts, top-{req.k}")
+    return e, k
+
+
+def _rank_files(d: Path) -> tuple[dict[int, Path], bool]:
+    """``({rank: file}, raw)``: the raw-id files when there are any, else the bincount files."""
+    files: dict[bool, dict[int, Path]] = {}
+    for f in sorted(d.iterdir()):
+        m = _RANK_FILE.match(f.name)
+        if m:
+            files.setdefault(bool(m.group(2)), {})[int(m.group(1))] = f
+    raw = True in files
+    chosen = files.get(True) or files.get(False)
+    if not chosen:
+        raise ZeppInputError(f"{d}: no rank{{r}}.safetensors or rank{{r}}_raw.safetensors next to meta_info.json")
+    ranks = sorted(chosen)
+    if ranks != list(range(len(ranks))):
+        raise ZeppInputError(f"{d}: rank files {ranks} are not 0..{len(ranks) - 1}; a rank's file is missing")
+    return chosen, raw
+
+
+def _keyed_arrays(f: Path) -> dict[tuple[int, int], np.ndarray]:
+    """``{(iteration, layer): array}`` of one rank's file."""
+    parsed = {}
+    for key, v in _safetensors(f).items():
+        km = _KEY.match(key)
+        if not km:
+            raise ZeppInputError(f"{f}: key {key!r} is not '{{iteration}}_{{layer}}'")
+        parsed[(int(km.group(1)), int(km.group(2)))] = v
+    return parsed
+
+
+def _safetensors(p: Path) -> dict[str, np.ndarray]:
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        raise ZeppInputError("reading TensorRT-LLM statistics needs the safetensors package (pip install safetensors)") \
+            from None
+    try:
+        return load_file(str(p))
+    except PermissionError:
+        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
+    except Exception as exc:
+        raise ZeppInputError(f"{p}: cannot read it as a safetensors file ({type(exc).__name__})") from None
+
+
+def _raw_ids(a, where: str, e: int, k: int) -> np.ndarray:
+    """One key's selected ids as ``[tokens, k]`` (a flat array is cut into rows of ``k``)."""
+    a = int_array(a, where, "expert ids", lo=0, hi=e)
+    if a.ndim == 1:
+        if a.size % k:
+            raise ZeppInputError(f"{where} holds {a.size} ids, not a multiple of top-{k}")
+        a = a.reshape(-1, k)
+    if a.ndim != 2 or a.shape[1] != k:
+        raise ZeppInputError(f"{where} must be [tokens, {k}], got {a.shape}")
+    return a
+
+
+def _raw_history(d: Path, files: dict[int, Path], per_rank: list[dict], iters: list[int], layer_ids: list[int],
+                 e: int, k: int, allow_duplicates: bool) -> LayerHistory:
+    """Tokens form: per layer every rank's ids in iteration order, rank by rank."""
+    traces, token_ranks = [], []
+    for ly in layer_ids:
+        parts, ranks = [], []
+        for r, pr in enumerate(per_rank):
+            for it in iters:
+                if (it, ly) in pr:
+                    a = _raw_ids(pr[(it, ly)], f"{files[r]}: key '{it}_{ly}'", e, k)
+                    parts.append(a)
+                    ranks.append(np.full(len(a), r, dtype=np.int64))
+        ids = np.concatenate(parts)
+        check_ids(ids, e, k, f"{d} (layer {ly})", "row (0-based)", allow_duplicates)
+        traces.append(Trace(ids.astype(np.int32), e, f"{d}:layer{ly}"))
+        token_ranks.append(np.concatenate(ranks))
+    return LayerHistory(str(d), "trtllm-raw", e, k, tuple(layer_ids), tuple(traces), sources="ranks",
+                        token_ranks=tuple(token_ranks), notes=())
+
+
+def _count_history(d: Path, files: dict[int, Path], per_rank: list[dict], iters: list[int], layer_ids: list[int],
+                   e: int, k: int) -> LayerHistory:
+    """Counts form ``[L, B, ranks, E]``: each rank's bincounts, iterations grouped into bins."""
+    arr = np.zeros((len(layer_ids), len(iters), len(per_rank), e), dtype=np.int64)
+    li = {ly: i for i, ly in enumerate(layer_ids)}
+    ii = {it: i for i, it in enumerate(iters)}
+    for r, pr in enumerate(per_rank):
+        for (it, ly), v in pr.items():
+            a = whole_counts(v, f"{files[r]}: key '{it}_{ly}'")
+            if a.shape != (e,):
+                raise ZeppInputError(f"{files[r]}: key '{it}_{ly}' must be a bincount of length {e}, got shape "
+                                     f"{a.shape}")
+            arr[li[ly], ii[it], r] = a
+    return LayerHistory(str(d), "trtllm", e, k, tuple(layer_ids), counts=bin_steps(arr, 1), sources="ranks",
+                        notes=())

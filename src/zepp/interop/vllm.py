@@ -8,6 +8,10 @@ tensors, for a patch or plugin that sets its EPLB state. The Ascend plugin reads
 ``{"moe_layer_count": L, "layer_list": [{"layer_id": l, "device_count": D, "device_list":
 [{"device_id": d, "device_expert": [expert ids]}]}]}``; ``layer_id`` here is the MoE layer's
 ordinal (0 = first MoE layer).
+
+What vLLM records, read by :func:`read_load_window`: its EPLB load window
+``expert_load_window [W, L, P]`` (physical experts, MoE layers only) saved with
+``physical_to_logical_map [L, P]`` (``.pt`` or ``.npz``).
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.traces.formats.arrays import int_array
-from zepp.traces.formats.files import describe_keys
+from zepp.files import describe_keys
+from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
+from zepp.traces.formats.arrays import int_array, whole_counts
+from zepp.traces.layer_history import LayerHistory, bin_steps
 
-__all__ = ["maps_of", "write_engine", "read_engine", "check_maps", "MAP_KEYS"]
+__all__ = ["load_hint", "maps_of", "write_engine", "read_engine", "check_maps", "MAP_KEYS", "is_load_window",
+           "read_load_window"]
 
 MAP_KEYS = ("physical_to_logical_map", "logical_to_physical_map", "logical_replica_count")
 
@@ -139,3 +146,46 @@ def read_engine(path, spec, nodes: int, gpus_per_node: int):
     m = _check_ascend(obj, str(p), spec, ranks) if p.suffix.lower() == ".json" else check_maps(obj, str(p), spec, ranks)
     return EnginePlacement(spec, nodes, gpus_per_node, m.shape[1],
                            {l: m[i] for i, l in enumerate(spec.moe_layers)}, "file")
+
+
+def load_hint(out: str, ep) -> str:
+    """How vLLM (``.pt``) or vLLM-Ascend (``.json``) is given the file ``out`` of ``ep``."""
+    if out.lower().endswith(".json"):
+        return f"vLLM-Ascend: give {out} as the expert placement file (EP size {ep.ranks})"
+    return (f"vLLM: {out} holds physical_to_logical_map, logical_to_physical_map and logical_replica_count per "
+            f"MoE layer for its EPLB state (num_redundant_experts={ep.redundant}; mainline vLLM has no loader)")
+
+
+# ---------------------------------------------------------------- what vLLM records
+
+
+def is_load_window(obj) -> bool:
+    return isinstance(obj, dict) and "expert_load_window" in obj
+
+
+def read_load_window(p: Path, obj: dict, req: HistoryRequest) -> LayerHistory:
+    """Counts form from ``expert_load_window [W, L, P]``: physical counts summed per logical
+    expert, the window's steps grouped into bins; no source ranks."""
+    if "physical_to_logical_map" not in obj:
+        raise ZeppInputError(f"{p}: has 'expert_load_window' but no 'physical_to_logical_map'; save both "
+                             f"(the window counts physical experts)")
+    w = whole_counts(obj["expert_load_window"], f"{p}: expert_load_window")
+    m = int_array(obj["physical_to_logical_map"], f"{p}: physical_to_logical_map", "logical ids", lo=-1,
+                  hi=req.experts)
+    if w.ndim == 2:
+        w = w[None]
+    if w.ndim != 3 or m.ndim != 2 or w.shape[1:] != m.shape:
+        raise ZeppInputError(f"{p}: expert_load_window must be [W, L, P] and physical_to_logical_map [L, P]; got "
+                             f"{w.shape} and {m.shape}")
+    e = req.experts or int(m.max()) + 1
+    n_l = m.shape[0]
+    logical = np.zeros((w.shape[0], n_l, e), dtype=np.int64)
+    lidx, pidx = np.nonzero(m >= 0)
+    np.add.at(logical, (slice(None), lidx, m[lidx, pidx]), w[:, lidx, pidx])
+    spec = req.spec
+    if spec is not None and n_l != len(spec.moe_layers):
+        raise ZeppInputError(f"{p}: {n_l} MoE layers, model {spec.name!r} has {len(spec.moe_layers)}")
+    layers = spec.moe_layers if spec is not None else tuple(range(n_l))
+    c = bin_steps(logical, 0).transpose(1, 0, 2)[:, :, None, :]
+    return LayerHistory(str(p), "vllm", e, req.k, tuple(layers), counts=c, sources="none",
+                        notes=("vLLM's window holds one rank's view (or the all-reduced sum): no source ranks",))

@@ -3,23 +3,39 @@
 ``{"format": "zepp-placement/1", "model": name, "num_experts": E, "num_layers": layers,
 "nodes": N, "gpus_per_node": L, "num_physical": P, "policy": name,
 "layers": {"<model layer>": [[S expert ids] per GPU]}}``.
+
+What zepp records, read by :func:`read_recorder`: the serving recorder's folder (``zepp generate
+--record``, ``zepp.serve.rank.write_record``): ``layer_{i:03d}.txt`` (the text format, every
+token of MoE layer ``i``, counted from 0 = the model's first MoE layer, in recorded order) and
+``load.json`` (``{"logical_count": [MoE layers][E], "experts": E, "top_k": k, "layers": M}``;
+read when there are no layer files). One text trace (``../shared/traces``) is read by
+:func:`read_text_trace` as one layer that stands for every MoE layer.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 
 from zepp.errors import ZeppInputError
+from zepp.files import read_json
+from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
+from zepp.traces.formats.arrays import whole_counts
+from zepp.traces.formats.trace_files import read_trace
+from zepp.traces.layer_history import LayerHistory
+from zepp.traces.trace import Trace
 
-__all__ = ["write_engine", "read_engine", "FORMAT"]
+__all__ = ["load_hint", "write_engine", "read_engine", "FORMAT", "has_layer_files", "read_recorder", "read_text_trace"]
 
 FORMAT = "zepp-placement/1"
 
 
 def write_engine(path, ep) -> None:
     s = ep.slots_per_gpu
-    save_json(__import__("pathlib").Path(path), {
+    save_json(Path(path), {
         "format": FORMAT, "model": ep.model.name, "num_experts": ep.model.num_experts,
         "num_layers": ep.model.num_layers, "nodes": ep.nodes, "gpus_per_node": ep.gpus_per_node,
         "num_physical": ep.num_physical, "policy": ep.policy,
@@ -57,3 +73,85 @@ def read_engine(path, spec, nodes: int, gpus_per_node: int):
         raise ZeppInputError(f"{src}: field 'num_physical' is {obj.get('num_physical')!r}, the layers hold {m.shape[1]}")
     return EnginePlacement(spec, nodes, gpus_per_node, m.shape[1], {k: m[i] for i, k in enumerate(keys)},
                            str(obj.get("policy", "file")))
+
+
+def load_hint(out: str, ep) -> str:
+    """How zepp reads the file ``out`` of ``ep`` back."""
+    return f"zepp: zepp.interop.read_placement_file({out!r}, 'zepp', spec, {ep.nodes}, {ep.gpus_per_node})"
+
+
+# ---------------------------------------------------------------- what zepp records
+
+
+_LAYER_FILE = re.compile(r"^layer_(\d{3,})\.txt$")
+
+
+def _layer_files(d: Path) -> list[tuple[int, Path]]:
+    """``[(MoE layer ordinal, file)]`` of the ``layer_NNN.txt`` files in ``d``, in order."""
+    return sorted((int(m.group(1)), f) for f in d.iterdir() if (m := _LAYER_FILE.match(f.name)))
+
+
+def has_layer_files(d: Path) -> bool:
+    return any(_LAYER_FILE.match(f.name) for f in d.iterdir())
+
+
+def read_text_trace(p: Path, req: HistoryRequest) -> LayerHistory:
+    """One text trace: one layer, its placement used for every MoE layer."""
+    t = read_trace(p, num_experts=req.experts, top_k=req.k, allow_duplicates=req.allow_duplicates)
+    return LayerHistory(str(p), "text", t.num_experts, t.top_k, None, (t,), token_ranks=(None,),
+                        notes=("one layer's trace: its placement is used for every MoE layer",))
+
+
+def read_recorder(d: Path, req: HistoryRequest) -> LayerHistory:
+    """The recorder's folder ``d``: its layer files (tokens form), else its ``load.json`` (counts)."""
+    files = _layer_files(d)
+    if files:
+        return _layer_file_history(d, files, req)
+    load_p = d / "load.json"
+    if not load_p.exists():
+        raise ZeppInputError(f"{d}: no layer_NNN.txt files and no load.json; a zepp recorder folder holds "
+                             f"layer_{{i:03d}}.txt (one per MoE layer) and load.json")
+    return _load_json_history(d, load_p, req)
+
+
+def _ordinals_to_layers(d: Path, req: HistoryRequest, ordinals: list[int], what: str) -> tuple[int, ...]:
+    """Model layer index of each MoE layer ordinal (the recorder counts MoE layers from 0)."""
+    spec = req.spec
+    if spec is None:
+        return tuple(ordinals)
+    bad = [i for i in ordinals if i >= len(spec.moe_layers)]
+    if bad:
+        raise ZeppInputError(f"{d}: {what} {bad[0]} but model {spec.name!r} has {len(spec.moe_layers)} MoE layers "
+                             f"(recorder files count MoE layers from 0)")
+    return tuple(spec.moe_layers[i] for i in ordinals)
+
+
+def _layer_file_history(d: Path, files: list[tuple[int, Path]], req: HistoryRequest) -> LayerHistory:
+    e = req.experts
+    traces = [read_trace(f, num_experts=e, top_k=req.k, allow_duplicates=req.allow_duplicates) for _, f in files]
+    layers = _ordinals_to_layers(d, req, [i for i, _ in files], "layer_NNN.txt index")
+    e = e or max(t.num_experts for t in traces)
+    traces = tuple(Trace(t.topk_ids, e, t.source) for t in traces)
+    return LayerHistory(str(d), "zepp-recorder", e, traces[0].top_k, layers, traces, sources="none",
+                        token_ranks=tuple(None for _ in traces))
+
+
+def _load_json_history(d: Path, load_p: Path, req: HistoryRequest) -> LayerHistory:
+    e, k = req.experts, req.k
+    obj = read_json(load_p, "load.json")
+    if not isinstance(obj, dict) or "logical_count" not in obj:
+        raise ZeppInputError(f"{load_p}: field 'logical_count' ([MoE layers][experts] entry counts) is missing")
+    c = whole_counts(obj["logical_count"], f"{load_p}: logical_count")
+    if c.ndim != 2:
+        raise ZeppInputError(f"{load_p}: field 'logical_count' must be [MoE layers][experts], got shape {c.shape}")
+    fe = obj.get("experts", c.shape[1])
+    if isinstance(fe, bool) or not isinstance(fe, int) or fe != c.shape[1]:
+        raise ZeppInputError(f"{load_p}: field 'experts' is {fe!r}, logical_count has {c.shape[1]} columns")
+    if e is not None and fe != e:
+        raise ZeppInputError(f"{load_p}: {fe} experts, the model {e}")
+    fk = obj.get("top_k", k)
+    if fk is not None and (isinstance(fk, bool) or not isinstance(fk, int) or fk < 1):
+        raise ZeppInputError(f"{load_p}: field 'top_k' must be a positive integer, got {fk!r}")
+    layers = _ordinals_to_layers(d, req, list(range(c.shape[0])), "logical_count row")
+    return LayerHistory(str(d), "zepp-recorder", fe, fk, layers, counts=c[:, None, None, :], sources="none",
+                        notes=("load.json sums over ranks: no source ranks",))

@@ -123,7 +123,7 @@ def cost_figures(cfg: dict):
 def load_traces(cfg: dict, spec):
     """``(history, eval)`` Traces: files when given, else the built-in synthetic traces of the
     model, else (models without them, or overridden expert count / top-k) a seeded Zipf trace."""
-    from zepp.traces.sampling import Trace, read_trace
+    from zepp.traces import Trace, read_trace
 
     if cfg.get("trace"):
         ev = read_trace(cfg["trace"], num_experts=spec.num_experts, top_k=spec.top_k)
@@ -182,7 +182,7 @@ def run_case(cfg: dict, hooks: RunHooks | None = None) -> dict | None:
     from zepp.runtime.moe import MoELayer
     from zepp.runtime.reference import reference_moe
     from zepp.runtime.systems import SYSTEMS
-    from zepp.traces.sampling import node_demand, sample_batches
+    from zepp.traces import node_demand, sample_batches
 
     rank, world = dist.get_rank(), dist.get_world_size()
     L, N = cfg["gpus_per_node"], cfg["nodes"]

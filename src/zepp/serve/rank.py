@@ -42,7 +42,7 @@ def layer_placements(cfg: dict, system, shape: dict, world: int) -> list:
     """One placement per MoE layer: from ``cfg["history"]`` (``layer_{i:03d}.txt``) with the
     system's placement choice, else home."""
     from zepp.planner.placement import make_placement
-    from zepp.traces.sampling import node_demand, read_trace
+    from zepp.traces import node_demand, read_trace
 
     E, k, L = shape["experts"], shape["top_k"], cfg["gpus_per_node"]
     out = []

@@ -1,35 +1,19 @@
-"""Expert-routing traces: the batch sampler, demand histograms and recorded trace folders
-(``Trace`` itself is ``zepp.traces.trace``'s, re-exported here).
+"""Batches sampled from a trace window, and demand histograms per rank and per node.
 
-A trace is ``topk_ids [N, k]``: one row per token, its ``k`` chosen expert ids (logical ids
-in ``[0, E)``). The file formats live in :mod:`zepp.traces.formats` (one layer) and
-:mod:`zepp.interop.history` (every layer of an engine's recording); ``read_trace`` and
-``read_load_histogram`` are re-exported here so ``from zepp.traces.sampling import read_trace`` keeps
-working (resolved on first use, so this module imports no reader).
+A trace is ``topk_ids [N, k]`` (:class:`zepp.traces.trace.Trace`): one row per token, its ``k``
+chosen expert ids (logical ids in ``[0, E)``). The files they come from are read by
+:mod:`zepp.traces.formats`.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
 from zepp.errors import ZeppInputError
 from zepp.traces.trace import Trace
 
-__all__ = [
-    "Trace", "read_trace", "read_load_histogram", "sample_batches", "node_demand",
-    "rank_demand", "load_model_traces",
-]
+__all__ = ["sample_batches", "node_demand", "rank_demand"]
 
-
-def __getattr__(name: str):
-    # The readers live in zepp.traces.formats (which imports Trace from zepp.traces.trace); re-exported lazily.
-    if name in ("read_trace", "read_load_histogram"):
-        import zepp.traces.formats
-
-        return getattr(zepp.traces.formats, name)
-    raise AttributeError(f"module 'zepp.traces.sampling' has no attribute {name!r}")
 
 # ---------------------------------------------------------------- sampling and demand
 
@@ -95,38 +79,3 @@ def node_demand(trace: Trace, nodes: int, gpus_per_node: int, deal: str = "shuff
     e = trace.num_experts
     key = node_of_row[:, None] * e + trace.topk_ids
     return np.bincount(key.ravel(), minlength=nodes * e).astype(np.int64).reshape(nodes, e)
-
-
-def load_model_traces(trace_dir, model_name: str) -> tuple[Trace, Trace]:
-    """``(pool, eval)`` traces of preset ``model_name`` from ``<trace_dir>/<name>/{pool,eval}.txt``.
-
-    Every model preset is accepted; the folder is the preset's name, and for ``qwen`` also
-    ``qwen3/`` (the name in ``../shared/traces``; ``TRACE_DIR_ALIASES``). The layout is that of
-    ``../shared/traces``: ``pool.txt`` is the history window a placement is planned from,
-    ``eval.txt`` the window evaluation batches are sampled from. Errors name the folders and
-    files looked for.
-    """
-    from zepp.traces.formats import read_trace
-    from zepp.model import model_preset, trace_dirs
-
-    spec = model_preset(model_name)
-    root = Path(trace_dir)
-    if not root.is_dir():
-        raise ZeppInputError(
-            f"trace directory {str(root)!r} does not exist; give the folder holding <model>/pool.txt and "
-            f"<model>/eval.txt (for example ../shared/traces)")
-    names = trace_dirs(model_name)
-    tried = [root / n for n in names]
-    sub = next((d for d in tried if d.is_dir()), None)
-    if sub is None:
-        raise ZeppInputError(
-            f"{root}: no folder for model {model_name!r}: looked for "
-            f"{' and '.join(str(d) + '/' for d in tried)} holding pool.txt and eval.txt")
-    out = []
-    for window in ("pool", "eval"):
-        f = sub / f"{window}.txt"
-        if not f.is_file():
-            raise ZeppInputError(
-                f"{f}: missing; a trace folder for model {model_name!r} needs {sub}/pool.txt and {sub}/eval.txt")
-        out.append(read_trace(f, num_experts=spec.num_experts, top_k=spec.top_k))
-    return out[0], out[1]

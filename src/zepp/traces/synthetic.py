@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.traces.sampling import Trace
+from zepp.traces.trace import Trace
 
 __all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_params", "sample_window",
            "PROFILES", "default_profile", "adapt_params", "synthetic_history"]
@@ -250,11 +250,11 @@ def synthetic_traces(model_name: str, seed: int = 0, params: SynthParams | None 
 
 def synthetic_history(model_name: str, profile: str | None = None, seed: int = 0, window: str = "pool",
                       layers: tuple[int, ...] | None = None):
-    """A multi-layer :class:`~zepp.interop.history.LayerHistory` of built-in synthetic traces: MoE layer
+    """A multi-layer :class:`~zepp.traces.layer_history.LayerHistory` of built-in synthetic traces: MoE layer
     ``j`` (of ``M``) is ``window``'s rows with expert ids rotated by ``j * E // M`` (the hot
     experts move from layer to layer, as in real models), each layer's rows in an order of its
     own (seeded). ``layers``: model layer indices (default every MoE layer of the preset)."""
-    from zepp.interop.history import history_from_traces
+    from zepp.traces.layer_history import history_from_traces
     from zepp.model import model_preset
 
     spec = model_preset(model_name)

@@ -1,6 +1,8 @@
 """The ``Trace`` object: one layer's expert choices, ``topk_ids [N, k]`` (one row per token), and
-the checks every trace passes whatever file it came from. Readers (``zepp.traces.formats``) build it;
-sampling and demand histograms (``zepp.traces.sampling``) use it. It imports no reader.
+the checks every trace passes whatever file it came from (ids in range, no id twice in a
+token's top-k, finite gate weights), shared by the readers (``zepp.traces.formats``) so each
+problem reads the same whichever file it is in. Sampling and demand histograms
+(``zepp.traces.sampling``) use it. It imports no reader.
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.errors import ZeppInputError
+
+__all__ = ["Trace", "check_id_range", "check_no_repeats", "check_weights", "MAX_INFERRED_EXPERTS"]
+
+MAX_INFERRED_EXPERTS = 1 << 16  # without num_experts, larger ids are refused (pass the count)
+_INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -34,11 +41,13 @@ class Trace:
         if isinstance(self.num_experts, bool) or int(self.num_experts) != self.num_experts or self.num_experts < 1:
             raise ZeppInputError(f"{self.source}: num_experts must be a positive integer, got {self.num_experts!r}")
         if ids.size:
-            _check_range(ids, int(self.num_experts), self.source, row_base=0, unit="row")
+            check_id_range(ids, int(self.num_experts), self.source, lambda r: f"row {r}")
         object.__setattr__(self, "topk_ids", np.ascontiguousarray(ids, dtype=np.int32))
         object.__setattr__(self, "num_experts", int(self.num_experts))
         if self.topk_weights is not None:
-            object.__setattr__(self, "topk_weights", _weights(self.topk_weights, self.source, ids.shape))
+            w = self.topk_weights
+            w = np.asarray(w.detach().cpu().numpy() if hasattr(w, "detach") else w)
+            object.__setattr__(self, "topk_weights", check_weights(w, self.source, ids.shape))
 
     @property
     def top_k(self) -> int:
@@ -52,32 +61,45 @@ class Trace:
         return np.bincount(self.topk_ids.ravel(), minlength=self.num_experts).astype(np.int64)
 
 
-# ---------------------------------------------------------------- validation helper
+# ---------------------------------------------------------------- checks shared by every reader
 
 
-def _check_range(ids: np.ndarray, num_experts: int, source: str, row_base: int, unit: str) -> None:
-    """Raise on the first negative or ``>= num_experts`` id (compared in the array's own dtype,
-    so large unsigned values never wrap)."""
-    bad = (ids < 0) | (ids >= num_experts)
+def check_id_range(ids: np.ndarray, num_experts: int | None, source: str, where) -> None:
+    """Raise on the first id of ``ids [N, k]`` outside ``[0, num_experts)`` (``num_experts``
+    ``None``: outside the int32 range, the count is inferred later), compared in the array's own
+    dtype (large unsigned values never wrap). ``where(r)`` names row ``r`` in the message
+    (``"line 7"``, ``"row 6"``)."""
+    bad = (ids < 0) | (ids >= (num_experts if num_experts is not None else _INT32_MAX + 1))
     if not bad.any():
         return
-    row, col = np.argwhere(bad)[0]
-    value = int(ids[row, col])
-    where = row_base + int(row)
-    if value < 0:
-        raise ZeppInputError(
-            f"{source}: {unit} {where}: negative expert id {value} (position {col + 1}); "
-            f"expert ids must lie in [0, {num_experts})"
-        )
-    raise ZeppInputError(
-        f"{source}: {unit} {where}: expert id {value} (position {col + 1}) is out of range "
-        f"[0, {num_experts}); pass the model's expert count (--experts) if this trace has more experts"
-    )
+    r, c = np.argwhere(bad)[0]
+    v = int(ids[r, c])
+    if v < 0:
+        why = f"negative expert id {v} (position {c + 1}); expert ids must lie in [0, {num_experts or 'num_experts'})"
+    elif num_experts is None:
+        why = f"expert id {v} (position {c + 1}) exceeds the int32 range; expert ids are small integers, check the file"
+    else:
+        why = (f"expert id {v} (position {c + 1}) is out of range [0, {num_experts}); pass the model's expert count "
+               f"(--experts) if this trace has more experts")
+    raise ZeppInputError(f"{source}: {where(r)}: {why}")
 
 
-def _weights(x, where: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Gate weights ``[N, k]`` float32: real, finite, of the ids' shape."""
-    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+def check_no_repeats(ids: np.ndarray, source: str, where) -> None:
+    """Raise on the first row of ``ids [N, k]`` that holds one expert twice (a router never does)."""
+    if ids.shape[1] < 2:
+        return
+    s = np.sort(ids, axis=1)
+    dup = (s[:, 1:] == s[:, :-1]).any(axis=1)
+    if dup.any():
+        r = int(np.flatnonzero(dup)[0])
+        v = int(s[r, 1:][s[r, 1:] == s[r, :-1]][0])
+        raise ZeppInputError(f"{source}: {where(r)}: expert id {v} appears twice in one token's top-k (a router "
+                             f"never picks an expert twice); allow it only for synthetic data "
+                             f"(allow_duplicates=True, --allow-duplicate-ids)")
+
+
+def check_weights(a: np.ndarray, where: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Gate weights ``a [N, k]`` as float32: real, finite, of the ids' ``shape``."""
     if a.dtype.kind not in "fiu":
         raise ZeppInputError(f"{where}: topk_weights must be real numbers, got dtype {a.dtype}")
     if a.shape != shape:

@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.traces.formats.files import describe_keys
+from zepp.files import describe_keys
+from zepp.traces.trace import MAX_INFERRED_EXPERTS, check_id_range, check_no_repeats, check_weights
 
-__all__ = ["to_numpy", "int_array", "weights_array", "torch_load", "npz_load", "check_ids"]
+__all__ = ["to_numpy", "int_array", "weights_array", "torch_load", "npz_load", "check_ids", "pick_layer",
+           "whole_counts"]
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -123,26 +125,33 @@ def int_array(x, where: str, what: str = "expert ids", lo: int = 0, hi: int | No
     return a.astype(np.int64)
 
 
+def whole_counts(x, where: str, what: str = "counts") -> np.ndarray:
+    """Entry counts as int64, each in ``[0, 2**62)``; whole numbers stored as floats (JSON
+    numbers, float tensors) are exact and accepted, any fraction is refused."""
+    a = to_numpy(x, where)
+    if a.dtype.kind == "f" and a.size and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+        a = a.astype(np.int64)
+    return int_array(a, where, what, lo=0, hi=2**62)
+
+
 def weights_array(x, where: str, shape: tuple[int, ...]) -> np.ndarray:
     """Gate weights ``[N, k]`` float32: real, finite, of the ids' shape."""
-    a = to_numpy(x, where)
-    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
-        raise ZeppInputError(f"{where}: topk_weights must be real numbers, got dtype {a.dtype}")
-    if a.shape != shape:
-        raise ZeppInputError(f"{where}: topk_weights has shape {a.shape}, topk_ids has {shape}; they must match")
-    if a.size and not np.all(np.isfinite(a)):
-        idx = _first(~np.isfinite(a))
-        raise ZeppInputError(f"{where}: topk_weights holds {a[idx].item()!r} at row {idx[0]}, position {idx[1] + 1}; "
-                             f"gate weights must be finite")
-    return a.astype(np.float32)
+    return check_weights(to_numpy(x, where), where, shape)
+
+
+def pick_layer(arr: np.ndarray, layer: int | None, source: str, what: str) -> np.ndarray:
+    """Row ``layer`` (default 0, negative counts from the end) of a per-layer array ``[layers, ...]``."""
+    layers = arr.shape[0]
+    li = 0 if layer is None else layer
+    if not -layers <= li < layers:
+        raise ZeppInputError(f"{source}: {what} has {layers} layers; layer={layer} is out of range [0, {layers})")
+    return arr[li]
 
 
 def check_ids(ids: np.ndarray, num_experts: int | None, top_k: int | None, source: str, unit: str,
               allow_duplicates: bool, row_numbers: np.ndarray | None = None) -> int:
     """Checks shared by the array readers on ``ids [N, k]`` int64; returns the expert count
     (``num_experts``, or ``max id + 1`` when not given, refused beyond ``MAX_INFERRED_EXPERTS``)."""
-    from zepp.traces.formats.text import MAX_INFERRED_EXPERTS
-
     if ids.ndim != 2 or ids.shape[1] < 1:
         raise ZeppInputError(f"{source}: topk_ids must be [tokens, k], got shape {ids.shape}")
     if ids.shape[0] == 0:
@@ -155,34 +164,23 @@ def check_ids(ids: np.ndarray, num_experts: int | None, top_k: int | None, sourc
         return f"{unit} {int(row_numbers[r]) if row_numbers is not None else r}"
 
     if num_experts is not None:
-        bad = (ids < 0) | (ids >= num_experts)
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            v = int(ids[r, c])
-            if v < 0:
-                raise ZeppInputError(f"{source}: {where(r)}: negative expert id {v} (position {c + 1}); "
-                                     f"expert ids must lie in [0, {num_experts})")
-            raise ZeppInputError(f"{source}: {where(r)}: expert id {v} (position {c + 1}) is out of range "
-                                 f"[0, {num_experts}); pass the model's expert count (--experts) if this trace "
-                                 f"has more experts")
+        check_id_range(ids, num_experts, source, where)
         e = int(num_experts)
     else:
-        if ids.min() < 0:
-            r, c = np.argwhere(ids < 0)[0]
-            raise ZeppInputError(f"{source}: {where(r)}: negative expert id {int(ids[r, c])} (position {c + 1})")
-        top = int(ids.max())
-        if top >= MAX_INFERRED_EXPERTS:
-            r, c = np.argwhere(ids == top)[0]
-            raise ZeppInputError(f"{source}: {where(r)}: expert id {top} would mean {top + 1} experts; pass the "
-                                 f"model's expert count (num_experts / --model) or check the file")
-        e = top + 1
-    if not allow_duplicates and ids.shape[1] > 1:
-        s = np.sort(ids, axis=1)
-        dup = (s[:, 1:] == s[:, :-1]).any(axis=1)
-        if dup.any():
-            r = int(np.flatnonzero(dup)[0])
-            v = int(s[r, 1:][s[r, 1:] == s[r, :-1]][0])
-            raise ZeppInputError(f"{source}: {where(r)}: expert id {v} appears twice in one token's top-k (a router "
-                                 f"never picks an expert twice); allow it only for synthetic data "
-                                 f"(allow_duplicates=True, --allow-duplicate-ids)")
+        e = _inferred_experts(ids, source, where)
+    if not allow_duplicates:
+        check_no_repeats(ids, source, where)
     return e
+
+
+def _inferred_experts(ids: np.ndarray, source: str, where) -> int:
+    """``max id + 1`` of ``ids [N, k]``: no negative id, no absurd count."""
+    if ids.min() < 0:
+        r, c = np.argwhere(ids < 0)[0]
+        raise ZeppInputError(f"{source}: {where(r)}: negative expert id {int(ids[r, c])} (position {c + 1})")
+    top = int(ids.max())
+    if top >= MAX_INFERRED_EXPERTS:
+        r, c = np.argwhere(ids == top)[0]
+        raise ZeppInputError(f"{source}: {where(r)}: expert id {top} would mean {top + 1} experts; pass the "
+                             f"model's expert count (num_experts / --model) or check the file")
+    return top + 1

@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.traces.formats.files import check_fits
+from zepp.files import check_fits
+from zepp.traces.trace import MAX_INFERRED_EXPERTS, check_id_range, check_no_repeats
 
 __all__ = ["read_text_ids", "CHUNK_BYTES", "MAX_INFERRED_EXPERTS", "PEAK_FACTOR"]
 
 CHUNK_BYTES = 4 << 20
-MAX_INFERRED_EXPERTS = 1 << 16  # without num_experts, larger ids are refused (pass the count)
 PEAK_FACTOR = 2.2  # peak memory / file size, worst case (1-digit ids), for the limit check
-_INT32_MAX = (1 << 31) - 1
 _MAX_DIGITS = 10
 
 _WS = np.zeros(256, dtype=bool)
@@ -36,7 +35,26 @@ _DIGIT = np.zeros(256, dtype=bool)
 _DIGIT[48:58] = True
 
 
+def _token_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(starts, ends, odd)`` of the bytes ``buf``: offsets where each whitespace-separated token
+    starts and ends (exclusive), and the offsets of the bytes inside tokens that are no digit."""
+    inside = ~_WS[buf]
+    edge = np.diff(inside.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(edge == 1)
+    ends = np.flatnonzero(edge == -1)
+    del edge
+    return starts, ends, np.flatnonzero(inside & ~_DIGIT[buf])
+
+
+def _line_at(newlines: np.ndarray, line_base: int, pos: int) -> int:
+    """File line (from 1) of byte ``pos`` of a chunk whose first line is ``line_base + 1``."""
+    return line_base + int(np.searchsorted(newlines, pos)) + 1
+
+
 class _Reader:
+    """Parses a text trace chunk by chunk, keeping what the chunks must agree on (``k``, the
+    first row's line, the largest id seen)."""
+
     def __init__(self, source: str, top_k: int | None, num_experts: int | None, allow_duplicates: bool):
         self.source = source
         self.k = top_k
@@ -51,45 +69,50 @@ class _Reader:
 
     def chunk(self, raw: bytes, line_base: int) -> np.ndarray:
         """Parse whole lines ``raw`` (first line is file line ``line_base + 1``) -> ``[n, k]`` int32."""
-        src = self.source
         buf = np.frombuffer(raw, dtype=np.uint8)
-        inside = ~_WS[buf]
-        edge = np.diff(inside.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-        starts = np.flatnonzero(edge == 1)
-        ends = np.flatnonzero(edge == -1)
-        del edge
+        starts, ends, odd = _token_bounds(buf)
         if starts.size == 0:
             return np.empty((0, self.k or 0), dtype=np.int32)
         newlines = np.flatnonzero(buf == 10)
+        sign = self._signs(raw, buf, starts, ends, odd, newlines, line_base)
+        val = self._values(raw, buf, starts, ends, sign, newlines, line_base)
+        ids, lines = self._rows(val, starts, newlines, line_base)
+        self._check_values(ids, lines)
+        return ids.astype(np.int32)
 
-        def line_of(pos: int) -> int:
-            return line_base + int(np.searchsorted(newlines, pos)) + 1
-
-        # Characters: digits anywhere, a sign only as the first byte of a longer token.
-        bad = np.flatnonzero(inside & ~_DIGIT[buf])
-        del inside
+    def _signs(self, raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, odd: np.ndarray,
+               newlines: np.ndarray, line_base: int) -> np.ndarray:
+        """``[tokens]`` bool: the token starts with a sign. A sign is the only byte besides digits a
+        token may hold, and only as its first byte of several."""
         sign = np.zeros(starts.size, dtype=bool)
-        if bad.size:
-            t = np.searchsorted(starts, bad, side="right") - 1
-            ok = (bad == starts[t]) & ((buf[bad] == 45) | (buf[bad] == 43)) & (ends[t] - starts[t] > 1)
+        if odd.size:
+            t = np.searchsorted(starts, odd, side="right") - 1
+            ok = (odd == starts[t]) & ((buf[odd] == 45) | (buf[odd] == 43)) & (ends[t] - starts[t] > 1)
             if not ok.all():
                 i = int(np.flatnonzero(~ok)[0])
                 tt = int(t[i])
                 raise ZeppInputError(
-                    f"{src}: line {line_of(starts[tt])}: {self._token(raw, starts[tt], ends[tt])!r} is not an "
+                    f"{self.source}: line {_line_at(newlines, line_base, starts[tt])}: "
+                    f"{self._token(raw, starts[tt], ends[tt])!r} is not an "
                     f"integer expert id; each line must hold k whitespace-separated integers"
                 )
             sign[t] = True
+        return sign
+
+    def _values(self, raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, sign: np.ndarray,
+                newlines: np.ndarray, line_base: int) -> np.ndarray:
+        """``[tokens]`` int64 value of each token (at most ``_MAX_DIGITS`` digits)."""
         dstart = starts + sign
         ndig = ends - dstart
         long = np.flatnonzero(ndig > _MAX_DIGITS)
         if long.size:
             t = int(long[0])
             raise ZeppInputError(
-                f"{src}: line {line_of(starts[t])}: expert id {self._token(raw, starts[t], ends[t])} is out of "
+                f"{self.source}: line {_line_at(newlines, line_base, starts[t])}: expert id "
+                f"{self._token(raw, starts[t], ends[t])} is out of "
                 f"range (more than {_MAX_DIGITS} digits); expert ids are small integers, check the file"
             )
-        # Values: Horner's rule over digit positions, vectorised over tokens.
+        # Horner's rule over digit positions, vectorised over tokens.
         val = np.zeros(starts.size, dtype=np.int64)
         for j in range(int(ndig.max())):
             m = ndig > j
@@ -100,8 +123,12 @@ class _Reader:
                 val[idx] = val[idx] * 10 + (buf[dstart[idx] + j].astype(np.int64) - 48)
         neg = sign & (buf[starts] == 45)
         val[neg] = -val[neg]
+        return val
 
-        # Row shape: ids per non-blank line.
+    def _rows(self, val: np.ndarray, starts: np.ndarray, newlines: np.ndarray,
+              line_base: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids [rows, k], file line of each row)``: ``k`` ids on every non-blank line."""
+        src = self.source
         token_line = np.searchsorted(newlines, starts)
         per_line = np.bincount(token_line)
         rows = np.flatnonzero(per_line)
@@ -123,48 +150,24 @@ class _Reader:
                 f"{src}: line {line_base + rows[i] + 1} has {counts[i]} expert ids, expected {self.k}{like}; "
                 f"every line must hold exactly k ids (ragged row)"
             )
-        ids = val.reshape(-1, self.k)
-        lines = line_base + rows + 1
-        self._check_values(ids, lines)
-        return ids.astype(np.int32)
+        return val.reshape(-1, self.k), line_base + rows + 1
 
     def _check_values(self, ids: np.ndarray, lines: np.ndarray) -> None:
-        src, e = self.source, self.num_experts
-        hi = e if e is not None else _INT32_MAX + 1
-        bad = (ids < 0) | (ids >= hi)
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            v = int(ids[r, c])
-            where = f"{src}: line {lines[r]}: expert id {v} (position {c + 1})"
-            if v < 0:
-                raise ZeppInputError(f"{src}: line {lines[r]}: negative expert id {v} (position {c + 1}); "
-                                     f"expert ids must lie in [0, {e or 'num_experts'})")
-            if e is None:
-                raise ZeppInputError(f"{where} exceeds the int32 range; expert ids are small integers, check the file")
-            raise ZeppInputError(
-                f"{where} is out of range [0, {e}); pass the model's expert count (--experts) if this trace "
-                f"has more experts"
-            )
-        if e is None and ids.size:
+        def where(r: int) -> str:
+            return f"line {lines[r]}"
+
+        check_id_range(ids, self.num_experts, self.source, where)
+        if self.num_experts is None and ids.size:
             top = int(ids.max())
             if top >= MAX_INFERRED_EXPERTS:
                 r, c = np.argwhere(ids == top)[0]
                 raise ZeppInputError(
-                    f"{src}: line {lines[r]}: expert id {top} would mean {top + 1} experts; no model has that "
-                    f"many: pass the model's expert count (num_experts / --model) or check the file"
+                    f"{self.source}: line {lines[r]}: expert id {top} would mean {top + 1} experts; no model has "
+                    f"that many: pass the model's expert count (num_experts / --model) or check the file"
                 )
             self.max_id = max(self.max_id, top)
-        if not self.allow_duplicates and ids.shape[1] > 1:
-            s = np.sort(ids, axis=1)
-            dup = (s[:, 1:] == s[:, :-1]).any(axis=1)
-            if dup.any():
-                r = int(np.flatnonzero(dup)[0])
-                v = int(s[r, 1:][s[r, 1:] == s[r, :-1]][0])
-                raise ZeppInputError(
-                    f"{src}: line {lines[r]}: expert id {v} appears twice in one token's top-k (a router never "
-                    f"picks an expert twice); allow it only for synthetic data (allow_duplicates=True, "
-                    f"--allow-duplicate-ids)"
-                )
+        if not self.allow_duplicates:
+            check_no_repeats(ids, self.source, where)
 
 
 def read_text_ids(p: Path, top_k: int | None, num_experts: int | None, allow_duplicates: bool = False,

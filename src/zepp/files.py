@@ -1,19 +1,21 @@
 """Opening input files safely: regular files only, readable, within memory.
 
-Every reader goes through :func:`input_file` before touching a byte, so a named pipe, a device,
-a folder, a missing or unreadable file is one clear :class:`~zepp.errors.ZeppInputError`
-naming the path (never a hang, never a traceback).
+Every reader (traces, engine histories and placement files, cluster files) goes through
+:func:`input_file` before touching a byte, so a named pipe, a device, a folder, a missing or
+unreadable file is one clear :class:`~zepp.errors.ZeppInputError` naming the path (never a
+hang, never a traceback).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
 
 from zepp.errors import ZeppInputError
 
-__all__ = ["input_file", "read_bytes", "available_memory", "check_fits", "describe_keys"]
+__all__ = ["input_file", "read_bytes", "read_json", "available_memory", "check_fits", "describe_keys"]
 
 
 def _kind(mode: int) -> str:
@@ -57,6 +59,15 @@ def read_bytes(p: Path) -> bytes:
         raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
     except OSError as exc:
         raise ZeppInputError(f"{p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+
+
+def read_json(path, what: str, expect: str = ".json"):
+    """The parsed content of a JSON file, opened through :func:`input_file` (``what``, ``expect``
+    name it in messages); a file that cannot be read or parsed is one line ``PATH: not valid JSON (...)``."""
+    try:
+        return json.loads(read_bytes(input_file(path, what, expect)))
+    except (ValueError, UnicodeDecodeError) as exc:  # ZeppInputError is a ValueError too
+        raise ZeppInputError(f"{path}: not valid JSON ({exc})") from None
 
 
 def available_memory() -> int | None:
