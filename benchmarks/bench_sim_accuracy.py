@@ -14,7 +14,7 @@ from paths import add_traces_option, find_traces
 from zepp.sim.calibrate import calibrated
 from zepp.model import model_preset
 from zepp.sim.run import Config, run_system
-from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
+from zepp.traces import load_model_traces, node_demand, sample_batches
 
 CASES = [(4, "k2", 16.0), (16, "k2", 16.0), (16, "qwen", 4.0)]
 SYS = ["a2av", "eplb", "moonep", "comet", "epic", "zepp-overlap"]

@@ -36,7 +36,7 @@ from zepp import registry
 from zepp.sim.calibrate import calibrated, network_of
 from zepp.model import model_preset
 from zepp.sim.run import Config, Shared, run_system
-from zepp.traces.sampling import node_demand, sample_batches
+from zepp.traces import node_demand, sample_batches
 
 BASELINES = ("sglang-deepep", "vllm-eplb")
 DECODE_ZEPP = ("zepp-deepep-ll", "zepp-deepep-normal")  # Zepp's variants run on decode-sized batches
@@ -78,7 +78,7 @@ def traces_for(model: str, traces_dir: str | None, seed: int):
     synthetic ones."""
     from zepp.model import trace_dirs
     from zepp.traces.synthetic import synthetic_traces
-    from zepp.traces.sampling import load_model_traces
+    from zepp.traces import load_model_traces
 
     if traces_dir and any((Path(traces_dir) / d / "eval.txt").is_file() for d in trace_dirs(model)):
         pool, ev = load_model_traces(traces_dir, model)

@@ -38,7 +38,7 @@ def part_local(device: str = "cuda", small: bool = False) -> dict:
     from zepp.runtime.reference import execute_local, reference_moe
     from zepp.runtime.worker import load_traces
     from zepp.model import model_preset
-    from zepp.traces.sampling import node_demand, sample_batches
+    from zepp.traces import node_demand, sample_batches
 
     dev = torch.device(device)
     spec = model_preset("qwen3-30b", hidden=64 if small else None, ffn=32 if small else None)  # small: CPU dry run

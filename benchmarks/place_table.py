@@ -36,12 +36,12 @@ import numpy as np
 from paths import RESULTS, add_traces_option, find_traces
 from zepp.cluster import cluster_preset
 from zepp.planner.flows import build_flows
-from zepp.interop.history import history_from_traces
+from zepp.traces import history_from_traces
 from zepp.interop.buys import _simulated_ms, sim_config
 from zepp.interop.layers import plan_layers
 from zepp.model import model_preset
 from zepp.planner.routing import route
-from zepp.traces.sampling import load_model_traces
+from zepp.traces import load_model_traces
 
 ENGINES = {"sglang": "locality", "sglang-dyn": "dynamic", "vllm": "random", "trtllm": "replica-rr"}
 CONFIGS = ("eplb", "zepp-place", "zepp-route", "zepp-full")

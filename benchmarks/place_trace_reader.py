@@ -33,7 +33,7 @@ if which == "old":
     spec = importlib.util.spec_from_file_location("old_trace", mod)
     m = importlib.util.module_from_spec(spec); sys.modules["old_trace"] = m; spec.loader.exec_module(m)
 else:
-    import zepp.traces.sampling as m
+    import zepp.traces as m
 tr = m.read_trace(path, num_experts=384, top_k=8)
 dt = time.perf_counter() - t
 ru = resource.getrusage(resource.RUSAGE_SELF)

@@ -17,7 +17,7 @@ from pathlib import Path
 from paths import RESULTS, add_traces_option, find_traces
 from zepp.cli.plan import default_relaxation, plan_table
 from zepp.model import model_preset
-from zepp.traces.sampling import load_model_traces
+from zepp.traces import load_model_traces
 
 SYSTEMS = ["a2av", "relay", "eplb", "sglang", "epic", "zepp-a2av", "zepp-relay", "zepp"]
 

@@ -28,7 +28,7 @@ from zepp.planner.flows import build_flows
 from zepp.model import model_preset
 from zepp.planner.placement import make_placement
 from zepp.planner.routing import route
-from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
+from zepp.traces import load_model_traces, node_demand, sample_batches
 
 
 def timed(fn, repeats):

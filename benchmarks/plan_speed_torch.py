@@ -53,7 +53,7 @@ from zepp.planner.routing import route
 from zepp.planner.torch import build_flows as t_build_flows
 from zepp.planner.torch import device_placement
 from zepp.planner.torch import route as t_route
-from zepp.traces.sampling import load_model_traces, node_demand, sample_batches
+from zepp.traces import load_model_traces, node_demand, sample_batches
 
 COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
 OTHER_PAIRS = (("a2av", "a2av"), ("relay", "dedup"), ("zepp", "reduce-direct"))

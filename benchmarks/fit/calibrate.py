@@ -26,7 +26,7 @@ from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
 from zepp.sim.calibrate import FITTED, HARDWARE, calibrated, fit_a2av, fit_cells  # noqa: E402
 from zepp.model import model_preset  # noqa: E402
 from zepp.sim.run import Config, run_system  # noqa: E402
-from zepp.traces.sampling import load_model_traces, node_demand, sample_batches  # noqa: E402
+from zepp.traces import load_model_traces, node_demand, sample_batches  # noqa: E402
 
 OUT = RESULTS
 FIT_BATCHES = 2

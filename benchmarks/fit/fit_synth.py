@@ -22,7 +22,7 @@ from paths import DATA, RESULTS, ROOT, add_traces_option, find_traces  # noqa: E
 
 from zepp.model import model_preset  # noqa: E402
 from zepp.traces.synthetic import fit_synth, save_params, synthetic_traces, trace_statistics  # noqa: E402
-from zepp.traces.sampling import load_model_traces  # noqa: E402
+from zepp.traces import load_model_traces  # noqa: E402
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from zepp.model import model_preset  # noqa: E402
 from zepp.planner.placement import make_placement  # noqa: E402
 from zepp.planner.routing import route  # noqa: E402
 from zepp.traces.synthetic import synthetic_traces  # noqa: E402
-from zepp.traces.sampling import node_demand, sample_batches  # noqa: E402
+from zepp.traces import node_demand, sample_batches  # noqa: E402
 
 
 def main() -> None:

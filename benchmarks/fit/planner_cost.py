@@ -38,7 +38,7 @@ from zepp.planner.placement import make_placement  # noqa: E402
 from zepp.planner.routing import route  # noqa: E402
 from zepp.planner.swaps import plan_swaps  # noqa: E402
 from zepp.traces.synthetic import synthetic_traces  # noqa: E402
-from zepp.traces.sampling import node_demand, sample_batches  # noqa: E402
+from zepp.traces import node_demand, sample_batches  # noqa: E402
 
 MIN_ENTRIES = 100_000
 OUT = DATA / "planner_cost.json"
