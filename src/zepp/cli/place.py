@@ -210,9 +210,9 @@ def place(history_path, model, nodes, gpus_per_node, redundant, fmt, out, policy
                "zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
     click.echo(format_table(figs))
     if sim_layers:
-        from zepp.sim.calibrate import FITTED
+        from zepp.sim.calibrate import network_label
 
-        net = "its calibrated network figures" if cl.name in FITTED else "default network figures (uncalibrated)"
+        net = network_label(cl.name)
         click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {sim_layers} layer(s), "
                    f"no overlap for any configuration")
     click.echo(f"({time.perf_counter() - t0:.1f} s)")

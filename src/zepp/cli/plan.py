@@ -50,20 +50,17 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
     return pool, evaluation
 
 
-def simulated_ms(cluster, spec: MoESpec, system: str, plan, relaxation: float, extra: int, hist) -> float | None:
-    """The simulated layer time of ``plan`` on ``cluster`` (``None`` where the simulator has no
-    network figures for the cluster's preset, fitted or published, or does not run the system)."""
-    from zepp.sim.calibrate import FITTED, HARDWARE, PUBLISHED
-    from zepp.sim.run import Config, simulate_plan
+def simulated_ms(cluster, spec: MoESpec, system: str, plan) -> float | None:
+    """The simulated layer time of ``plan`` on ``cluster`` (``zepp.sim.run.simulate_flowplan``;
+    ``None`` where the simulator has no network figures for the cluster's preset, fitted or
+    published, or does not run the system from one FlowPlan)."""
+    from zepp.sim.calibrate import has_network
+    from zepp.sim.run import simulate_flowplan
 
     s = registry.system(system)
-    nets = {**FITTED, **PUBLISHED}
-    if cluster.name not in nets or not s.supports("sim") or s.adaptation != "none" or s.plugins:
+    if not has_network(cluster.name) or not s.supports("sim") or s.adaptation != "none" or s.plugins:
         return None
-    cl = cluster.with_(**HARDWARE)
-    cfg = Config(cl, spec, nets[cluster.name], hist, plan.routing.topk_ids[None], warmup=0, relaxation=relaxation,
-                 extra=extra)
-    tl, _, _ = simulate_plan(cfg, s, plan)
+    tl, _, _ = simulate_flowplan(plan, cluster, spec, s)
     return tl.latency * 1e3
 
 
@@ -95,7 +92,7 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
                 plan.validate()
             stats = plan.stats()
             if it == 0 and cluster is not None:
-                sim_first = simulated_ms(cluster, spec, name, plan, relaxation, extra, hist)
+                sim_first = simulated_ms(cluster, spec, name, plan)
             per_iter.append(dict(
                 inter_node_bytes=stats.inter_node_bytes,
                 busiest_nic_bytes=stats.busiest_nic_bytes,

@@ -28,6 +28,7 @@ from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
 from zepp.planner.routing import route
 from zepp.sim import plugins
+from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
 from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
 from zepp.sim.mechanics import Mechanics, Net, mechanics
@@ -165,6 +166,19 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, nvlink_bw=cfg.cluster.nvlink_bw * cfg.net.nvlink_eff,
                   labels=keep, **(cfg.sim_opts or SIM_OPTS))
     return tl, planning, floor
+
+
+def simulate_flowplan(plan: FlowPlan, cluster: Cluster, spec: MoESpec, system: str | registry.System,
+                      keep: bool = False) -> tuple[Timeline, float, float]:
+    """Simulate one FlowPlan of ``system`` (a registry name or row) on ``cluster``: the one way
+    every command simulates a single plan. The network is the cluster preset's
+    (``zepp.sim.calibrate.on_network``: fitted for ``a100`` / ``h100``, DeepEP's published
+    figures for today's presets; a cluster with neither is a ``ZeppInputError``). Returns
+    ``simulate_plan``'s ``(Timeline, planning s, floor s)``."""
+    s = registry.system(system) if isinstance(system, str) else system
+    cl, net = on_network(cluster)
+    cfg = Config(cl, spec, net, None, plan.routing.topk_ids[None], warmup=0)
+    return simulate_plan(cfg, s, plan, keep)
 
 
 def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shared | None = None) -> SystemResult:
