@@ -195,7 +195,7 @@ def test_native_loop_gives_bit_identical_times_to_the_python_loop(seed, opts):
 
 @needs_native
 def test_native_loop_equals_python_loop_on_every_simulated_system():
-    from zepp.cli.bench import make_config
+    from zepp.sim.bench_table import make_config
     from zepp.sim import run as simrun
     from zepp.registry import SYSTEMS, names_for
 

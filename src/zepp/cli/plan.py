@@ -180,19 +180,21 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
          profile, allow_duplicate_ids, systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
-    from zepp.cli.bench import _check_out_path
     from zepp.cluster import load_cluster_file
+    from zepp.launch.checks import check_number, check_output_path
 
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
     cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
         cluster_preset(cluster_name, nodes, gpus_per_node)
     gpus_per_node = cluster.gpus_per_node
-    if iters < 1:
-        raise ZeppInputError(f"--iters must be at least 1, got {iters}")
+    check_number("--iters", iters, 1, integer=True)
+    if relaxation is not None:
+        check_number("--relaxation", relaxation, 0)
     if not 0 <= extra <= spec.num_experts:
         raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
                              f"got {extra}")
-    _check_out_path("--json", json_path)
+    if json_path:
+        check_output_path(json_path, "--json")
     if dump is not None and Path(dump).exists() and not Path(dump).is_dir():
         raise ZeppInputError(f"--dump {dump!r}: exists and is not a folder")
     names = registry.parse_systems(systems, "plan", expand=True)
