@@ -9,7 +9,7 @@ import pytest
 from zepp import registry
 from zepp.sim.calibrate import calibrated
 from zepp.model import model_preset
-from zepp.sim import plugins
+from zepp.sim.phases.moonep import moonep_pulls
 from zepp.sim.engine import TaskGraph
 from zepp.sim.layer import LayerBuilder
 from zepp.sim.mechanics import EPIC_RELAY_PUT, Mechanics, mechanics
@@ -113,7 +113,7 @@ def test_moonep_gemms_wait_for_the_pulled_weights(cfg):
     of the puller's GEMMs."""
     s = registry.system("moonep")
     plan = Shared().plan(s, cfg, 0)
-    pulls = plugins.moonep_pulls(plan)
+    pulls = moonep_pulls(plan)
     tl, _ = sim(cfg, "moonep")
     copies = labelled(tl, "weights")
     assert copies.size == len(pulls) > 0

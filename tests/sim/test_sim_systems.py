@@ -9,7 +9,7 @@ from zepp import registry
 from zepp.sim.calibrate import calibrated
 from zepp.model import model_preset
 from zepp.planner.moonep import moonep_plan
-from zepp.sim.plugins import bvn_rounds
+from zepp.sim.phases.fast import bvn_rounds
 from zepp.sim.run import Config, Shared, run_system
 from simcases import skewed_batch, skewed_config
 

@@ -4,8 +4,9 @@ reduce at home.
 ``build_layer`` turns a ``LayerPlan`` (a ``FlowPlan``'s dispatch / combine ``Hops`` plus the
 entries' computing ranks, built by ``LayerPlan.of``) and a ``Mechanics`` record (how a system
 moves its messages, splits its GEMMs and synchronises; ``zepp.sim.mechanics``) into a
-``TaskGraph`` that ``zepp.sim.engine.simulate`` runs. Plug-ins (``zepp.sim.plugins``) may replace a
-phase (COMET's all-gather, FAST's rounds) or add weight copies (MoonEP's pulls, Zepp's swaps).
+``TaskGraph`` that ``zepp.sim.engine.simulate`` runs. The baselines' special phases
+(``zepp.sim.phases``) may replace a phase (COMET's all-gather, FAST's rounds) or add weight
+copies (MoonEP's pulls; Zepp's swaps add them too).
 
 Granularity and dependencies
 ----------------------------

@@ -17,13 +17,14 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   round", not the a2av-fitted put), and the hierarchical combine's "one round of N-1 puts after
   GEMM 2" (``reduce-direct``'s stage 1) the same way (``serial_put``); one un-overlapped GEMM.
 - ``moonep``: two calls (rows, then fp32 weights) with two barriers each, rows per slot padded
-  to 128 (its weight pulls from the home ranks are the ``moonep-pulls`` plug-in).
+  to 128 (its weight pulls from the home ranks are the ``moonep-pulls`` phase).
 - ``comet``: fused tile-gated GEMM at 62.5 / 132.5 TFLOP/s of the unfused one, GEMM 1 in two
   groups (own node, remote: tiles wait on per-source flags, only the intra-node part overlaps),
   GEMM 2 in ``L`` column splits (``columns``: "GEMM 2 publishes per column-split barriers"; each
   split reads its slice of w2 once). Its dense all-gather and its in-node ring combine with
-  put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` plug-ins.
-- ``fast``: synchronous host-driven rounds (the ``fast-rounds`` plug-in), nothing overlaps.
+  put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` phases
+  (``zepp.sim.phases``).
+- ``fast``: synchronous host-driven rounds (the ``fast-rounds`` phase), nothing overlaps.
 
 DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections 5 and 6):
 
@@ -192,11 +193,11 @@ MECHANICS: dict[str, Mechanics] = {
     # by destination ("GEMM 2 publishes per column-split barriers"; each split reads its slice of
     # w2 once: one GEMM 2 of weight reads);
     # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
-    # comet-allgather and comet-ring-combine plug-ins.
+    # comet-allgather and comet-ring-combine phases (zepp.sim.phases).
     "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF,
                        sim_cost=0.95),
     # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
-    # rounds, each ending in a world barrier, are the fast-rounds plug-in; one GEMM after them).
+    # rounds, each ending in a world barrier, are the fast-rounds phase; one GEMM after them).
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35),
     "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),

@@ -2,7 +2,7 @@
 
 For every system the path is the same (``run_system``): the row's placement (once, from the
 history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
-turned into a ``LayerPlan``, the row's plug-ins (``zepp.sim.plugins``) and its adaptation
+turned into a ``LayerPlan``, the row's special phases (``zepp.sim.phases``) and its adaptation
 (``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
 does; their weight copies run this batch), the row's planning model (``zepp.sim.planning``) as
 the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
@@ -27,7 +27,7 @@ from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
 from zepp.planner.routing import route
-from zepp.sim import plugins
+from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
 from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
@@ -146,15 +146,15 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     ``swapped [R*S]`` the slots whose weights arrive with them. ``mech``: a ``Mechanics`` record
     instead of the row's (tests that switch one mechanism off); ``granularity``: the batch's
     groups / waves (default: ``plan_granularity``)."""
-    ctx = plugins.Batch(cfg, plan)
+    ctx = phases.BatchInputs(cfg, plan)
     for name in s.plugins:
-        plugins.apply(name, ctx)
+        phases.apply(name, ctx)
     kw = {}
     if swap_copies is not None:
         kw = dict(weight_copies=swap_copies, swapped=swapped)
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
-    # a plug-in may replace a phase's hop table
+    # a phase may replace its hop table
     lp = LayerPlan.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     mech = mech or mechanics(s.mechanics)
     floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
