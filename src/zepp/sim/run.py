@@ -4,7 +4,7 @@ For every system the path is the same (``run_system``): the row's placement (onc
 history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
 turned into a ``LayerPlan``, the row's special phases (``zepp.sim.phases``) and its adaptation
 (``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
-does; their weight copies run this batch), the row's planning model (``zepp.sim.planning``) as
+does; their weight copies run this batch), the row's planning-cost model (``zepp.sim.planning_cost``) as
 the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
 ``simulate``. Latency = max over ranks; the result holds every timed iteration.
 
@@ -32,7 +32,7 @@ from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
 from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
 from zepp.sim.mechanics import Mechanics, Net, mechanics
-from zepp.sim.planning import planning_seconds
+from zepp.sim.planning_cost import planning_seconds
 
 
 @dataclass
