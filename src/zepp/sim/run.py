@@ -2,7 +2,7 @@
 
 For every system the path is the same (``run_system``): the row's placement (once, from the
 history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
-turned into a ``LayerPlan``, the row's special phases (``zepp.sim.phases``) and its adaptation
+turned into a ``LayerWork``, the row's special phases (``zepp.sim.phases``) and its adaptation
 (``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
 does; their weight copies run this batch), the row's planning-cost model (``zepp.sim.planning_cost``) as
 the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
@@ -30,7 +30,7 @@ from zepp.planner.routing import route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
-from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
+from zepp.sim.layer import SIM_OPTS, LayerWork, build_layer, dispatch_row_bytes
 from zepp.sim.mechanics import Mechanics, Net, mechanics
 from zepp.sim.planning_cost import planning_seconds
 
@@ -105,7 +105,7 @@ class Shared:
         return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
 
 
-def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: float | None = None) -> float:
+def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: float | None = None) -> float:
     """A system's own physical floor: busiest NIC direction's bytes at the nominal NIC rate,
     busiest GPU's FLOPs at peak, busiest GPU's expert-weight reads at HBM rate.
     ``dispatch_row_bytes``: a dispatch row's bytes on the wire (default: the model's row)."""
@@ -155,7 +155,7 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
     # a phase may replace its hop table
-    lp = LayerPlan.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
+    lp = LayerWork.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     mech = mech or mechanics(s.mechanics)
     floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
     T = plan.routing.topk_ids.shape[1]
