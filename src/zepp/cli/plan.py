@@ -64,6 +64,24 @@ def simulated_ms(cluster, spec: MoESpec, system: str, plan) -> float | None:
     return tl.latency * 1e3
 
 
+def _timed_plan(system, batch, placement, row_bytes: int, relaxation: float):
+    """``(FlowPlan, routing s, flows s)`` of one batch. Routing and flows are timed apart (the
+    table's two columns), so this is ``zepp.planner.plan_batch`` in its two steps."""
+    t0 = time.perf_counter()
+    routing = route(system.routing, batch, placement, relaxation)
+    t1 = time.perf_counter()
+    plan = build_flows(routing, system.dispatch, row_bytes, system.combine)
+    return plan, t1 - t0, time.perf_counter() - t1
+
+
+def _figures(plan, routing_s: float, flows_s: float) -> dict:
+    """What one plan puts on the links, and its planning seconds."""
+    stats = plan.stats()
+    return dict(inter_node_bytes=stats.inter_node_bytes, busiest_nic_bytes=stats.busiest_nic_bytes,
+                nvlink_bytes=stats.nvlink_bytes, busiest_gpu_rows=int(stats.rows_computed.max()),
+                messages=int(stats.messages.sum()), routing_s=routing_s, flows_s=flows_s)
+
+
 def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
                systems: list[str], iters: int, seed: int, relaxation: float, extra: int,
                validate: bool | str = True, dump: Path | None = None, cluster=None) -> list[dict]:
@@ -72,42 +90,28 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
     ``cluster`` where the simulator can). ``validate``: every plan (``True``), the first batch's
     only (``"first"``) or none (``False``)."""
     ranks = nodes * gpus_per_node
-    tokens = spec.tokens_for_budget(budget_mb)
     hist = node_demand(pool, nodes, gpus_per_node)
-    batches = sample_batches(evaluation, ranks, tokens, iters, seed)
+    batches = sample_batches(evaluation, ranks, spec.tokens_for_budget(budget_mb), iters, seed)
     rows = []
     for name in systems:
         system = registry.system(name)
         t0 = time.perf_counter()
         placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
         place_s = time.perf_counter() - t0
-        per_iter = []
+        per_iter, sim_first = [], None
         for it, batch in enumerate(batches):
-            t0 = time.perf_counter()
-            routing = route(system.routing, batch, placement, relaxation)
-            t1 = time.perf_counter()
-            plan = build_flows(routing, system.dispatch, spec.row_bytes, system.combine)
-            t2 = time.perf_counter()
+            plan, routing_s, flows_s = _timed_plan(system, batch, placement, spec.row_bytes, relaxation)
             if validate is True or (validate == "first" and it == 0):
                 plan.validate()
-            stats = plan.stats()
             if it == 0 and cluster is not None:
                 sim_first = simulated_ms(cluster, spec, name, plan)
-            per_iter.append(dict(
-                inter_node_bytes=stats.inter_node_bytes,
-                busiest_nic_bytes=stats.busiest_nic_bytes,
-                nvlink_bytes=stats.nvlink_bytes,
-                busiest_gpu_rows=int(stats.rows_computed.max()),
-                messages=int(stats.messages.sum()),
-                routing_s=t1 - t0,
-                flows_s=t2 - t1,
-            ))
+            per_iter.append(_figures(plan, routing_s, flows_s))
             if dump is not None:
                 dump.mkdir(parents=True, exist_ok=True)
-                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=routing.slot,
+                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=plan.routing.slot,
                                     slot_expert=placement.slot_expert)
         row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
-        row["sim_ms"] = sim_first if cluster is not None else None
+        row["sim_ms"] = sim_first
         row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
                    combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
         rows.append(row)

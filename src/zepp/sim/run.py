@@ -99,6 +99,8 @@ class Shared:
         return self.placements[kind]
 
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
+        """System ``s``'s FlowPlan of batch ``it``. Not ``zepp.planner.plan_batch``: one routing
+        serves every transport pair of the systems that share its placement and routing."""
         rkey = (s.placement, s.routing, it)
         if rkey not in self.routings:
             self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C)
@@ -243,6 +245,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
                 swapped[sp.copies[:, 1]] = True
                 copies = c[c[:, 0] != c[:, 1]]  # a copy between two slots of one GPU needs no link
             placement = sp.placement
+        # routed apart from its flows: warm-up batches need only the routing's slot loads
         r = route(s.routing, cfg.batches[it], placement, cfg.C)
         prev_loads = r.slot_loads()
         if it < cfg.warmup:
