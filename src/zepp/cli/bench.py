@@ -91,23 +91,34 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")
     names, jobs = _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed,
                         traces_dir)
+    baselines = [s for s in names if s in registry.PAPER_BASELINES]
+    if plot_path and not baselines:
+        raise ZeppInputError(f"--plot draws each system against the fastest of the paper's baselines: add one of "
+                             f"{', '.join(registry.PAPER_BASELINES)} to --systems")
     stored = []
     if resume and json_file.is_file():
         stored = table.stored_rows(jobs, json_file)
         click.echo(f"--resume: {len(stored)} of {len(jobs)} configurations already in {json_file}", err=True)
     t0 = time.time()
     rows = table.run_table(jobs, stored, workers or min(2, os.cpu_count() or 1), json_file)
+    _report(rows, names, f"{iters} timed + {warmup} warm-up iterations, traces: {traces_dir or 'built-in synthetic'}, "
+                         f"{time.time() - t0:.0f} s", json_file)
+    if plot_path:
+        from zepp.sim.plots import bars
+
+        bars(rows, baselines + [s for s in names if s == "zepp"], plot_path,
+             title=f"simulated MoE layer latency ({traces_dir or 'synthetic traces'})")
+        click.echo(f"wrote {plot_path}")
+
+
+def _report(rows: list[dict], names: list[str], how: str, json_file: Path | None) -> None:
+    """The table, the geomean speedup, how the rows were made and the files written."""
+    from zepp.sim import bench_table as table
+
     click.echo(table.format_table(rows, names))
     gm = table.geomean(table.speedup(r) for r in rows)
     if gm:
         click.echo(f"geomean speedup of zepp over the fastest simulated baseline per row: {gm:.2f}x")
-    click.echo(f"({len(rows)} configuration{'s' if len(rows) != 1 else ''}, {iters} timed + {warmup} warm-up "
-               f"iterations, traces: {traces_dir or 'built-in synthetic'}, {time.time() - t0:.0f} s)")
+    click.echo(f"({len(rows)} configuration{'s' if len(rows) != 1 else ''}, {how})")
     if json_file is not None:
         click.echo(f"wrote {json_file} and {table.detail_path(json_file)}")
-    if plot_path:
-        from zepp.sim.plots import bars
-
-        bars(rows, [s for s in names if s in registry.PAPER_BASELINES] + ["zepp"], plot_path,
-             title=f"simulated MoE layer latency ({traces_dir or 'synthetic traces'})")
-        click.echo(f"wrote {plot_path}")
