@@ -1,7 +1,6 @@
 """``zepp plan`` end to end: the table, --json, --dump, and one clear error per bad input."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,7 +64,8 @@ def test_plan_table_json_and_dump(tmp_path, capsys):
 def test_plan_on_real_trace(traces_dir, capsys):
     code, out, err = run_cli(["plan", "--model", "qwen", "--nodes", "2", "--budget-mb", "1", "--iters", "1",
                               "--history", str(traces_dir / "qwen3" / "pool.txt"),
-                              "--trace", str(traces_dir / "qwen3" / "eval.txt"), "--systems", "zepp,a2av,relay"], capsys)
+                              "--trace", str(traces_dir / "qwen3" / "eval.txt"), "--systems", "zepp,a2av,relay"],
+                             capsys)
     assert code == 0, err
     assert "128 tokens/GPU" in out
 

@@ -278,7 +278,8 @@ def load_resume(path: Path) -> list[dict]:
     try:
         data = json.loads(src.read_text())
     except (OSError, ValueError) as exc:
-        raise ZeppInputError(f"--resume: cannot read {src} ({type(exc).__name__}); remove it or drop --resume") from None
+        raise ZeppInputError(f"--resume: cannot read {src} ({type(exc).__name__}); remove it or drop --resume") \
+            from None
     rows = data if isinstance(data, list) else data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "latency_ms" in r for r in rows):
         raise ZeppInputError(f"--resume: {src} is not a zepp bench --json file")

@@ -87,7 +87,8 @@ class _Calls:
         has = np.zeros(K * R * R, bool)
         has[(self.call * R + self.src) * R + self.dst] = True
         miss = ~has[(k_all * R + s_all) * R + t_all]
-        for phase, sel in (("dispatch", miss & (k_all < self.n_dispatch)), ("combine", miss & (k_all >= self.n_dispatch))):
+        is_dispatch = k_all < self.n_dispatch
+        for phase, sel in (("dispatch", miss & is_dispatch), ("combine", miss & ~is_dispatch)):
             if sel.any():
                 e, x = b.transfers(s_all[sel], t_all[sel], np.zeros(int(sel.sum())), "serial", phase, phase + " empty")
                 self.call = np.concatenate([self.call, k_all[sel]])

@@ -565,7 +565,8 @@ class _LayerTasks:
             g.after(self.combine_done, red)
         if self.mech.stage_collectives:
             if self.d is None or self.cm is None:
-                raise SimulationError("stage_collectives mechanics run the Hops-driven phases (no custom_dispatch/combine)")
+                raise SimulationError("stage_collectives mechanics run the Hops-driven phases "
+                                      "(no custom_dispatch/combine)")
             add_stage_collectives(b, self.d, self.cm, self.work.combine, self.tab1, self.tab2, self.G, self.pro, red,
                                   float(b.spec.row_bytes), self.n_dispatch, self.work.combine.num_stages)
         if self.kc_combine is not None:

@@ -33,7 +33,8 @@ def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> No
         raise ValueError("bars: no rows to draw")
     lacking = [i for i, r in enumerate(rows) if not any(b in r["latency_ms"] for b in base_names)]
     if lacking:
-        raise ValueError(f"bars: row(s) {lacking} hold no latency of a baseline ({', '.join(base_names) or 'none given'})")
+        raise ValueError(f"bars: row(s) {lacking} hold no latency of a baseline "
+                         f"({', '.join(base_names) or 'none given'})")
     plt = _plt()
     fig, axes = plt.subplots(len(models), 1, figsize=(max(9.0, 0.9 * max(
         sum(r["model"] == m for r in rows) for m in models) * (len(systems) + 1) / 4), 4.2 * len(models)),

@@ -4,9 +4,12 @@ For every system the path is the same (``run_system``): the row's placement (onc
 history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
 turned into a ``LayerWork``, the row's special phases (``zepp.sim.phases``) and its adaptation
 (``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
-does; their weight copies run this batch), the row's planning-cost model (``zepp.sim.planning_cost``) as
-the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
-``simulate``. Latency = max over ranks; the result holds every timed iteration.
+does; their weight copies run this batch), the row's planning-cost model
+(``zepp.sim.planning_cost``) as the prologue, the row's mechanics (``zepp.sim.mechanics``) and
+``build_layer`` / ``simulate``. Latency = max over ranks; the result holds every timed iteration.
+
+One FlowPlan on one cluster (``zepp plan``, ``zepp place``) is ``simulate_flowplan``: the same
+``simulate_plan`` on the cluster preset's network (``zepp.sim.calibrate.on_network``).
 
 A meta-system (``zepp``: ``best_of``) is its variants' best median per configuration; one with
 ``switch_tokens`` (``sglang-deepep``) runs the variant the batch size picks.
