@@ -5,17 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from zepp.cli import main
-
-
-def run_cli(argv, capsys):
-    code = 0
-    try:
-        main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from clirun import run_cli
 
 
 def write_trace(tmp_path, rows, name="t.txt"):

@@ -4,21 +4,11 @@ per bad option before any work."""
 
 import pytest
 
-from zepp.cli import main
+from clirun import run_cli
 from zepp.sim.bench_table import make_config, make_jobs
 from zepp.sim.run import run_system
 
 ARGS = ["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5"]
-
-
-def run_cli(argv, capsys):
-    code = 0
-    try:
-        main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_timeline_draws_the_tables_third_batch(tmp_path, capsys):
