@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-from zepp.cli.bench import format_table
+from zepp.sim.bench_table import format_table
 from zepp.registry import PAPER_BASELINES as BASELINES
 from zepp.registry import SYSTEMS
 
@@ -37,7 +37,7 @@ def report(path: str, title: str) -> str:
     except OSError:
         pass
     out += ["## Zepp's variants (ms)", "",
-            "Planning = modelled GPU time of our planner (`zepp.sim.planning`, a deterministic model), on every rank's "
+            "Planning = modelled GPU time of our planner (`zepp.sim.planning_cost`, a deterministic model), on every rank's "
             "critical path. `zepp @5%` re-states the best variant with planning at the paper's ~5% of the "
             "iteration instead (a sensitivity, not the reported number).", "",
             "| nodes | model | MB | " + " | ".join(ZEPP_VARIANTS) + " | chosen | its planning ms | zepp @5% | speedup @5% |",

@@ -37,7 +37,7 @@ from paths import RESULTS, add_traces_option, find_traces
 from zepp.cluster import cluster_preset
 from zepp.planner.flows import build_flows
 from zepp.traces import history_from_traces
-from zepp.interop.buys import _simulated_ms, sim_config
+from zepp.interop.buys import simulated_ms
 from zepp.interop.layers import plan_layers
 from zepp.model import model_preset
 from zepp.planner.routing import route
@@ -104,13 +104,13 @@ def main() -> None:
                 shared = {"zepp-route": _fig(batches, zpl, "zepp", "relay", "reduce", spec.row_bytes, rel),
                           "zepp-full": _fig(batches, zpl, "zepp", "zepp", "reduce", spec.row_bytes, rel)}
                 if i == 0:  # simulated layer time: SGLang static's rows, first layer, first batch
-                    cfg = sim_config(cluster_preset("h100-8", nodes), spec, batches, None)
+                    cluster = cluster_preset("h100-8", nodes)
                     for c, (pl, kind, rt, d) in {"eplb": (epl, "eplb", "locality", "relay"),
                                                  "zepp-place": (zpl, "zepp", "locality", "relay"),
                                                  "zepp-route": (zpl, "zepp", "zepp", "relay"),
                                                  "zepp-full": (zpl, "zepp", "zepp", "zepp")}.items():
                         plan = build_flows(route(rt, batches[0], pl, relaxation=rel), d, spec.row_bytes, "reduce")
-                        sim[c] = _simulated_ms(cfg, kind, rt, d, "reduce", plan)
+                        sim[c] = simulated_ms(cluster, spec, kind, rt, d, "reduce", plan)
                 for e, rt in ENGINES.items():
                     acc[(e, "eplb")] += _fig(batches, epl, rt, "relay", "reduce", spec.row_bytes, rel)
                     acc[(e, "zepp-place")] += _fig(batches, zpl, rt, "relay", "reduce", spec.row_bytes, rel)
@@ -129,7 +129,7 @@ def main() -> None:
     meta = {"iters": args.iters, "budget_mb": args.budget_mb, "gpus_per_node": L, "redundant": "one per GPU",
             "transport": "relay/reduce (engines), zepp/reduce (zepp-full)", "seconds": round(time.time() - t0, 1),
             "when": time.strftime("%Y-%m-%d %H:%M")}
-    meta["simulated"] = ("SGLang static rows only: zepp.sim on h100-8 (default network figures, uncalibrated), "
+    meta["simulated"] = ("SGLang static rows only: zepp.sim on h100-8 (DeepEP's published network figures, zepp.sim.calibrate.network_of), "
                          "first layer, first batch, no overlap for any configuration")
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     write_md(rows, meta, Path(args.out + ".md"))

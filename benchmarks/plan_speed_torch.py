@@ -112,7 +112,7 @@ def _write_data(path: str, info: dict) -> None:
                "of zepp/data/planner_cost.json ('route:zepp', 'flows:<dispatch>/<combine>'), milliseconds per "
                "batch for the whole cluster's plan (every rank computes the same plan). One record per device "
                "and mode; 'cuda_graph' says whether the times are CUDA-graph replays. Device (GPU) records, "
-               "where they exist, are meant to replace the op-mix conversion of zepp.sim.planning for the "
+               "where they exist, are meant to replace the op-mix conversion of zepp.sim.planning_cost for the "
                "same parts; CPU records are not device figures (no GPU was lent when this file was written)."),
         records=[record],
         device_records=[],

@@ -1,4 +1,4 @@
-"""CPU -> GPU scale of planner-like array work, measured (the GPU op mix of ``zepp.sim.planning``).
+"""CPU -> GPU scale of planner-like array work, measured (the GPU op mix of ``zepp.sim.planning_cost``).
 
     python benchmarks/fit/calibrate_planner_gpu.py cpu OUT.json   # here: numpy, one core
     python benchmarks/fit/calibrate_planner_gpu.py gpu OUT.json   # on a GPU machine: torch CUDA (+ CuPy drop-in try)

@@ -1,5 +1,5 @@
 """Record the op-mix rounds of Zepp's granularity choice (``zepp.planner.granularity.choose``), the
-``granularity`` part of the simulator's planning-cost model (``zepp.sim.planning``).
+``granularity`` part of the simulator's planning-cost model (``zepp.sim.planning_cost``).
 
     python benchmarks/fit/granularity_cost.py    # adds "granularity" to src/zepp/data/planner_cost.json
 

@@ -1,5 +1,5 @@
 """Record how many planner "op-mix rounds" each part of Zepp's planner costs, for the
-simulator's deterministic planning-cost model (``zepp.sim.planning``).
+simulator's deterministic planning-cost model (``zepp.sim.planning_cost``).
 
     python benchmarks/fit/planner_cost.py        # writes src/zepp/data/planner_cost.json
 
@@ -101,7 +101,7 @@ def main() -> None:
     rounds = {k: statistics.median(r["rounds"][k] for r in big) for k in rows[0]["rounds"]}
     gpu = json.loads(PIPELINED.read_text())
     data = {
-        "about": "Planner cost model of zepp.sim.planning (written by benchmarks/fit/planner_cost.py; see its docstring).",
+        "about": "Planner cost model of zepp.sim.planning_cost (written by benchmarks/fit/planner_cost.py; see its docstring).",
         "rounds": rounds,
         "rounds_source": {"measured": datetime.date.today().isoformat(), "host": platform.node(),
                           "processor": platform.processor() or platform.machine(),

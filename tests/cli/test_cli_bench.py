@@ -86,13 +86,27 @@ def test_measured_cells_come_from_the_paper():
     (["--jobs", "0"], "--jobs"),
     (["--resume"], "--resume needs --json"),
     (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+    (["--iters", "0"], "--iters"),
+    (["--cluster", "tpu"], "unknown cluster preset 'tpu'"),
+    (["--systems", "zepp-overlap", "--plot", "x.png"], "--plot draws each system against"),
 ])
-def test_bad_options_fail_clearly(tmp_path, capsys, args, word):
+def test_bad_options_fail_clearly(tmp_path, capsys, monkeypatch, args, word):
+    monkeypatch.chdir(tmp_path)  # relative output paths land here
     with pytest.raises(SystemExit) as info:
         main(["bench", *args])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert word in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_todays_clusters_run_their_deepep_systems(capsys):
+    main(["bench", "--cluster", "h200-8", "--gpus-per-node", "8", "--nodes", "1", "--models", "qwen", "--budgets",
+          "0.5", "--iters", "1", "--warmup", "0", "--systems", "sglang-deepep,zepp-deepep", "--jobs", "1"])
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.startswith("| cluster"))
+    assert "sglang-deepep ms" in head and "zepp-deepep ms" in head
+    row = next(line for line in out.splitlines() if line.startswith("| h200-8 | 1x8 | qwen | 0.5 |"))
+    assert len(row.split("|")) == len(head.split("|"))
 
 
 def test_missing_traces_folder_names_what_it_looked_for(tmp_path, capsys):

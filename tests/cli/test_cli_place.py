@@ -72,7 +72,7 @@ def test_report_figures_and_json(tmp_path, capsys):
         assert f["inter_node_bytes"] >= f["busiest_nic_bytes"]
         # the first --sim-layers (default 2) layers are simulated on the cluster
         assert (f["sim_ms"] is not None) == (f["layer"] in (0, 1)) and (f["sim_ms"] is None or f["sim_ms"] > 0)
-    assert "sim layer ms: zepp.sim on h100-8 with default network figures (uncalibrated)" in out
+    assert "sim layer ms: zepp.sim on h100-8 with DeepEP's published network figures" in out
     # the "x eplb" column of the eplb rows is 1.00 by construction; zepp's routing never costs
     # more NIC bytes than the engine's choice on the same placement by more than noise
     tot = {}

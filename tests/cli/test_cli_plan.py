@@ -1,24 +1,11 @@
 """``zepp plan`` end to end: the table, --json, --dump, and one clear error per bad input."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from zepp.cli import main
-
-from shared_traces import TRACES, needs_traces  # noqa: E402
-
-
-def run_cli(argv, capsys):
-    code = 0
-    try:
-        main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from clirun import run_cli
 
 
 def write_trace(tmp_path, rows, name="t.txt"):
@@ -64,11 +51,11 @@ def test_plan_table_json_and_dump(tmp_path, capsys):
     assert (slot_expert.ravel()[slot] == ids).all()
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces not present")
-def test_plan_on_real_trace(capsys):
+def test_plan_on_real_trace(traces_dir, capsys):
     code, out, err = run_cli(["plan", "--model", "qwen", "--nodes", "2", "--budget-mb", "1", "--iters", "1",
-                              "--history", str(TRACES / "qwen3" / "pool.txt"),
-                              "--trace", str(TRACES / "qwen3" / "eval.txt"), "--systems", "zepp,a2av,relay"], capsys)
+                              "--history", str(traces_dir / "qwen3" / "pool.txt"),
+                              "--trace", str(traces_dir / "qwen3" / "eval.txt"), "--systems", "zepp,a2av,relay"],
+                             capsys)
     assert code == 0, err
     assert "128 tokens/GPU" in out
 
@@ -106,3 +93,32 @@ def test_experts_not_divisible_by_gpus(tmp_path, capsys):
 def test_unknown_system(tmp_path, capsys):
     code, _, err = run_cli(["plan", *SMALL, "--trace", small_trace(tmp_path), "--systems", "zepp,deepep"], capsys)
     assert code == 2 and "deepep" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--iters", "0"], "--iters must be an integer at least 1"),
+    (["--relaxation", "nan"], "--relaxation must be a finite number"),
+    (["--json", "/nonexistent-folder/p.json"], "does not exist"),
+])
+def test_bad_options_one_line_before_any_work(tmp_path, capsys, args, message):
+    code, out, err = run_cli(["plan", *SMALL, "--trace", small_trace(tmp_path), *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert out == ""
+
+
+def test_simulated_time_where_the_cluster_has_network_figures(tmp_path, capsys):
+    """``sim_ms`` on the preset's network (fitted a100, DeepEP's published h100-8 through a
+    cluster file's base), none for a cluster the simulator has no figures for."""
+    trace = small_trace(tmp_path)
+    (tmp_path / "mine.yaml").write_text("nodes: 2\n")
+    (tmp_path / "based.yaml").write_text("base: h100-8\n")
+    sim = {}
+    for name, extra in (("a100", []), ("mine", ["--cluster-file", str(tmp_path / "mine.yaml")]),
+                        ("based", ["--cluster-file", str(tmp_path / "based.yaml")])):
+        out_json = tmp_path / f"{name}.json"
+        code, _, err = run_cli(["plan", *SMALL, "--trace", trace, "--systems", "a2av,fast", *extra,
+                                "--json", str(out_json)], capsys)
+        assert code == 0, err
+        sim[name] = {r["system"]: r["sim_ms"] for r in json.loads(out_json.read_text())["systems"]}
+    assert sim["a100"]["a2av"] > 0 and sim["based"]["a2av"] > 0 and sim["mine"]["a2av"] is None
+    assert sim["a100"]["fast"] is None  # its special phases replace the FlowPlan's phases

@@ -16,7 +16,7 @@ from zepp.registry import system
 from zepp.runtime.program import compile_rank
 from zepp.runtime.worker import default_config
 from zepp.sim.engine import TaskGraph, simulate
-from zepp.sim.layer import LayerPlan, build_layer
+from zepp.sim.layer import LayerWork, build_layer
 
 CAL = {"cluster_fields": {"nic_bw": 120e6, "nvlink_bw": 1.5e9, "nic_msg_cost": 300e-6, "nvlink_msg_cost": 400e-6},
        "a2a_empty_s": 1.5e-3, "cores": 2,
@@ -39,7 +39,7 @@ def _graph(plan, spec, mech, cal=CAL, params=PARAMS):
     cl = emulated_cluster(cal, R // L, L)
     net = emulated_net(cal, R, L, params["stage_overhead"], params["cpu_per_byte"])
     g = TaskGraph(cl)
-    build_layer(g, cl, spec, LayerPlan.of(plan), mech, net, np.full(R, PLAN_S), planning=np.full(R, PLAN_S),
+    build_layer(g, cl, spec, LayerWork.of(plan), mech, net, np.full(R, PLAN_S), planning=np.full(R, PLAN_S),
                 gemm_cost=emulated_gemm(cal))
     return g, cl
 
@@ -119,7 +119,7 @@ def test_measured_gemm_cost_replaces_the_roofline(plans):
     plan = ps["a2av"]
     slow_gemm = dict(CAL, compute={"up": [0.0, 1e-3], "down": [0.0, 1e-3]})
     lat = simcheck.simulate_layer(plan, spec, slow_gemm, GLOO_BLOCKING, PLAN_S, PARAMS)
-    rows = np.bincount(LayerPlan.of(plan).comp, minlength=plan.ranks)
+    rows = np.bincount(LayerWork.of(plan).comp, minlength=plan.ranks)
     assert lat >= PLAN_S + 2e-3 * rows.max()
     base = simcheck.simulate_layer(plan, spec, CAL, GLOO_BLOCKING, PLAN_S, PARAMS)
     assert base < PLAN_S + 2e-3 * rows.max()

@@ -1,13 +1,12 @@
-"""Engine unit tests with hand-computed answers."""
+"""The event engine (``zepp.sim.engine``): flows sharing links max-min fairly, message costs,
+streams, priorities and dependencies on hand-computed answers; the compiled loop against the
+Python loop."""
 
 import numpy as np
 import pytest
 
 from zepp.cluster import cluster_preset
 from zepp.errors import ZeppInputError
-from zepp.model import model_preset
-from zepp.sim.layer import LayerBuilder
-from zepp.sim.mechanics import Mechanics, Net
 from zepp.sim.engine import SimulationError, TaskGraph, maxmin_rates, native_available, simulate
 
 BW = 25e9
@@ -115,35 +114,6 @@ def test_cycle_is_an_engine_error_not_bad_input():
         g.add_transfer(2, 2, 1.0, 0.0)
 
 
-def test_gemm_roofline_switches_from_weights_to_flops():
-    c = cl(nodes=1)
-    spec = model_preset("k2")
-    b = LayerBuilder(TaskGraph(c), c, spec, Net(), Mechanics())
-    b.S, b.T = 2, 1
-    w = spec.hidden * spec.ffn * spec.dtype_bytes
-    # few rows on one slot: bound by reading the weights
-    tab = b.gemm_tasks(np.zeros(3, np.int64), np.zeros(3, np.int64), 1, lambda k: k, "g")
-    dur_small = b.g.columns()["dur"][tab[0, 0]]
-    assert dur_small == pytest.approx(w / c.hbm_bw + c.kernel_launch)
-    # many rows: bound by FLOPs at the efficiency of that many rows per expert
-    n = 4000
-    tab = b.gemm_tasks(np.zeros(n, np.int64), np.zeros(n, np.int64), 1, lambda k: k, "g")
-    dur_big = b.g.columns()["dur"][tab[0, 0]]
-    flops = 2.0 * spec.hidden * spec.ffn * n
-    assert dur_big == pytest.approx(flops / (c.peak_flops * c.gemm_efficiency(n)) + c.kernel_launch)
-    assert dur_big > w / c.hbm_bw + c.kernel_launch
-
-
-def test_grouped_gemm_counts_active_experts():
-    c = cl(nodes=1)
-    spec = model_preset("k2")
-    b = LayerBuilder(TaskGraph(c), c, spec, Net(), Mechanics())
-    b.S, b.T = 4, 1
-    w = spec.hidden * spec.ffn * spec.dtype_bytes
-    tab = b.gemm_tasks(np.zeros(3, np.int64), np.array([0, 1, 2]), 1, lambda k: k, "g")
-    assert b.g.columns()["dur"][tab[0, 0]] == pytest.approx(3 * w / c.hbm_bw + c.kernel_launch)
-
-
 # ---------------------------------------------------------------- the compiled loop equals the Python loop
 
 needs_native = pytest.mark.skipif(not native_available(), reason="zepp.sim._engine not built (no C compiler at install)")
@@ -194,10 +164,10 @@ def test_native_loop_gives_bit_identical_times_to_the_python_loop(seed, opts):
 
 
 @needs_native
-def test_native_loop_equals_python_loop_on_every_simulated_system():
-    from zepp.cli.bench import make_config
-    from zepp.sim import run as simrun
+def test_native_loop_equals_python_loop_on_every_simulated_system(monkeypatch):
     from zepp.registry import SYSTEMS, names_for
+    from zepp.sim import run as simrun
+    from zepp.sim.bench_table import make_config
 
     cfg = make_config(dict(cluster="a100", nodes=2, gpus_per_node=4, model="qwen", budget_mb=1.0, iters=1, warmup=1,
                            seed=0, traces=None))
@@ -208,13 +178,10 @@ def test_native_loop_equals_python_loop_on_every_simulated_system():
         graphs.append((g, kw))
         return orig(g, **kw)
 
-    simrun.simulate = capture
-    try:
-        for name in names_for("sim"):
-            if not SYSTEMS[name].best_of:
-                simrun.run_system(name, cfg)
-    finally:
-        simrun.simulate = orig
+    monkeypatch.setattr(simrun, "simulate", capture)
+    for name in names_for("sim"):
+        if not SYSTEMS[name].best_of:
+            simrun.run_system(name, cfg)
     assert len(graphs) >= 10
     for g, kw in graphs:
         kw = dict(kw, labels=False)
@@ -238,3 +205,32 @@ def test_the_compiled_loop_is_built_in_ci():
     if not os.environ.get("CI"):
         pytest.skip("only CI promises a C compiler")
     assert native_available(), "CI installs with a C compiler: zepp.sim._engine must have been built"
+
+
+def _maxmin_one_link_per_pass(a, b, cap):
+    """Textbook progressive filling: each pass freezes the flows of one link of smallest share."""
+    rate = np.full(a.size, np.nan)
+    rem = cap.astype(float).copy()
+    left = np.ones(a.size, bool)
+    while left.any():
+        cnt = np.bincount(a[left], minlength=cap.size) + np.bincount(b[left], minlength=cap.size)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(cnt > 0, rem / cnt, np.inf)
+        k = int(np.argmin(share))
+        hit = left & ((a == k) | (b == k))
+        rate[hit] = share[k]
+        rem -= np.bincount(a[hit], minlength=cap.size) * share[k] + np.bincount(b[hit], minlength=cap.size) * share[k]
+        left &= ~hit
+    return rate
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_maxmin_freezing_every_local_minimum_gives_the_textbook_rates(seed):
+    rng = np.random.default_rng(seed)
+    R = 6
+    n = int(rng.integers(3, 40))
+    src = rng.integers(0, R, n)
+    dst = (src + rng.integers(1, R, n)) % R
+    a, b = src, R + dst  # send links 0..R-1, receive links R..2R-1, dummy 2R
+    cap = np.concatenate([rng.uniform(1.0, 4.0, 2 * R), [np.inf]])
+    assert maxmin_rates(a, b, cap, tol=0.0) == pytest.approx(_maxmin_one_link_per_pass(a, b, cap), rel=1e-12)

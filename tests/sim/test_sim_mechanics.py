@@ -1,5 +1,7 @@
 """Each baseline mechanism of PAPER.md section 7 moves the simulated timeline the way its source
-says, on tiny clusters (``zepp.sim.mechanics``, ``zepp.sim.plugins``)."""
+says, on tiny clusters: the ``Mechanics`` records (``zepp.sim.mechanics``) and the baselines'
+special phases (``zepp.sim.phases``: COMET's all-gather and ring combine, FAST's rounds,
+MoonEP's pulls)."""
 
 from dataclasses import replace
 
@@ -7,14 +9,14 @@ import numpy as np
 import pytest
 
 from zepp import registry
-from zepp.sim.calibrate import calibrated
 from zepp.model import model_preset
-from zepp.sim import plugins
-from zepp.sim.engine import TaskGraph
-from zepp.sim.layer import LayerBuilder
-from zepp.sim.mechanics import EPIC_RELAY_PUT, Mechanics, mechanics
-from zepp.sim.run import Shared, simulate_plan
-from simcases import skewed_config
+from zepp.planner.moonep import moonep_plan
+from zepp.sim.calibrate import calibrated
+from zepp.sim.mechanics import EPIC_RELAY_PUT, mechanics
+from zepp.sim.phases.fast import bvn_rounds
+from zepp.sim.phases.moonep import moonep_pulls
+from zepp.sim.run import Config, Shared, run_system, simulate_plan
+from simcases import skewed_batch, skewed_config
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +60,6 @@ def test_eplb_two_team_barriers_per_call(cfg):
     assert tl.latency - one_call.latency >= 8 * cfg.net.barrier(cfg.cluster.ranks) * (1 - 1e-9)
 
 
-def test_comet_column_splits_read_the_weights_once():
-    """GEMM 2 split by columns: the splits sum to one GEMM's time plus a launch each (no
-    re-read of the weights per split, unlike one GEMM per destination wave)."""
-    cl, net = calibrated("a100", 1)
-    spec = model_preset("k2")
-    b = LayerBuilder(TaskGraph(cl), cl, spec, net, Mechanics())
-    b.S, b.T = 4, 1
-    cls, slot = np.zeros(40, np.int64), np.arange(40) % 4
-    single = b.gemm_tasks(cls, slot, 1, lambda k: k, "g")[0, 0]
-    first = b.gemm_tasks(cls, slot, 1, lambda k: k, "g", splits=4)[0, 0]
-    dur = b.g.columns()["dur"]
-    parts = dur[b.column_splits[:, 0, 0]]
-    assert first == b.column_splits[0, 0, 0]
-    assert parts.sum() == pytest.approx(dur[single] + 3 * cl.kernel_launch)
-
-
 def test_comet_ring_combine_runs_l_minus_1_steps_after_the_column_barrier(cfg):
     """COMET's combine: per (node, column chunk) a barrier after the node's GEMM 2 split, L-1
     NVLink ring steps in sequence, then puts with signal that each owner polls (2 us per flag);
@@ -113,7 +99,7 @@ def test_moonep_gemms_wait_for_the_pulled_weights(cfg):
     of the puller's GEMMs."""
     s = registry.system("moonep")
     plan = Shared().plan(s, cfg, 0)
-    pulls = plugins.moonep_pulls(plan)
+    pulls = moonep_pulls(plan)
     tl, _ = sim(cfg, "moonep")
     copies = labelled(tl, "weights")
     assert copies.size == len(pulls) > 0
@@ -124,9 +110,46 @@ def test_moonep_gemms_wait_for_the_pulled_weights(cfg):
         assert tl.start[mine].min() >= tl.end[copies[rank[copies] == r]].max() - 1e-12
 
 
-def test_new_mechanics_are_bit_identical_across_runs(cfg):
-    """The ring combine, column splits and EPIC's serial puts are deterministic."""
-    for name in ("comet", "comet+eplb", "epic"):
-        a, _ = sim(cfg, name)
-        b, _ = sim(cfg, name)
-        assert a.latency == b.latency and np.array_equal(a.end, b.end)
+def test_moonep_balance_gives_every_rank_its_share():
+    """MoonEP's per-batch balance (the routing behind its pulls): every rank computes exactly
+    ``T * k`` rows when the prefetch slots suffice, and each pull crosses ranks."""
+    rng = np.random.default_rng(1)
+    topk = skewed_batch(rng, 1, 8, 64, 128, 8)[0]
+    routing, pulls = moonep_plan(topk, 128, 4)
+    routing.validate()
+    rows = routing.rows_per_rank()
+    assert rows.sum() == 8 * 64 * 8
+    assert rows.max() == 64 * 8
+    assert len(pulls) > 0 and (pulls[:, 0] != pulls[:, 1]).all()
+
+
+def test_fast_rounds_rebuild_the_node_matrix():
+    """Birkhoff-von Neumann rounds: permutations whose real bytes add up to the matrix, each
+    round lasting ``amount``, the rounds together the busiest line."""
+    rng = np.random.default_rng(2)
+    m = rng.integers(0, 100, size=(5, 5)).astype(float)
+    np.fill_diagonal(m, 0)
+    rounds = bvn_rounds(m)
+    rebuilt = np.zeros_like(m)
+    for perm, amount, real in rounds:
+        assert sorted(perm.tolist()) == list(range(5))
+        assert (real <= amount + 1e-9).all()
+        rebuilt[np.arange(5), perm] += real
+    assert rebuilt == pytest.approx(m)
+    assert sum(a for _, a, _ in rounds) == pytest.approx(max(m.sum(0).max(), m.sum(1).max()))
+
+
+def test_special_phases_survive_ranks_without_gemm_work():
+    """Top-1 routing at 16 nodes: whole home ranks are cold (no entry at all); FAST's combine
+    used to crash there (one GEMM-2 task per rank assumed)."""
+    cl, net = calibrated("a100", 16)
+    spec = model_preset("llama4-maverick").with_(hidden=512, ffn=256)  # 128 experts, top-1
+    rng = np.random.default_rng(3)
+    batches = rng.integers(0, 64, size=(2, cl.ranks, 8, 1)).astype(np.int32)  # experts 64.. (ranks 32..) cold
+    hist = np.ones((cl.nodes, spec.num_experts), np.int64)
+    c = Config(cl, spec, net, hist, batches, warmup=1)
+    routing_rows = np.bincount(batches[1].ravel() // 2, minlength=cl.ranks)  # home: 2 experts per rank
+    assert (routing_rows == 0).any()  # the case: some home ranks compute nothing
+    for name in ("fast", "a2av", "comet", "zepp-overlap", "eplb", "epic", "moonep"):
+        res = run_system(name, c)
+        assert np.isfinite(res.latencies).all() and min(res.latencies) > 0

@@ -1,23 +1,27 @@
 """Today's clusters: DeepEP's kernels in the simulator, the systems that run on them, and the
-presets' published network figures."""
+presets' network figures (published for today's presets, fitted for the paper's), which every
+simulated FlowPlan runs on."""
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from zepp import registry
-from zepp.sim.calibrate import FITTED, PUBLISHED, calibrated, network_of
 from zepp.cli import main
+from zepp.cluster import cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.model import model_preset
-from zepp.sim.mechanics import DEEPEP_FP8, DEEPEP_NET, MECHANICS
-from zepp.sim.run import Config, Shared, run_system, simulate_plan
+from zepp.sim.calibrate import FITTED, PUBLISHED, calibrated, has_network, network_label, network_of
+from zepp.sim.mechanics import DEEPEP_FP8, DEEPEP_NET, MECHANICS, Net
+from zepp.sim.run import Config, Shared, run_system, simulate_flowplan, simulate_plan
 
 
 def uniform_config(nodes: int, tokens: int = 128, model: str = "deepseek-v3", preset: str = "h200-8",
-                   fast_gemm: bool = True, iters: int = 1) -> Config:
+                   fast_gemm: bool = True, iters: int = 1, gpus_per_node: int = 8) -> Config:
     """DeepEP's benchmark setting: ``tokens`` per GPU, each picking top-8 experts uniformly at
     random. ``fast_gemm``: GEMMs (almost) free, so the combine starts when the dispatch ends."""
-    cl, net = calibrated(preset, nodes, gpus_per_node=8)
+    cl, net = calibrated(preset, nodes, gpus_per_node=gpus_per_node)
     if fast_gemm:
         cl = cl.with_(peak_flops=1e21, hbm_bw=1e21)
     spec = model_preset(model)
@@ -102,17 +106,37 @@ def test_new_rows_run_exactly_where_their_executors_say(capsys):
     assert info.value.code == 2 and "runs in: plan, sim" in capsys.readouterr().err
 
 
-def test_todays_presets_simulate_with_deepeps_published_network(capsys):
+def test_todays_presets_simulate_with_deepeps_published_network():
     for preset in ("h100-8", "h200-8", "gb200-nvl72"):
         assert network_of(preset) == (DEEPEP_NET, "published")
         assert calibrated(preset, 2, gpus_per_node=8)[1] is DEEPEP_NET
     assert network_of("a100") == (FITTED["a100"], "fitted") and not set(FITTED) & set(PUBLISHED)
     with pytest.raises(ZeppInputError, match="h200-8"):
         network_of("tpu")
-    main(["bench", "--cluster", "h200-8", "--gpus-per-node", "8", "--nodes", "1", "--models", "qwen", "--budgets",
-          "0.5", "--iters", "1", "--warmup", "0", "--systems", "sglang-deepep,zepp-deepep", "--jobs", "1"])
-    out = capsys.readouterr().out
-    assert "sglang-deepep ms" in out and "zepp-deepep ms" in out
+
+
+@pytest.mark.parametrize("preset, net", [("h100-8", DEEPEP_NET), ("a100", FITTED["a100"])])
+def test_one_flowplan_is_simulated_on_its_presets_network(preset, net):
+    """``simulate_flowplan`` (``zepp plan``, ``zepp place``) runs the preset's network: DeepEP's
+    published figures for today's presets (``zepp place`` ran ``h100-8`` on ``Net()``'s
+    defaults before), the fit for the paper's."""
+    gpn = 8 if preset == "h100-8" else 4
+    cfg = uniform_config(2, tokens=64, model="qwen", preset=preset, fast_gemm=False, gpus_per_node=gpn)
+    assert cfg.net is net
+    s = registry.system("sglang")
+    plan = Shared().plan(s, cfg, 0)
+    got = simulate_flowplan(plan, cluster_preset(preset, 2, gpn), cfg.spec, "sglang")[0].latency
+    assert got == simulate_plan(cfg, s, plan)[0].latency
+    assert got != simulate_plan(replace(cfg, net=Net()), s, plan)[0].latency
+    assert has_network(preset) and "figures" in network_label(preset)
+
+
+def test_a_cluster_without_network_figures_is_not_simulated():
+    cl = cluster_preset("h100-8", 1).with_(name="my-cluster")  # a --cluster-file without a base preset
+    assert not has_network(cl.name) and "not simulated" in network_label(cl.name)
+    plan = Shared().plan(registry.system("a2av"), uniform_config(1, tokens=8, model="qwen"), 0)
+    with pytest.raises(ZeppInputError, match="my-cluster"):
+        simulate_flowplan(plan, cl, model_preset("qwen"), "a2av")
 
 
 def normal_dispatch_rdma_rate(nodes: int, tokens: int = 4096) -> float:

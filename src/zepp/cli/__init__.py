@@ -14,7 +14,7 @@ from zepp.errors import EmulationError, ZeppInputError
 _COMMANDS = {
     "plan": ("zepp.cli.plan", "plan"),
     "bench": ("zepp.cli.bench", "bench"),
-    "timeline": ("zepp.cli.bench", "timeline"),
+    "timeline": ("zepp.cli.timeline", "timeline"),
     "run": ("zepp.cli.run", "run"),
     "generate": ("zepp.cli.generate", "generate"),
     "cluster": ("zepp.cli.cluster", "cluster"),

@@ -259,10 +259,10 @@ def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
                "zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
     click.echo(format_table(figs))
     if o.sim_layers:
-        from zepp.sim.calibrate import FITTED
+        from zepp.sim.calibrate import network_label
 
         cl = job.cluster
-        net = "its calibrated network figures" if cl.name in FITTED else "default network figures (uncalibrated)"
+        net = network_label(cl.name)
         click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {o.sim_layers} "
                    f"layer(s), no overlap for any configuration")
     return figs

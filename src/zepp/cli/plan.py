@@ -50,21 +50,36 @@ def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: in
     return pool, evaluation
 
 
-def simulated_ms(cluster, spec: MoESpec, system: str, plan, relaxation: float, extra: int, hist) -> float | None:
-    """The simulated layer time of ``plan`` on ``cluster`` (``None`` where the simulator has no
-    network figures for the cluster's preset, fitted or published, or does not run the system)."""
-    from zepp.sim.calibrate import FITTED, HARDWARE, PUBLISHED
-    from zepp.sim.run import Config, simulate_plan
+def simulated_ms(cluster, spec: MoESpec, system: str, plan) -> float | None:
+    """The simulated layer time of ``plan`` on ``cluster`` (``zepp.sim.run.simulate_flowplan``;
+    ``None`` where the simulator has no network figures for the cluster's preset, fitted or
+    published, or does not run the system from one FlowPlan)."""
+    from zepp.sim.calibrate import has_network
+    from zepp.sim.run import simulate_flowplan
 
     s = registry.system(system)
-    nets = {**FITTED, **PUBLISHED}
-    if cluster.name not in nets or not s.supports("sim") or s.adaptation != "none" or s.plugins:
+    if not has_network(cluster.name) or not s.supports("sim") or s.adaptation != "none" or s.plugins:
         return None
-    cl = cluster.with_(**HARDWARE)
-    cfg = Config(cl, spec, nets[cluster.name], hist, plan.routing.topk_ids[None], warmup=0, relaxation=relaxation,
-                 extra=extra)
-    tl, _, _ = simulate_plan(cfg, s, plan)
+    tl, _, _ = simulate_flowplan(plan, cluster, spec, s)
     return tl.latency * 1e3
+
+
+def _timed_plan(system, batch, placement, row_bytes: int, relaxation: float):
+    """``(FlowPlan, routing s, flows s)`` of one batch. Routing and flows are timed apart (the
+    table's two columns), so this is ``zepp.planner.plan_batch`` in its two steps."""
+    t0 = time.perf_counter()
+    routing = route(system.routing, batch, placement, relaxation)
+    t1 = time.perf_counter()
+    plan = build_flows(routing, system.dispatch, row_bytes, system.combine)
+    return plan, t1 - t0, time.perf_counter() - t1
+
+
+def _figures(plan, routing_s: float, flows_s: float) -> dict:
+    """What one plan puts on the links, and its planning seconds."""
+    stats = plan.stats()
+    return dict(inter_node_bytes=stats.inter_node_bytes, busiest_nic_bytes=stats.busiest_nic_bytes,
+                nvlink_bytes=stats.nvlink_bytes, busiest_gpu_rows=int(stats.rows_computed.max()),
+                messages=int(stats.messages.sum()), routing_s=routing_s, flows_s=flows_s)
 
 
 def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
@@ -75,42 +90,28 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
     ``cluster`` where the simulator can). ``validate``: every plan (``True``), the first batch's
     only (``"first"``) or none (``False``)."""
     ranks = nodes * gpus_per_node
-    tokens = spec.tokens_for_budget(budget_mb)
     hist = node_demand(pool, nodes, gpus_per_node)
-    batches = sample_batches(evaluation, ranks, tokens, iters, seed)
+    batches = sample_batches(evaluation, ranks, spec.tokens_for_budget(budget_mb), iters, seed)
     rows = []
     for name in systems:
         system = registry.system(name)
         t0 = time.perf_counter()
         placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
         place_s = time.perf_counter() - t0
-        per_iter = []
+        per_iter, sim_first = [], None
         for it, batch in enumerate(batches):
-            t0 = time.perf_counter()
-            routing = route(system.routing, batch, placement, relaxation)
-            t1 = time.perf_counter()
-            plan = build_flows(routing, system.dispatch, spec.row_bytes, system.combine)
-            t2 = time.perf_counter()
+            plan, routing_s, flows_s = _timed_plan(system, batch, placement, spec.row_bytes, relaxation)
             if validate is True or (validate == "first" and it == 0):
                 plan.validate()
-            stats = plan.stats()
             if it == 0 and cluster is not None:
-                sim_first = simulated_ms(cluster, spec, name, plan, relaxation, extra, hist)
-            per_iter.append(dict(
-                inter_node_bytes=stats.inter_node_bytes,
-                busiest_nic_bytes=stats.busiest_nic_bytes,
-                nvlink_bytes=stats.nvlink_bytes,
-                busiest_gpu_rows=int(stats.rows_computed.max()),
-                messages=int(stats.messages.sum()),
-                routing_s=t1 - t0,
-                flows_s=t2 - t1,
-            ))
+                sim_first = simulated_ms(cluster, spec, name, plan)
+            per_iter.append(_figures(plan, routing_s, flows_s))
             if dump is not None:
                 dump.mkdir(parents=True, exist_ok=True)
-                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=routing.slot,
+                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=plan.routing.slot,
                                     slot_expert=placement.slot_expert)
         row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
-        row["sim_ms"] = sim_first if cluster is not None else None
+        row["sim_ms"] = sim_first
         row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
                    combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
         rows.append(row)
@@ -183,19 +184,21 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
          profile, allow_duplicate_ids, systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
-    from zepp.cli.bench import _check_out_path
     from zepp.cluster import load_cluster_file
+    from zepp.launch.checks import check_number, check_output_path
 
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
     cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
         cluster_preset(cluster_name, nodes, gpus_per_node)
     gpus_per_node = cluster.gpus_per_node
-    if iters < 1:
-        raise ZeppInputError(f"--iters must be at least 1, got {iters}")
+    check_number("--iters", iters, 1, integer=True)
+    if relaxation is not None:
+        check_number("--relaxation", relaxation, 0)
     if not 0 <= extra <= spec.num_experts:
         raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
                              f"got {extra}")
-    _check_out_path("--json", json_path)
+    if json_path:
+        check_output_path(json_path, "--json")
     if dump is not None and Path(dump).exists() and not Path(dump).is_dir():
         raise ZeppInputError(f"--dump {dump!r}: exists and is not a folder")
     names = registry.parse_systems(systems, "plan", expand=True)

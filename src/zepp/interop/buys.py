@@ -14,11 +14,12 @@ the node (``relay`` / ``reduce``), which is what wide-EP deployments of SGLang, 
 TensorRT-LLM run across nodes. Figures per batch: the busiest NIC's bytes (either direction,
 dispatch + combine), inter-node bytes in total, and the busiest GPU's GEMM rows; averaged over
 the sampled batches. With a cluster, the first ``sim_layers`` layers are also simulated
-(``zepp.sim.run.simulate_plan``, first batch of each window): every configuration with the
+(first batch of each window): every configuration with the
 same executor mechanics (``signals``: no overlap), Zepp's routing charged its modelled planning
 time (that of the ``zepp``/``reduce`` flows, also for ``zepp-route``), the engine's replica
-choice none; the network figures are the preset's calibration where ``zepp.sim.calibrate`` has one,
-else ``zepp.sim.mechanics.Net``'s defaults.
+choice none; the network figures are the preset's (``zepp.sim.run.simulate_flowplan``: fitted
+for ``a100`` / ``h100``, DeepEP's published ones for today's presets); a cluster the simulator
+has no figures for is not simulated.
 """
 
 from __future__ import annotations
@@ -46,45 +47,43 @@ class LayerFigures:
     sim_ms: float | None = None
 
 
-def _simulated_ms(cfg, placement_kind: str, routing: str, dispatch: str, combine: str, plan) -> float:
+def simulated_ms(cluster, spec, placement_kind: str, routing: str, dispatch: str, combine: str, plan) -> float:
+    """The simulated layer time (ms) of ``plan`` on ``cluster`` (``zepp.sim.run.simulate_flowplan``:
+    the preset's network figures), with no overlap (``signals``); Zepp's routing is charged the
+    modelled planning of the ``zepp``/``reduce`` flows, the engine's replica choice nothing."""
     from zepp import registry
-    from zepp.sim.run import simulate_plan
+    from zepp.sim.run import simulate_flowplan
 
     zepp_routing = routing == "zepp"
     s = registry.System("zepp-place", "", "", placement_kind, routing, "zepp" if zepp_routing else dispatch,
                         "reduce" if zepp_routing else (combine or "dedup"), mechanics="signals",
                         planning="zepp" if zepp_routing else "none")
-    tl, _, _ = simulate_plan(cfg, s, plan)
+    tl, _, _ = simulate_flowplan(plan, cluster, spec, s)
     return float(tl.latency * 1e3)
 
 
-def _figures(batches, placement, routing: str, dispatch: str, combine: str | None, row_bytes: int,
-             relaxation: float) -> tuple[float, float, float]:
-    from zepp.planner.flows import build_flows
-    from zepp.planner.routing import route
+def _stages(routing: str, dispatch: str, combine: str | None):
+    """The stage names ``zepp.planner.plan_batch`` reads, for one configuration."""
+    from types import SimpleNamespace
 
-    nic, inter, rows = [], [], []
+    return SimpleNamespace(routing=routing, dispatch=dispatch, combine=combine)
+
+
+def _figures(batches, placement, routing: str, dispatch: str, combine: str | None, row_bytes: int,
+             relaxation: float) -> tuple[float, float, float, object]:
+    """Mean busiest-NIC bytes, inter-node bytes and busiest-GPU rows over ``batches``, and the
+    first batch's FlowPlan."""
+    from zepp.planner import plan_batch
+
+    nic, inter, rows, plans = [], [], [], []
     for b in batches:
-        r = route(routing, b, placement, relaxation=relaxation)
-        st = build_flows(r, dispatch, row_bytes, combine).stats()
+        plan = plan_batch(b, placement, _stages(routing, dispatch, combine), row_bytes, relaxation)
+        st = plan.stats()
         nic.append(st.busiest_nic_bytes)
         inter.append(st.inter_node_bytes)
-        rows.append(int(r.rows_per_rank().max()))
-    return float(np.mean(nic)), float(np.mean(inter)), float(np.mean(rows))
-
-
-def sim_config(cluster, spec, batches, hist):
-    """A simulator configuration for ``cluster`` (calibrated ``Net`` where one exists)."""
-    from zepp.sim.mechanics import Net
-    from zepp.sim.run import Config
-
-    try:
-        from zepp.sim.calibrate import FITTED
-
-        net = FITTED.get(cluster.name, Net())
-    except ImportError:
-        net = Net()
-    return Config(cluster, spec, net, hist, batches, warmup=0)
+        rows.append(int(plan.routing.rows_per_rank().max()))
+        plans.append(plan)
+    return float(np.mean(nic)), float(np.mean(inter)), float(np.mean(rows)), plans[0]
 
 
 def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str = "relay",
@@ -92,14 +91,15 @@ def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str 
          relaxation: float = 0.25, progress=None, cluster=None, sim_layers: int = 4) -> list[LayerFigures]:
     """Figures per (layer, window, config). ``history``/``heldout``: ``LayerHistory`` (held-out
     may be ``None``); ``zepp_ep``/``eplb_ep``: ``EnginePlacement`` of each policy; ``cluster``:
-    simulate the first ``sim_layers`` layers on it (``None``: no simulation)."""
-    from zepp.planner.flows import build_flows
-    from zepp.planner.routing import route
+    simulate the first ``sim_layers`` layers on it (``None``, or a cluster without network
+    figures: no simulation)."""
+    from zepp.sim.calibrate import has_network
 
     spec = zepp_ep.model
     ranks = zepp_ep.ranks
     tokens = spec.tokens_for_budget(budget_mb)
     out: list[LayerFigures] = []
+    simulate = cluster is not None and has_network(cluster.name)
     windows = [("history", history)] + ([("held-out", heldout)] if heldout is not None else [])
     entries = range(history.num_entries)
     for i in entries:
@@ -116,12 +116,10 @@ def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str 
             }
             for cfg in CONFIGS:
                 pl, rt, d, c = plans[cfg]
-                nic, inter, rows = _figures(batches, pl, rt, d, c, spec.row_bytes, relaxation)
+                nic, inter, rows, first = _figures(batches, pl, rt, d, c, spec.row_bytes, relaxation)
                 ms = None
-                if cluster is not None and i < sim_layers:
-                    plan = build_flows(route(rt, batches[0], pl, relaxation=relaxation), d, spec.row_bytes, c)
-                    ms = _simulated_ms(sim_config(cluster, spec, batches, None), "eplb" if cfg == "eplb" else "zepp",
-                                       rt, d, c, plan)
+                if simulate and i < sim_layers:
+                    ms = simulated_ms(cluster, spec, "eplb" if cfg == "eplb" else "zepp", rt, d, c, first)
                 out.append(LayerFigures(layer, wname, cfg, nic, inter, rows, ms))
         if progress is not None:
             progress(i + 1, history.num_entries)

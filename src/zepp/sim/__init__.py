@@ -1,15 +1,22 @@
 """The simulated executor: the same FlowPlans as the runtime, on clusters we do not have.
 
-- ``engine``: the event-driven engine (``TaskGraph``, ``simulate``, ``Timeline``).
-- ``layer``: one MoE layer's task graph from a FlowPlan (``LayerPlan``, ``build_layer``).
+- ``engine``: the event-driven engine (``TaskGraph``, ``simulate``, ``Timeline``; its loop also
+  in C, ``_engine.c``).
+- ``layer``: one MoE layer's task graph from a FlowPlan (``LayerWork``, ``build_layer``).
 - ``mechanics``: how each system issues puts, synchronises and splits its GEMMs (``Net``).
 - ``collectives``: the rule for executors that run each stage as one all-to-all call per rank.
-- ``plugins``: COMET's all-gather, FAST's rounds, MoonEP's weight pulls.
-- ``planning``: deterministic planning-cost models.
-- ``run``: a registry row, batch by batch (``Config``, ``run_system``).
+- ``phases``: the baselines' special phases, one module per baseline (COMET's all-gather and
+  ring combine, FAST's rounds, MoonEP's weight pulls).
+- ``planning_cost``: the deterministic planning-cost model of every system's planner.
+- ``calibrate`` / ``measured``: the network figures (fitted, or DeepEP's published ones) and
+  the paper's measured tables.
+- ``run``: a registry row, batch by batch (``Config``, ``run_system``), and one FlowPlan on one
+  cluster (``simulate_flowplan``).
+- ``bench_table``: the benchmark table (``zepp bench``, ``zepp timeline``); ``plots``: its figures.
 """
 
 from zepp.sim.engine import SimulationError, TaskGraph, Timeline, simulate
-from zepp.sim.run import Config, Shared, SystemResult, run_system
+from zepp.sim.run import Config, Shared, SystemResult, run_system, simulate_flowplan
 
-__all__ = ["SimulationError", "TaskGraph", "Timeline", "simulate", "Config", "Shared", "SystemResult", "run_system"]
+__all__ = ["SimulationError", "TaskGraph", "Timeline", "simulate", "Config", "Shared", "SystemResult", "run_system",
+           "simulate_flowplan"]

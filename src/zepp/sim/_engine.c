@@ -37,8 +37,14 @@ typedef struct {
     int64_t task;
 } Queued;
 
+/* A binary min-heap's storage (see DEFINE_HEAP). */
 typedef struct {
-    Queued *q;
+    Event *a;
+    int64_t n, cap;
+} EventHeap;
+
+typedef struct {
+    Queued *a;
     int64_t n, cap;
 } Queue;
 
@@ -54,8 +60,8 @@ typedef struct {
     double *start, *end;
     /* state */
     double *ready_at;
-    Event *heap;
-    int64_t nheap, heap_cap, seq;
+    EventHeap heap;
+    int64_t seq;
     Queue *queues;
     uint8_t *busy;
     int64_t nstreams;
@@ -75,92 +81,88 @@ typedef struct {
     /* retired flows of one step */
     int64_t *ret_id;
     double *ret_tail;
+    char *arena; /* holds every per-task and per-link array above (alloc_arrays) */
     int oom;
 } Sim;
 
-/* ------------------------------------------------------------------ event heap */
+/* The per-task ([n]: flows, retired flows, maxmin's per-flow scratch) and per-link ([K]) arrays,
+ * carved from one allocation: 8-byte elements first, then the byte flags. */
+static int alloc_arrays(Sim *s, size_t N, size_t K) {
+    char *p = (char *)malloc((12 * N + 6 * K) * 8 + 2 * N + K);
+    if (!p) return -1;
+    s->arena = p;
+#define CARVE(field, type, count) (s->field = (type *)p, p += (count) * sizeof(type))
+    CARVE(fid, int64_t, N), CARVE(fa, int64_t, N), CARVE(fb, int64_t, N), CARVE(newf, int64_t, N);
+    CARVE(widx, int64_t, N), CARVE(wa, int64_t, N), CARVE(wb, int64_t, N), CARVE(ret_id, int64_t, N);
+    CARVE(frem, double, N), CARVE(frate, double, N), CARVE(m, double, N), CARVE(ret_tail, double, N);
+    CARVE(cnt, int64_t, K), CARVE(dcnt, int64_t, K), CARVE(act, int64_t, K);
+    CARVE(rem, double, K), CARVE(share, double, K), CARVE(sum, double, K);
+    CARVE(abad, uint8_t, N), CARVE(bbad, uint8_t, N), CARVE(nonloc, uint8_t, K);
+#undef CARVE
+    return 0;
+}
+
+/* ------------------------------------------------------------------ heaps */
+/* DEFINE_HEAP(NAME, HEAP, ITEM, LESS, FIRST_CAP) defines NAME_push (0, or -1 and s->oom when out
+ * of memory) and NAME_pop on a HEAP of ITEMs ordered by LESS: one sift-up / sift-down for both
+ * heaps below. Both orders are total, so any correct heap pops what Python's heapq pops. */
+#define DEFINE_HEAP(NAME, HEAP, ITEM, LESS, FIRST_CAP)                                       \
+    static int NAME##_push(Sim *s, HEAP *h, ITEM e) {                                       \
+        if (h->n == h->cap) {                                                               \
+            int64_t nc = h->cap ? 2 * h->cap : (FIRST_CAP);                                 \
+            ITEM *a = (ITEM *)realloc(h->a, (size_t)nc * sizeof(ITEM));                     \
+            if (!a) {                                                                       \
+                s->oom = 1;                                                                 \
+                return -1;                                                                  \
+            }                                                                               \
+            h->a = a;                                                                       \
+            h->cap = nc;                                                                    \
+        }                                                                                   \
+        int64_t i = h->n++;                                                                 \
+        while (i > 0) {                                                                     \
+            int64_t p = (i - 1) / 2;                                                        \
+            if (!LESS(&e, &h->a[p])) break;                                                 \
+            h->a[i] = h->a[p];                                                              \
+            i = p;                                                                          \
+        }                                                                                   \
+        h->a[i] = e;                                                                        \
+        return 0;                                                                           \
+    }                                                                                       \
+    static ITEM NAME##_pop(HEAP *h) {                                                       \
+        ITEM top = h->a[0];                                                                 \
+        ITEM last = h->a[--h->n];                                                           \
+        int64_t n = h->n, i = 0;                                                            \
+        for (;;) {                                                                          \
+            int64_t l = 2 * i + 1;                                                          \
+            if (l >= n) break;                                                              \
+            int64_t c = (l + 1 < n && LESS(&h->a[l + 1], &h->a[l])) ? l + 1 : l;           \
+            if (!LESS(&h->a[c], &last)) break;                                              \
+            h->a[i] = h->a[c];                                                              \
+            i = c;                                                                          \
+        }                                                                                   \
+        if (n) h->a[i] = last;                                                              \
+        return top;                                                                         \
+    }
+
+/* the event heap pops by (time, seq) */
 static inline int ev_less(const Event *x, const Event *y) {
     if (x->time == y->time) return x->seq < y->seq;
     return x->time < y->time;
 }
 
-static int heap_push(Sim *s, double time, int64_t task, int phase) {
-    if (s->nheap == s->heap_cap) {
-        int64_t nc = s->heap_cap ? 2 * s->heap_cap : 1024;
-        Event *h = (Event *)realloc(s->heap, (size_t)nc * sizeof(Event));
-        if (!h) { s->oom = 1; return -1; }
-        s->heap = h;
-        s->heap_cap = nc;
-    }
-    Event e = {time, s->seq++, task, phase};
-    int64_t i = s->nheap++;
-    while (i > 0) {
-        int64_t p = (i - 1) / 2;
-        if (!ev_less(&e, &s->heap[p])) break;
-        s->heap[i] = s->heap[p];
-        i = p;
-    }
-    s->heap[i] = e;
-    return 0;
-}
-
-static Event heap_pop(Sim *s) {
-    Event top = s->heap[0];
-    Event last = s->heap[--s->nheap];
-    int64_t n = s->nheap, i = 0;
-    for (;;) {
-        int64_t l = 2 * i + 1;
-        if (l >= n) break;
-        int64_t c = (l + 1 < n && ev_less(&s->heap[l + 1], &s->heap[l])) ? l + 1 : l;
-        if (!ev_less(&s->heap[c], &last)) break;
-        s->heap[i] = s->heap[c];
-        i = c;
-    }
-    if (n) s->heap[i] = last;
-    return top;
-}
-
-/* ------------------------------------------------------------------ stream queues */
+/* a stream's ready queue pops by (prio, ready time, task) */
 static inline int q_less(const Queued *x, const Queued *y) {
     if (x->prio != y->prio) return x->prio < y->prio;
     if (x->at != y->at) return x->at < y->at;
     return x->task < y->task;
 }
 
-static int q_push(Sim *s, Queue *q, double prio, double at, int64_t task) {
-    if (q->n == q->cap) {
-        int64_t nc = q->cap ? 2 * q->cap : 16;
-        Queued *a = (Queued *)realloc(q->q, (size_t)nc * sizeof(Queued));
-        if (!a) { s->oom = 1; return -1; }
-        q->q = a;
-        q->cap = nc;
-    }
-    Queued e = {prio, at, task};
-    int64_t i = q->n++;
-    while (i > 0) {
-        int64_t p = (i - 1) / 2;
-        if (!q_less(&e, &q->q[p])) break;
-        q->q[i] = q->q[p];
-        i = p;
-    }
-    q->q[i] = e;
-    return 0;
-}
+DEFINE_HEAP(ev, EventHeap, Event, ev_less, 1024)
+DEFINE_HEAP(q, Queue, Queued, q_less, 16)
 
-static Queued q_pop(Queue *q) {
-    Queued top = q->q[0];
-    Queued last = q->q[--q->n];
-    int64_t n = q->n, i = 0;
-    for (;;) {
-        int64_t l = 2 * i + 1;
-        if (l >= n) break;
-        int64_t c = (l + 1 < n && q_less(&q->q[l + 1], &q->q[l])) ? l + 1 : l;
-        if (!q_less(&q->q[c], &last)) break;
-        q->q[i] = q->q[c];
-        i = c;
-    }
-    if (n) q->q[i] = last;
-    return top;
+static int heap_push(Sim *s, double time, int64_t task, int phase) {
+    Event e = {time, s->seq++, task, phase};
+    return ev_push(s, &s->heap, e);
 }
 
 /* ------------------------------------------------------------------ task life cycle */
@@ -185,7 +187,8 @@ static void make_ready(Sim *s, int64_t t, double at) {
         s->busy[sk] = 1;
         begin(s, t, at);
     } else {
-        q_push(s, &s->queues[sk], s->prio[t], at, t);
+        Queued e = {s->prio[t], at, t};
+        q_push(s, &s->queues[sk], e);
     }
 }
 
@@ -335,7 +338,7 @@ static void refresh_rates(Sim *s) {
 static int step(Sim *s) {
     s->events++;
     if (s->dirty) refresh_rates(s);
-    double ht = s->nheap ? s->heap[0].time : INFINITY;
+    double ht = s->heap.n ? s->heap.a[0].time : INFINITY;
     double fe = INFINITY;
     if (s->F) {
         double mn = s->frem[0] / s->frate[0];
@@ -376,11 +379,11 @@ static int step(Sim *s) {
         }
     }
     s->now = t_next;
-    while (s->nheap) {
-        const Event *top = &s->heap[0];
+    while (s->heap.n) {
+        const Event *top = &s->heap.a[0];
         double thr = t_next + (top->phase == 1 ? window : 0.0);
         if (!(top->time <= thr)) break;
-        Event e = heap_pop(s);
+        Event e = ev_pop(&s->heap);
         if (e.phase == 1 && s->nbytes[e.task] > 0) {
             s->newf[s->nnew++] = e.task;
             s->dirty = 1;
@@ -460,30 +463,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
     s.ready_at = (double *)calloc(N, sizeof(double));
     s.queues = (Queue *)calloc((size_t)(nstreams > 0 ? nstreams : 1), sizeof(Queue));
     s.busy = (uint8_t *)calloc((size_t)(nstreams > 0 ? nstreams : 1), 1);
-    s.fid = (int64_t *)malloc(N * 8);
-    s.fa = (int64_t *)malloc(N * 8);
-    s.fb = (int64_t *)malloc(N * 8);
-    s.frem = (double *)malloc(N * 8);
-    s.frate = (double *)malloc(N * 8);
-    s.newf = (int64_t *)malloc(N * 8);
-    s.widx = (int64_t *)malloc(N * 8);
-    s.wa = (int64_t *)malloc(N * 8);
-    s.wb = (int64_t *)malloc(N * 8);
-    s.m = (double *)malloc(N * 8);
-    s.abad = (uint8_t *)malloc(N);
-    s.bbad = (uint8_t *)malloc(N);
-    s.ret_id = (int64_t *)malloc(N * 8);
-    s.ret_tail = (double *)malloc(N * 8);
-    s.cnt = (int64_t *)malloc(KK * 8);
-    s.dcnt = (int64_t *)malloc(KK * 8);
-    s.act = (int64_t *)malloc(KK * 8);
-    s.rem = (double *)malloc(KK * 8);
-    s.share = (double *)malloc(KK * 8);
-    s.sum = (double *)malloc(KK * 8);
-    s.nonloc = (uint8_t *)malloc(KK);
-    if (!s.ready_at || !s.queues || !s.busy || !s.fid || !s.fa || !s.fb || !s.frem || !s.frate || !s.newf ||
-        !s.widx || !s.wa || !s.wb || !s.m || !s.abad || !s.bbad || !s.ret_id || !s.ret_tail || !s.cnt || !s.dcnt || !s.act ||
-        !s.rem || !s.share || !s.sum || !s.nonloc) {
+    if (!s.ready_at || !s.queues || !s.busy || alloc_arrays(&s, N, KK)) {
         PyErr_NoMemory();
         goto out;
     }
@@ -517,32 +497,12 @@ out:
     for (int i = 0; i < NB; i++)
         if (bufs[i].held) PyBuffer_Release(&bufs[i].b);
     if (s.queues)
-        for (int64_t i = 0; i < s.nstreams; i++) free(s.queues[i].q);
+        for (int64_t i = 0; i < s.nstreams; i++) free(s.queues[i].a);
     free(s.queues);
     free(s.busy);
-    free(s.heap);
+    free(s.heap.a);
     free(s.ready_at);
-    free(s.fid);
-    free(s.fa);
-    free(s.fb);
-    free(s.frem);
-    free(s.frate);
-    free(s.newf);
-    free(s.widx);
-    free(s.wa);
-    free(s.wb);
-    free(s.m);
-    free(s.abad);
-    free(s.bbad);
-    free(s.ret_id);
-    free(s.ret_tail);
-    free(s.cnt);
-    free(s.dcnt);
-    free(s.act);
-    free(s.rem);
-    free(s.share);
-    free(s.sum);
-    free(s.nonloc);
+    free(s.arena);
     return result;
 }
 

@@ -66,13 +66,32 @@ def network_of(preset: str) -> tuple[Net, str]:
                          f"{', '.join((*FITTED, *PUBLISHED))}")
 
 
+def has_network(preset: str) -> bool:
+    """Whether the simulator has network figures (fitted or published) for ``preset``."""
+    return preset in FITTED or preset in PUBLISHED
+
+
+def network_label(preset: str) -> str:
+    """How ``preset``'s network figures are described to the user."""
+    if not has_network(preset):
+        return "no network figures (not simulated)"
+    return {"fitted": "its fitted network figures",
+            "published": "DeepEP's published network figures"}[network_of(preset)[1]]
+
+
+def on_network(cluster: Cluster) -> tuple[Cluster, Net]:
+    """``cluster`` with the calibration's hardware figures (``HARDWARE``) and the ``Net`` of its
+    preset (``network_of``: fitted, or DeepEP's published figures for today's clusters); a
+    cluster whose name is no simulated preset is a ``ZeppInputError``."""
+    net, _ = network_of(cluster.name)
+    return cluster.with_(**HARDWARE), net
+
+
 def calibrated(preset: str, nodes: int, net: Net | None = None, gpus_per_node: int = 4) -> tuple[Cluster, Net]:
-    """The preset cluster with the calibration's hardware figures, and its ``Net`` (fitted, or
-    DeepEP's published figures for today's clusters; see ``network_of``)."""
-    if net is None:
-        net, _ = network_of(preset)
-    cl = cluster_preset(preset, nodes, gpus_per_node, **HARDWARE)
-    return cl, net
+    """The preset cluster with the calibration's hardware figures, and its ``Net`` (``on_network``;
+    ``net`` replaces the preset's)."""
+    cl, preset_net = on_network(cluster_preset(preset, nodes, gpus_per_node))
+    return cl, preset_net if net is None else net
 
 
 # ----------------------------------------------------------------------------- cells

@@ -237,15 +237,10 @@ def maxmin_rates(res_a: np.ndarray, res_b: np.ndarray, cap: np.ndarray, tol: flo
     while idx.size:
         share.fill(np.inf)
         np.divide(rem, cnt, out=share, where=cnt > 0)
-        sa, sb = share[a], share[b]
-        m = np.minimum(sa, sb)
-        if not np.isfinite(m).any():
+        hit, m = _frozen(share, a, b, grow)
+        if hit is None:
             rate[idx] = np.inf
             break
-        a_bad = sa > sb * grow  # this flow's other link is lower: its a-link is not a local minimum
-        b_bad = sb > sa * grow
-        nonlocal_ = (np.bincount(a[a_bad], minlength=k) + np.bincount(b[b_bad], minlength=k)) > 0
-        hit = (~nonlocal_[a] & ~a_bad) | (~nonlocal_[b] & ~b_bad)
         lvl = m[hit]
         rate[idx[hit]] = lvl
         ah, bh = a[hit], b[hit]
@@ -255,6 +250,21 @@ def maxmin_rates(res_a: np.ndarray, res_b: np.ndarray, cap: np.ndarray, tol: flo
         keep = ~hit
         idx, a, b = idx[keep], a[keep], b[keep]
     return rate
+
+
+def _frozen(share: np.ndarray, a: np.ndarray, b: np.ndarray, grow: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """One pass of ``maxmin_rates``: ``(hit [F], m [F])``, the flows that hold a local-minimum
+    link (frozen at ``m``, the smaller share of their two links); ``hit`` is ``None`` when no
+    share is finite."""
+    k = share.size
+    sa, sb = share[a], share[b]
+    m = np.minimum(sa, sb)
+    if not np.isfinite(m).any():
+        return None, m
+    a_bad = sa > sb * grow  # this flow's other link is lower: its a-link is not a local minimum
+    b_bad = sb > sa * grow
+    nonlocal_ = (np.bincount(a[a_bad], minlength=k) + np.bincount(b[b_bad], minlength=k)) > 0
+    return (~nonlocal_[a] & ~a_bad) | (~nonlocal_[b] & ~b_bad), m
 
 
 class _Links:

@@ -1,11 +1,12 @@
 """Task graphs of one MoE layer from its FlowPlan: prologue, dispatch, expert GEMMs, combine,
 reduce at home.
 
-``build_layer`` turns a ``LayerPlan`` (a ``FlowPlan``'s dispatch / combine ``Hops`` plus the
-entries' computing ranks, built by ``LayerPlan.of``) and a ``Mechanics`` record (how a system
+``build_layer`` turns a ``LayerWork`` (a ``FlowPlan``'s dispatch / combine ``Hops`` plus the
+entries' computing ranks, built by ``LayerWork.of``) and a ``Mechanics`` record (how a system
 moves its messages, splits its GEMMs and synchronises; ``zepp.sim.mechanics``) into a
-``TaskGraph`` that ``zepp.sim.engine.simulate`` runs. Plug-ins (``zepp.sim.plugins``) may replace a
-phase (COMET's all-gather, FAST's rounds) or add weight copies (MoonEP's pulls, Zepp's swaps).
+``TaskGraph`` that ``zepp.sim.engine.simulate`` runs. The baselines' special phases
+(``zepp.sim.phases``) may replace a phase (COMET's all-gather, FAST's rounds) or add weight
+copies (MoonEP's pulls; Zepp's swaps add them too).
 
 Granularity and dependencies
 ----------------------------
@@ -48,7 +49,7 @@ SIM_OPTS = dict(rel_quantum=5e-4, rate_tol=1e-3)
 
 
 @dataclass
-class LayerPlan:
+class LayerWork:
     """What ``build_layer`` needs from a system's planner.
 
     ``owner, token, comp, slot, entry [n_entries]``: every entry's owner rank, token index,
@@ -73,7 +74,7 @@ class LayerPlan:
     granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.granularity); None: per node
 
     @classmethod
-    def of(cls, plan: FlowPlan, **kw) -> "LayerPlan":
+    def of(cls, plan: FlowPlan, **kw) -> "LayerWork":
         """The layer plan of a ``FlowPlan`` (its routing's entries, its hop tables)."""
         r = plan.routing
         owner, token, comp, slot, entry = entries_of(r)
@@ -328,7 +329,7 @@ class LayerBuilder:
         return self.column_splits[0]
 
 
-def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPlan, mech: Mechanics, net: Net,
+def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, work: LayerWork, mech: Mechanics, net: Net,
                 prologue: np.ndarray, custom_dispatch=None, custom_combine=None, planning=None, gemm_cost=None) -> dict:
     """Add one MoE layer to ``graph``; returns the main task ids per part.
 
@@ -343,182 +344,234 @@ def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, plan: LayerPl
     slots, instead of the cluster's roofline.
     """
     b = LayerBuilder(graph, cluster, spec, net, mech, gemm_cost)
-    R, L, N = b.R, b.L, b.N
-    T, S = plan.tokens_per_rank, plan.slots_per_rank
-    b.T, b.S = T, S
-    g = graph
-    out: dict = {}
-    total = np.broadcast_to(np.asarray(prologue, float), (R,))
-    plan_part = np.zeros(R) if planning is None else np.broadcast_to(np.asarray(planning, float), (R,))
-    gather = g.add_fixed(np.arange(R), total - plan_part, kind="allgather", stream="host", label="all-gather")
-    pro = g.add_fixed(np.arange(R), plan_part, kind="plan", stream="host", label="plan")
-    g.after(gather, pro)
-    out["prologue"] = pro
-    owner, token, comp, slot, jdx = plan.owner, plan.token, plan.comp, plan.slot, plan.entry
-    rb = float(spec.row_bytes)
-    rb_dispatch = dispatch_row_bytes(spec, mech)
-    call = cluster.kernel_launch + net.signal  # one GPU-initiated kernel of a phase (Mechanics.kernel_calls)
-    kc_dispatch = kc_combine = None
+    b.T, b.S = work.tokens_per_rank, work.slots_per_rank
+    layer = _LayerTasks(b, work)
+    layer.add_prologue(prologue, planning)
+    layer.split_messages()
+    layer.add_dispatch(custom_dispatch)
+    layer.add_gemms()
+    layer.add_weight_copies()
+    layer.add_combine(custom_combine)
+    layer.add_reduce()
+    return layer.out
 
-    # Overlap needs data per source / destination node: with dispatch groups a forwarded message
-    # carries one source node's rows (it leaves as they arrive), with combine waves a message
-    # carries one destination node's partials (it leaves when its wave is done).
-    # A chosen granularity (``plan.granularity``) merges adjacent groups / waves: messages then
-    # split by coarse group / wave, and not at all when there is one.
-    gran = plan.granularity
-    gmap = gran.group_map() if gran is not None else np.arange(N + 1)
-    wmap = gran.wave_map() if gran is not None else np.arange(N)
-    if mech.gemm1 == "arrival":
-        if gran is None:
-            plan.dispatch = split_by_owner_node(plan.dispatch, L)
-        elif gran.groups > 1:
-            h = plan.dispatch
-            plan.dispatch = split_by_key(h, gmap[dispatch_group(h.owner, h.dst, L, N)])
-    if mech.gemm2 == "waves":
-        if gran is None:
-            plan.combine = split_by_owner_node(plan.combine, L)
-        elif gran.waves > 1:
-            h = plan.combine
-            plan.combine = split_by_key(h, wmap[combine_wave(h.owner, h.src, L, N)])
 
-    # ---- dispatch
-    if custom_dispatch is None:
-        d = b.phase_messages(plan.dispatch, mech.dispatch_puts, "dispatch", rb_dispatch)
+class _LayerTasks:
+    """One layer's parts added to the builder's graph in program order (prologue, dispatch,
+    GEMMs, weight copies, combine, reduce); each part's tasks are kept for the parts after it.
+
+    GEMM 1 classes are ``swapped * G + group``, GEMM 2 classes ``swapped * N + wave``
+    (``gemm_tasks``' ``cls``): a swapped slot's GEMMs also wait for its weights.
+    """
+
+    def __init__(self, b: LayerBuilder, work: LayerWork):
+        self.b, self.g, self.work, self.mech = b, b.g, work, b.mech
+        self.R, self.L, self.N = b.R, b.L, b.N
+        # one GPU-initiated kernel of a phase (Mechanics.kernel_calls)
+        self.call = b.cl.kernel_launch + b.net.signal
+        gran = work.granularity
+        self.gmap = gran.group_map() if gran is not None else np.arange(self.N + 1)
+        self.wmap = gran.wave_map() if gran is not None else np.arange(self.N)
+        self.out: dict = {}
+        self.d = self.cm = None  # dispatch / combine messages (Hops-driven phases)
+        self.kc_dispatch = self.kc_combine = None
+        self.dispatch_done = self.local_done = self.remote_done = self.combine_done = None
+
+    def group_of(self, own, at):
+        """GEMM 1 group of rows of owner ``own`` computed (or arriving) at ``at``."""
+        if self.mech.gemm1 == "arrival":
+            return self.gmap[dispatch_group(own, at, self.L, self.N)]
+        if self.mech.gemm1 == "local-remote":
+            return ((own // self.L) != (at // self.L)).astype(np.int64)
+        return np.zeros(np.shape(own), np.int64)
+
+    def wave_of(self, own, at):
+        """GEMM 2 wave of partials of owner ``own`` computed at ``at``."""
+        if self.mech.gemm2 == "waves":
+            return self.wmap[combine_wave(own, at, self.L, self.N)]
+        return np.zeros(np.shape(own), np.int64)
+
+    # ---------------------------------------------------------------- prologue and messages
+    def add_prologue(self, prologue, planning) -> None:
+        """The all-gather, then the planning, on each rank's host stream."""
+        g, R = self.g, self.R
+        total = np.broadcast_to(np.asarray(prologue, float), (R,))
+        plan_part = np.zeros(R) if planning is None else np.broadcast_to(np.asarray(planning, float), (R,))
+        gather = g.add_fixed(np.arange(R), total - plan_part, kind="allgather", stream="host", label="all-gather")
+        self.pro = g.add_fixed(np.arange(R), plan_part, kind="plan", stream="host", label="plan")
+        g.after(gather, self.pro)
+        self.out["prologue"] = self.pro
+
+    def split_messages(self) -> None:
+        """Overlap needs data per source / destination node: with dispatch groups a forwarded
+        message carries one source node's rows (it leaves as they arrive), with combine waves a
+        message carries one destination node's partials (it leaves when its wave is done). A
+        chosen granularity (``work.granularity``) merges adjacent groups / waves: messages then
+        split by coarse group / wave, and not at all when there is one."""
+        w, gran = self.work, self.work.granularity
+        if self.mech.gemm1 == "arrival":
+            w.dispatch = self._split(w.dispatch, None if gran is None else gran.groups, self.group_of, w.dispatch.dst)
+        if self.mech.gemm2 == "waves":
+            w.combine = self._split(w.combine, None if gran is None else gran.waves, self.wave_of, w.combine.src)
+
+    def _split(self, h: Hops, coarse: int | None, class_of, at: np.ndarray) -> Hops:
+        if coarse is None:
+            return split_by_owner_node(h, self.L)
+        if coarse > 1:
+            return split_by_key(h, class_of(h.owner, at))
+        return h
+
+    # ---------------------------------------------------------------- dispatch
+    def add_dispatch(self, custom_dispatch) -> None:
+        """The Hops-driven dispatch (its kernels, stage order, extra calls, barrier), or the
+        custom one (``local_done`` / ``remote_done``)."""
+        if custom_dispatch is not None:
+            self.local_done, self.remote_done = custom_dispatch(self.b, self.pro)
+            return
+        b, g, mech, R, pro = self.b, self.g, self.mech, self.R, self.pro
+        d = self.d = b.phase_messages(self.work.dispatch, mech.dispatch_puts, "dispatch",
+                                      dispatch_row_bytes(b.spec, mech))
         g.after(pro[d.src], d.entry_task)  # nothing leaves a rank before its planning is done
         if mech.kernel_calls[0]:
-            kc_dispatch = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[0] * call), kind="dispatch",
-                                      stream=None, label="dispatch kernels")
-            g.after(pro, kc_dispatch)
-            g.after(kc_dispatch[d.src], d.entry_task)
-        b.stage_deps(plan.dispatch, d)
+            self.kc_dispatch = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[0] * self.call), kind="dispatch",
+                                           stream=None, label="dispatch kernels")
+            g.after(pro, self.kc_dispatch)
+            g.after(self.kc_dispatch[d.src], d.entry_task)
+        b.stage_deps(self.work.dispatch, d)
         extra_tail = _extra_calls(b, d, pro, "dispatch")
-        dispatch_done = _phase_end(g, net, R, mech.dispatch_barrier, d, extra_tail)
-        local_done = remote_done = None
-    else:
-        d = None
-        dispatch_done = None
-        local_done, remote_done = custom_dispatch(b, pro)
+        self.dispatch_done = _phase_end(g, b.net, R, mech.dispatch_barrier, d, extra_tail)
 
-    # ---- GEMM 1 groups (class = swapped * G + group) and GEMM 2 waves (class = swapped * N + wave)
-    n_dispatch = plan.dispatch.num_stages
-    G = (max(N, n_dispatch) if mech.gemm1 == "stage" else N) + 1
+    # ---------------------------------------------------------------- GEMMs
+    def add_gemms(self) -> None:
+        """GEMM 1 per (class, rank) holding entries, GEMM 2 (in column splits for COMET: ``tab2``
+        the first split, ``tab2_end`` the last), and what each waits for."""
+        b, g, mech, w, N = self.b, self.g, self.mech, self.work, self.N
+        self.n_dispatch = w.dispatch.num_stages
+        G = self.G = (max(N, self.n_dispatch) if mech.gemm1 == "stage" else N) + 1
+        swapped = w.swapped[w.slot].astype(np.int64) if w.swapped is not None else np.zeros(w.comp.size, np.int64)
+        # "stage": an entry's group is its token's arrival stage; a hop of stage s feeds group s + 1
+        grp1 = (arrival_stage(w.owner, w.token, w.comp, w.dispatch, b.T) if mech.gemm1 == "stage"
+                else self.group_of(w.owner, w.comp))
+        self.tab1 = b.gemm_tasks(swapped * G + grp1, w.slot, 2 * G,
+                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
+        col_splits = self.L if mech.gemm2 == "columns" else 1
+        self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(w.owner, w.comp), w.slot, 2 * N,
+                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
+        self.tab2_end = b.column_splits[-1] if col_splits > 1 else self.tab2
+        self._gemm_deps()
 
-    def group_of(own, at):
-        if mech.gemm1 == "arrival":
-            return gmap[dispatch_group(own, at, L, N)]
-        if mech.gemm1 == "local-remote":
-            return ((own // L) != (at // L)).astype(np.int64)
-        return np.zeros(np.shape(own), np.int64)
+    def _gemm_deps(self) -> None:
+        g, R, G, tab1, tab2 = self.g, self.R, self.G, self.tab1, self.tab2
+        rk1, self.cl1 = np.nonzero(tab1.T >= 0)  # (rank, class) of every GEMM 1 task, rank-major
+        rk2, cl2 = np.nonzero(tab2.T >= 0)
+        rk2e, cl2e = np.nonzero(self.tab2_end.T >= 0)  # the last column split of every GEMM 2 task
+        self.rk1, self.rk2e = rk1, rk2e
+        self.g1, g2, self.g2e = tab1[self.cl1, rk1], tab2[cl2, rk2], self.tab2_end[cl2e, rk2e]
+        g.after(self.pro[rk1], self.g1)
+        if self.kc_dispatch is not None:
+            g.after(self.kc_dispatch[rk1], self.g1)
+        # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank (one join per rank that has both)
+        _join_per_rank(g, R, rk1, self.g1, rk2, g2)
+        self.all1 = tab1[tab1 >= 0]
+        self.all2 = self.tab2_end[self.tab2_end >= 0]
+        if self.dispatch_done is not None:
+            g.after(self.dispatch_done, self.all1)
+        if self.local_done is not None:
+            g.after(np.where(self.cl1 % G == 0, np.asarray(self.local_done)[rk1], np.asarray(self.remote_done)[rk1]),
+                    self.g1)
+        if self.d is not None:  # a group's GEMM 1 after the messages that deliver its rows
+            h, d = self.work.dispatch, self.d
+            hop_grp = (h.stage.astype(np.int64) + 1) if self.mech.gemm1 == "stage" else self.group_of(
+                h.owner.astype(np.int64), h.dst.astype(np.int64))
+            key = _uniq(d.hop_msg * G + hop_grp)
+            msg, grp = key // G, key % G
+            for sw in (0, 1):
+                t = tab1[sw * G + grp, d.dst[msg]]
+                ok = t >= 0
+                g.after(d.exit_task[msg[ok]], t[ok])
 
-    def wave_of(own, at):
-        if mech.gemm2 == "waves":
-            return wmap[combine_wave(own, at, L, N)]
-        return np.zeros(np.shape(own), np.int64)
-
-    swapped = plan.swapped[slot].astype(np.int64) if plan.swapped is not None else np.zeros(comp.size, np.int64)
-    # "stage": an entry's group is its token's arrival stage; a hop of stage s feeds group s + 1
-    grp1 = arrival_stage(owner, token, comp, plan.dispatch, T) if mech.gemm1 == "stage" else group_of(owner, comp)
-    tab1 = b.gemm_tasks(swapped * G + grp1, slot, 2 * G,
-                        lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
-    # GEMM 2 in column splits (COMET): tab2 holds the first split, tab2_end the last
-    col_splits = L if mech.gemm2 == "columns" else 1
-    tab2 = b.gemm_tasks(swapped * N + wave_of(owner, comp), slot, 2 * N,
-                        lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
-    tab2_end = b.column_splits[-1] if col_splits > 1 else tab2
-    rk1, cl1 = np.nonzero(tab1.T >= 0)  # (rank, class) of every GEMM 1 task, rank-major
-    rk2, cl2 = np.nonzero(tab2.T >= 0)
-    rk2e, cl2e = np.nonzero(tab2_end.T >= 0)  # the last column split of every GEMM 2 task
-    g1, g2, g2e = tab1[cl1, rk1], tab2[cl2, rk2], tab2_end[cl2e, rk2e]
-    g.after(pro[rk1], g1)
-    if kc_dispatch is not None:
-        g.after(kc_dispatch[rk1], g1)
-    # GELU needs whole rows: GEMM 2 after all GEMM 1 work of the rank (one join per rank that has both)
-    _join_per_rank(g, R, rk1, g1, rk2, g2)
-    all1 = tab1[tab1 >= 0]
-    all2 = tab2_end[tab2_end >= 0]
-    if dispatch_done is not None:
-        g.after(dispatch_done, all1)
-    if local_done is not None:
-        g.after(np.where(cl1 % G == 0, np.asarray(local_done)[rk1], np.asarray(remote_done)[rk1]), g1)
-    if d is not None:
-        h = plan.dispatch
-        hop_grp = (h.stage.astype(np.int64) + 1) if mech.gemm1 == "stage" else group_of(
-            h.owner.astype(np.int64), h.dst.astype(np.int64))
-        key = _uniq(d.hop_msg * G + hop_grp)
-        msg, grp = key // G, key % G
-        for sw in (0, 1):
-            t = tab1[sw * G + grp, d.dst[msg]]
-            ok = t >= 0
-            g.after(d.exit_task[msg[ok]], t[ok])
-    # weight copies (swaps / prefetch pulls) on the destination's copy stream
-    if plan.weight_copies is not None and len(plan.weight_copies):
-        wc = np.asarray(plan.weight_copies, np.int64)
-        w_bytes = float(spec.expert_weight_bytes)
+    def add_weight_copies(self) -> None:
+        """Weight copies (swaps / prefetch pulls) on the destination's copy stream, before the
+        GEMMs they feed."""
+        w = self.work
+        if w.weight_copies is None or not len(w.weight_copies):
+            return
+        g, R, L, cl = self.g, self.R, self.L, self.b.cl
+        wc = np.asarray(w.weight_copies, np.int64)
+        w_bytes = float(self.b.spec.expert_weight_bytes)
         cross = (wc[:, 0] // L) != (wc[:, 1] // L)
-        fixed = np.where(cross, net.put(R), cluster.nvlink_msg_cost)
+        fixed = np.where(cross, self.b.net.put(R), cl.nvlink_msg_cost)
         ct = g.add_transfer(wc[:, 0], wc[:, 1], np.full(len(wc), w_bytes), fixed, kind="copy", stream="copy",
                             label="weights")
-        g.after(pro[wc[:, 1]], ct)
-        wait = np.concatenate([tab1, tab2]) if plan.copies_block_gemm == "all" else \
-            np.concatenate([tab1[G:], tab2[N:]])
+        g.after(self.pro[wc[:, 1]], ct)
+        wait = np.concatenate([self.tab1, self.tab2]) if w.copies_block_gemm == "all" else \
+            np.concatenate([self.tab1[self.G:], self.tab2[self.N:]])
         wr, wi = np.nonzero(wait.T >= 0)  # rank-major
         _join_per_rank(g, R, wc[:, 1], ct, wr, wait[wi, wr])
-        out["copies"] = ct
+        self.out["copies"] = ct
 
-    # ---- combine
-    red_deps_msgs = None
-    if custom_combine is None:
-        cm = b.phase_messages(plan.combine, mech.combine_puts, "combine", rb)
-        h = plan.combine
+    # ---------------------------------------------------------------- combine and reduce
+    def add_combine(self, custom_combine) -> None:
+        """The Hops-driven combine (a partial leaves once its GEMM 2 wave is done), or the
+        custom one, which starts per rank once its partials exist."""
+        if custom_combine is not None:
+            self.combine_done = custom_combine(self.b, self._partials_ready())
+            return
+        b, g, mech, R, N = self.b, self.g, self.mech, self.R, self.N
+        h = self.work.combine
+        cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes))
         # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves)
-        key = _uniq(cm.hop_msg * N + wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
+        key = _uniq(cm.hop_msg * N + self.wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
         msg, wv = key // N, key % N
         for sw in (0, 1):
-            t = tab2_end[sw * N + wv, cm.src[msg]]
+            t = self.tab2_end[sw * N + wv, cm.src[msg]]
             ok = t >= 0
             g.after(t[ok], cm.entry_task[msg[ok]])
         b.stage_deps(h, cm)
         extra_tail = _extra_calls(b, cm, None, "combine")
-        red_deps_msgs = cm
-        combine_done = _phase_end(g, net, R, mech.combine_barrier, cm, extra_tail)
+        self.combine_done = _phase_end(g, b.net, R, mech.combine_barrier, cm, extra_tail)
         if mech.kernel_calls[1]:  # the receivers' combine kernels end after their last partial
-            kc_combine = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[1] * call), kind="combine",
-                                     stream=None, label="combine kernels")
-            g.after(pro, kc_combine)
-            g.after(cm.exit_task, kc_combine[cm.dst])
-            g.after(g2e, kc_combine[rk2e])
-    else:
-        # per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
-        # computes nothing) its prologue and dispatch
-        ready = g.add_fixed(np.arange(R), np.zeros(R), kind="barrier", stream=None, label="gemm2 done")
-        g.after(g2e, ready[rk2e])
-        g.after(pro, ready)
-        g.after(g1, ready[rk1])
-        if dispatch_done is not None:
-            g.after(dispatch_done, ready)
-        if remote_done is not None:
-            g.after(np.asarray(remote_done), ready)
-        combine_done = custom_combine(b, ready)
+            self.kc_combine = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[1] * self.call), kind="combine",
+                                          stream=None, label="combine kernels")
+            g.after(self.pro, self.kc_combine)
+            g.after(cm.exit_task, self.kc_combine[cm.dst])
+            g.after(self.g2e, self.kc_combine[self.rk2e])
 
-    # ---- weighted reduce at home
-    red_bytes = T * spec.top_k * spec.hidden * 4.0  # fp32 partials read once
-    red = g.add_fixed(np.arange(R), np.full(R, red_bytes / cluster.hbm_bw + cluster.kernel_launch), kind="reduce",
-                      stream="compute", prio=np.full(R, 10**6), label="reduce")
-    g.after(g2e, red[rk2e])
-    if red_deps_msgs is not None:
-        cm = red_deps_msgs
-        g.after(cm.exit_task, red[cm.dst])
-    if combine_done is not None:
-        g.after(combine_done, red)
-    if mech.stage_collectives:
-        if d is None or red_deps_msgs is None:
-            raise SimulationError("stage_collectives mechanics run the Hops-driven phases (no custom_dispatch/combine)")
-        add_stage_collectives(b, d, red_deps_msgs, plan.combine, tab1, tab2, G, pro, red, rb, n_dispatch,
-                              plan.combine.num_stages)
-    if kc_combine is not None:
-        g.after(kc_combine, red)
-    out.update(gemm1=all1, gemm2=all2, reduce=red)
-    return out
+    def _partials_ready(self) -> np.ndarray:
+        """Per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
+        computes nothing) its prologue and dispatch."""
+        g, R = self.g, self.R
+        ready = g.add_fixed(np.arange(R), np.zeros(R), kind="barrier", stream=None, label="gemm2 done")
+        g.after(self.g2e, ready[self.rk2e])
+        g.after(self.pro, ready)
+        g.after(self.g1, ready[self.rk1])
+        if self.dispatch_done is not None:
+            g.after(self.dispatch_done, ready)
+        if self.remote_done is not None:
+            g.after(np.asarray(self.remote_done), ready)
+        return ready
+
+    def add_reduce(self) -> None:
+        """The weighted reduce at home, after every partial into it (and the stage collectives'
+        calls, where the mechanics run them)."""
+        b, g, R, cl = self.b, self.g, self.R, self.b.cl
+        red_bytes = self.work.tokens_per_rank * b.spec.top_k * b.spec.hidden * 4.0  # fp32 partials read once
+        red = g.add_fixed(np.arange(R), np.full(R, red_bytes / cl.hbm_bw + cl.kernel_launch), kind="reduce",
+                          stream="compute", prio=np.full(R, 10**6), label="reduce")
+        g.after(self.g2e, red[self.rk2e])
+        if self.cm is not None:
+            g.after(self.cm.exit_task, red[self.cm.dst])
+        if self.combine_done is not None:
+            g.after(self.combine_done, red)
+        if self.mech.stage_collectives:
+            if self.d is None or self.cm is None:
+                raise SimulationError("stage_collectives mechanics run the Hops-driven phases "
+                                      "(no custom_dispatch/combine)")
+            add_stage_collectives(b, self.d, self.cm, self.work.combine, self.tab1, self.tab2, self.G, self.pro, red,
+                                  float(b.spec.row_bytes), self.n_dispatch, self.work.combine.num_stages)
+        if self.kc_combine is not None:
+            g.after(self.kc_combine, red)
+        self.out.update(gemm1=self.all1, gemm2=self.all2, reduce=red)
 
 
 def dispatch_row_bytes(spec: MoESpec, mech: Mechanics) -> float:

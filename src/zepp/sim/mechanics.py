@@ -17,13 +17,14 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   round", not the a2av-fitted put), and the hierarchical combine's "one round of N-1 puts after
   GEMM 2" (``reduce-direct``'s stage 1) the same way (``serial_put``); one un-overlapped GEMM.
 - ``moonep``: two calls (rows, then fp32 weights) with two barriers each, rows per slot padded
-  to 128 (its weight pulls from the home ranks are the ``moonep-pulls`` plug-in).
+  to 128 (its weight pulls from the home ranks are the ``moonep-pulls`` phase).
 - ``comet``: fused tile-gated GEMM at 62.5 / 132.5 TFLOP/s of the unfused one, GEMM 1 in two
   groups (own node, remote: tiles wait on per-source flags, only the intra-node part overlaps),
   GEMM 2 in ``L`` column splits (``columns``: "GEMM 2 publishes per column-split barriers"; each
   split reads its slice of w2 once). Its dense all-gather and its in-node ring combine with
-  put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` plug-ins.
-- ``fast``: synchronous host-driven rounds (the ``fast-rounds`` plug-in), nothing overlaps.
+  put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` phases
+  (``zepp.sim.phases``).
+- ``fast``: synchronous host-driven rounds (the ``fast-rounds`` phase), nothing overlaps.
 
 DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections 5 and 6):
 
@@ -118,6 +119,9 @@ class Mechanics:
       model's dtype); the combine always moves the model's dtype.
     - ``serial_put``: seconds of fixed cost of one cross-node put of the ``serial`` stages where
       the system's own measured figure is known (``None``: the calibrated ``Net.put(W)``).
+    - ``sim_cost``: CPU time of simulating a layer with these mechanics relative to
+      ``serial-barrier``'s (16 nodes, K2, 4 MB; measured once): only ``zepp bench``'s progress
+      estimate and the order of its units of work read it, never a simulated figure.
     """
 
     dispatch_puts: str = "serial"
@@ -138,6 +142,7 @@ class Mechanics:
     kernel_calls: tuple[int, int] = (0, 0)
     dispatch_value_bytes: float | None = None
     serial_put: float | None = None
+    sim_cost: float = 1.0
 
 
 # DeepEP on 8-GPU NVSwitch nodes with one 400 Gb/s NIC per GPU (PAPER.md section 5):
@@ -167,34 +172,35 @@ MECHANICS: dict[str, Mechanics] = {
     # PAPER.md section 7, a2av: "one blocking put per destination rank, in ring order (W-1 puts in
     # series per rank), then a world barrier"; unfused grouped GEMM after the barrier.
     "serial-barrier": Mechanics(),
-    "signals": Mechanics(**_CONCURRENT),
+    "signals": Mechanics(**_CONCURRENT, sim_cost=0.8),
     "zepp-overlap": Mechanics(**_CONCURRENT, gemm1="arrival", gemm2="waves"),
     # PAPER.md section 7, eplb: "a staged all-to-all (one non-blocking put per destination, two
     # team barriers per call; hidden rows and fp32 route weights as separate calls), per-expert
     # GEMM, combine as the mirror image". The team barrier is Net.barrier (ceil(log2 W) rounds at
     # the a2av-fitted put), dearer than EPLB's measured phase times allow at 64 ranks
     # (benchmarks/results/baseline_mechanics.md); its planner is the eplb-torch planning model.
-    "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True),
+    "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True, sim_cost=2.7),
     # PAPER.md section 7, epic: relay dispatch whose NIC stage (stage 1) is a round of blocking
     # proxy puts, one per remote node, at EPIC_RELAY_PUT each; "hierarchical combine with one round
     # of N-1 puts after GEMM 2" (reduce-direct's stage 1), the same serial proxy puts; no barrier.
     "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="serial",
-                            dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT),
+                            dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT, sim_cost=0.55),
     # PAPER.md section 7, moonep: "segments padded to 128 rows", "two all-to-all calls (rows, then
     # fp32 weights), two barriers each"; the pulls from the hot home ranks are moonep-pulls.
-    "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128),
+    "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128, sim_cost=1.6),
     # PAPER.md section 7, comet: GEMM tiles wait on per-source flags, "so only the intra-node part
     # overlaps compute" (GEMM 1 in two groups: own node, remote); GEMM 2 is split by columns, not
     # by destination ("GEMM 2 publishes per column-split barriers"; each split reads its slice of
     # w2 once: one GEMM 2 of weight reads);
     # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
-    # comet-allgather and comet-ring-combine plug-ins.
-    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF),
+    # comet-allgather and comet-ring-combine phases (zepp.sim.phases).
+    "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF,
+                       sim_cost=0.95),
     # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
-    # rounds, each ending in a world barrier, are the fast-rounds plug-in; one GEMM after them).
-    "fast": Mechanics(dispatch_barrier=None, combine_barrier=None),
-    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1)),
-    "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1)),
+    # rounds, each ending in a world barrier, are the fast-rounds phase; one GEMM after them).
+    "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35),
+    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), sim_cost=0.8),
+    "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
     "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves"),
 }
 

@@ -25,10 +25,17 @@ def _plt():
 def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> None:
     """One panel per model; per configuration a group of bars, each system's latency divided by
     the row's fastest baseline (1.0 = that baseline; lower is faster), Zepp's bar outlined and
-    labelled with its speedup."""
-    plt = _plt()
+    labelled with its speedup. Every row needs a latency of at least one of ``systems`` other
+    than ``zepp`` (its baselines); ``ValueError`` otherwise, and for no rows."""
     models = list(dict.fromkeys(r["model"] for r in rows))
     base_names = [s for s in systems if s != "zepp"]
+    if not rows:
+        raise ValueError("bars: no rows to draw")
+    lacking = [i for i, r in enumerate(rows) if not any(b in r["latency_ms"] for b in base_names)]
+    if lacking:
+        raise ValueError(f"bars: row(s) {lacking} hold no latency of a baseline "
+                         f"({', '.join(base_names) or 'none given'})")
+    plt = _plt()
     fig, axes = plt.subplots(len(models), 1, figsize=(max(9.0, 0.9 * max(
         sum(r["model"] == m for r in rows) for m in models) * (len(systems) + 1) / 4), 4.2 * len(models)),
         squeeze=False)
@@ -73,12 +80,13 @@ def _sort_key(res: str):
     return (_rank_of(res), kind, res)
 
 
-def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None, max_rows: int = 48) -> None:
+def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None, max_rows: int = 48) -> list[list[str]]:
     """Per-resource Gantt chart of one ``Timeline`` or of several ``(label, Timeline)`` drawn
     one above the other on a shared time axis (tasks of ``ranks`` only when given: their
-    streams, their NIC sends and their NVLink sends). Every task is its own bar, so each
-    dispatch group and combine wave shows apart (GEMM tasks alternate shades); one colour per
-    kind of work; only the kinds that occur are in the legend."""
+    streams, their NIC sends and their NVLink sends; at most ``max_rows`` resources a panel).
+    Every task is its own bar, so each dispatch group and combine wave shows apart (GEMM tasks
+    alternate shades); one colour per kind of work; only the kinds that occur are in the
+    legend. Returns the resources drawn, top to bottom, per panel."""
     plt = _plt()
     if isinstance(timelines, Timeline):
         timelines = [("", timelines)]
@@ -120,3 +128,4 @@ def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None,
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return [p[3] for p in panels]

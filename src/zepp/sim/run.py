@@ -2,11 +2,14 @@
 
 For every system the path is the same (``run_system``): the row's placement (once, from the
 history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
-turned into a ``LayerPlan``, the row's plug-ins (``zepp.sim.plugins``) and its adaptation
+turned into a ``LayerWork``, the row's special phases (``zepp.sim.phases``) and its adaptation
 (``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
-does; their weight copies run this batch), the row's planning model (``zepp.sim.planning``) as
-the prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` /
-``simulate``. Latency = max over ranks; the result holds every timed iteration.
+does; their weight copies run this batch), the row's planning-cost model
+(``zepp.sim.planning_cost``) as the prologue, the row's mechanics (``zepp.sim.mechanics``) and
+``build_layer`` / ``simulate``. Latency = max over ranks; the result holds every timed iteration.
+
+One FlowPlan on one cluster (``zepp plan``, ``zepp place``) is ``simulate_flowplan``: the same
+``simulate_plan`` on the cluster preset's network (``zepp.sim.calibrate.on_network``).
 
 A meta-system (``zepp``: ``best_of``) is its variants' best median per configuration; one with
 ``switch_tokens`` (``sglang-deepep``) runs the variant the batch size picks.
@@ -27,11 +30,12 @@ from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
 from zepp.planner.routing import route
-from zepp.sim import plugins
+from zepp.sim import phases
+from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
-from zepp.sim.layer import SIM_OPTS, LayerPlan, build_layer, dispatch_row_bytes
+from zepp.sim.layer import SIM_OPTS, LayerWork, build_layer, dispatch_row_bytes
 from zepp.sim.mechanics import Mechanics, Net, mechanics
-from zepp.sim.planning import planning_seconds
+from zepp.sim.planning_cost import planning_seconds
 
 
 @dataclass
@@ -98,13 +102,15 @@ class Shared:
         return self.placements[kind]
 
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
+        """System ``s``'s FlowPlan of batch ``it``. Not ``zepp.planner.plan_batch``: one routing
+        serves every transport pair of the systems that share its placement and routing."""
         rkey = (s.placement, s.routing, it)
         if rkey not in self.routings:
             self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C)
         return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
 
 
-def own_floor(cfg: Config, lp: LayerPlan, extra_nic=None, dispatch_row_bytes: float | None = None) -> float:
+def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: float | None = None) -> float:
     """A system's own physical floor: busiest NIC direction's bytes at the nominal NIC rate,
     busiest GPU's FLOPs at peak, busiest GPU's expert-weight reads at HBM rate.
     ``dispatch_row_bytes``: a dispatch row's bytes on the wire (default: the model's row)."""
@@ -145,16 +151,16 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     ``swapped [R*S]`` the slots whose weights arrive with them. ``mech``: a ``Mechanics`` record
     instead of the row's (tests that switch one mechanism off); ``granularity``: the batch's
     groups / waves (default: ``plan_granularity``)."""
-    ctx = plugins.Batch(cfg, plan)
+    ctx = phases.BatchInputs(cfg, plan)
     for name in s.plugins:
-        plugins.apply(name, ctx)
+        phases.apply(name, ctx)
     kw = {}
     if swap_copies is not None:
         kw = dict(weight_copies=swap_copies, swapped=swapped)
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
-    # a plug-in may replace a phase's hop table
-    lp = LayerPlan.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
+    # a phase may replace its hop table
+    lp = LayerWork.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     mech = mech or mechanics(s.mechanics)
     floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
     T = plan.routing.topk_ids.shape[1]
@@ -165,6 +171,19 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, nvlink_bw=cfg.cluster.nvlink_bw * cfg.net.nvlink_eff,
                   labels=keep, **(cfg.sim_opts or SIM_OPTS))
     return tl, planning, floor
+
+
+def simulate_flowplan(plan: FlowPlan, cluster: Cluster, spec: MoESpec, system: str | registry.System,
+                      keep: bool = False) -> tuple[Timeline, float, float]:
+    """Simulate one FlowPlan of ``system`` (a registry name or row) on ``cluster``: the one way
+    every command simulates a single plan. The network is the cluster preset's
+    (``zepp.sim.calibrate.on_network``: fitted for ``a100`` / ``h100``, DeepEP's published
+    figures for today's presets; a cluster with neither is a ``ZeppInputError``). Returns
+    ``simulate_plan``'s ``(Timeline, planning s, floor s)``."""
+    s = registry.system(system) if isinstance(system, str) else system
+    cl, net = on_network(cluster)
+    cfg = Config(cl, spec, net, None, plan.routing.topk_ids[None], warmup=0)
+    return simulate_plan(cfg, s, plan, keep)
 
 
 def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shared | None = None) -> SystemResult:
@@ -229,6 +248,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
                 swapped[sp.copies[:, 1]] = True
                 copies = c[c[:, 0] != c[:, 1]]  # a copy between two slots of one GPU needs no link
             placement = sp.placement
+        # routed apart from its flows: warm-up batches need only the routing's slot loads
         r = route(s.routing, cfg.batches[it], placement, cfg.C)
         prev_loads = r.slot_loads()
         if it < cfg.warmup:

@@ -1,9 +1,10 @@
-"""Planning cost per iteration: deterministic models, one per name of ``zepp.registry``
-(``System.planning``). No wall-clock reaches a simulated result.
+"""The planning-cost model: modelled seconds of each system's planner per iteration, one model per
+name of ``zepp.registry`` (``System.planning``) in ``MODELS``. No wall-clock reaches a simulated
+result.
 
-Every model returns ``(prologue, planning)`` seconds per rank: ``prologue`` is what runs before
-the dispatch (the all-gather of what the planner needs, then the planning itself), ``planning``
-the planning part alone (reported).
+``planning_seconds`` returns ``(prologue, planning)`` seconds per rank: ``prologue`` is what runs
+before the dispatch (the all-gather of what the planner needs, then the planning itself),
+``planning`` the planning part alone (reported).
 
 The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
 
@@ -42,10 +43,6 @@ from importlib import resources
 import numpy as np
 
 from zepp.errors import ZeppInputError
-
-MODELS = ("none", "fast-host", "comet-routing", "eplb-torch", "epic", "moonep", "zepp", "zepp+swap",
-          "zepp+granularity")
-
 
 @functools.lru_cache(maxsize=1)
 def cost_data() -> dict:
@@ -105,29 +102,65 @@ def zepp_rounds(dispatch: str, combine: str, swaps: bool) -> float:
     return r["route:zepp"] + r[key] + (r["swap"] if swaps else 0.0)
 
 
+# ----------------------------------------------------------------------------- the models
+# Each: ``(system, cluster, rank_entries) -> planning seconds`` of one rank's batch of
+# ``rank_entries`` entries (PAPER.md section 7's measured planners; Zepp's counted rounds).
+
+
+def _none(system, cluster, rank_entries: int) -> float:
+    return 0.0
+
+
+def _fast_host(system, cluster, rank_entries: int) -> float:
+    return 0.9e-3
+
+
+def _comet_routing(system, cluster, rank_entries: int) -> float:
+    return 0.075e-3
+
+
+def _eplb_torch(system, cluster, rank_entries: int) -> float:
+    return 3.0e-3 + 4.1e-9 * cluster.ranks * rank_entries
+
+
+def _epic(system, cluster, rank_entries: int) -> float:
+    return 2.2e-3 + 3.4e-8 * rank_entries
+
+
+def _moonep(system, cluster, rank_entries: int) -> float:
+    return 1.4e-3 + 9.1e-8 * rank_entries
+
+
+def _zepp(system, cluster, rank_entries: int, swaps: bool = False, granularity: bool = False) -> float:
+    return zepp_planning(system.dispatch, system.combine, swaps, cluster.ranks * rank_entries, cluster.hbm_bw,
+                         granularity=granularity)
+
+
+MODELS = {"none": _none, "fast-host": _fast_host, "comet-routing": _comet_routing, "eplb-torch": _eplb_torch,
+          "epic": _epic, "moonep": _moonep, "zepp": _zepp, "zepp+swap": functools.partial(_zepp, swaps=True),
+          "zepp+granularity": functools.partial(_zepp, granularity=True)}
+
+
+def _gather_loads(cluster, spec, rank_entries: int, net) -> float:
+    """The all-gather of the ``[W, E]`` fp32 loads."""
+    return net.allgather(cluster.ranks, spec.num_experts * 4.0, cluster.nic_bw)
+
+
+def _gather_topk_ids(cluster, spec, rank_entries: int, net) -> float:
+    """The all-gather of every rank's top-k ids (MoonEP)."""
+    return net.allgather(cluster.ranks, rank_entries * 4.0, cluster.nic_bw)
+
+
+# what each model gathers before it plans (default: the loads)
+GATHERS = {"moonep": _gather_topk_ids}
+
+
 def planning_seconds(model: str, system, cluster, spec, tokens_per_rank: int, net) -> tuple[float, float]:
     """``(prologue, planning)`` seconds of planning model ``model`` for ``system`` (a registry
     row) on ``cluster`` with ``tokens_per_rank`` tokens of ``spec`` per rank; ``net``: the
     calibrated network (its all-gather)."""
     if model not in MODELS:
         raise ZeppInputError(f"unknown planning model {model!r}; choose one of {', '.join(MODELS)}")
-    R, k, E = cluster.ranks, spec.top_k, spec.num_experts
-    rank_entries = tokens_per_rank * k
-    loads = net.allgather(R, E * 4.0, cluster.nic_bw)
-    if model == "none":
-        planning = 0.0
-    elif model == "fast-host":
-        planning = 0.9e-3
-    elif model == "comet-routing":
-        planning = 0.075e-3
-    elif model == "eplb-torch":
-        planning = 3.0e-3 + 4.1e-9 * R * rank_entries
-    elif model == "epic":
-        planning = 2.2e-3 + 3.4e-8 * rank_entries
-    elif model == "moonep":
-        planning = 1.4e-3 + 9.1e-8 * rank_entries
-        return net.allgather(R, rank_entries * 4.0, cluster.nic_bw) + planning, planning
-    else:
-        planning = zepp_planning(system.dispatch, system.combine, model == "zepp+swap", R * rank_entries,
-                                 cluster.hbm_bw, granularity=model == "zepp+granularity")
-    return loads + planning, planning
+    rank_entries = tokens_per_rank * spec.top_k
+    planning = MODELS[model](system, cluster, rank_entries)
+    return GATHERS.get(model, _gather_loads)(cluster, spec, rank_entries, net) + planning, planning

@@ -1,0 +1,75 @@
+"""``zepp timeline``: one configuration of the benchmark table (``zepp.sim.bench_table``) drawn as
+a per-resource Gantt chart (``zepp.sim.plots.gantt``) for one or two systems and one batch."""
+
+from __future__ import annotations
+
+import click
+
+from zepp import registry
+from zepp.cli.bench import csv_option
+from zepp.errors import ZeppInputError
+
+
+def _systems(system: str, compare: str | None) -> list[str]:
+    """The systems to draw: ``--system`` (and ``--compare B`` below it), or ``--compare A,B``."""
+    if compare and "," in compare:
+        names = registry.parse_systems(compare, "sim", option="--compare")
+        if len(names) != 2:
+            raise ZeppInputError(f"--compare {compare!r}: give two systems, A,B")
+        return names
+    names = [registry.parse_systems(system, "sim", option="--system")[0]]
+    if compare:
+        names.append(registry.parse_systems(compare, "sim", option="--compare")[0])
+    return names
+
+
+def _ranks(ranks: str | None, nodes: int, gpus_per_node: int) -> list[int]:
+    """The ranks to draw (default: the GPUs of node 0), each inside the cluster."""
+    R = nodes * gpus_per_node
+    rk = list(csv_option("--ranks", ranks, int) or range(gpus_per_node))
+    bad = [r for r in rk if not 0 <= r < R]
+    if bad:
+        raise ZeppInputError(f"--ranks {ranks}: rank(s) {bad} outside [0, {R}) of {nodes}x{gpus_per_node} GPUs")
+    return rk
+
+
+@click.command("timeline")
+@click.option("--cluster", "cluster_name", default="a100", show_default=True)
+@click.option("--nodes", default=4, show_default=True, type=int)
+@click.option("--gpus-per-node", default=4, show_default=True, type=int)
+@click.option("--model", default="k2", show_default=True)
+@click.option("--budget-mb", default=4.0, show_default=True, type=float)
+@click.option("--system", default="zepp", show_default=True,
+              help=f"One of {registry.help_list('sim')} (zepp: its fastest variant here).")
+@click.option("--compare", default=None,
+              help="B: draw system B below --system on the same time axis; A,B: draw A and B (instead of --system).")
+@click.option("--traces", "traces_dir", type=click.Path(), default=None)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--ranks", default=None, help="Comma-separated ranks to draw (default: the GPUs of node 0).")
+@click.option("--out", "out_path", default="timeline.png", show_default=True, type=click.Path())
+def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compare, traces_dir, seed, ranks,
+             out_path):
+    """Draw one configuration's per-resource Gantt chart (PNG) for one system and one batch."""
+    from zepp.launch.checks import check_output_path
+    from zepp.sim import bench_table as table
+    from zepp.sim.calibrate import calibrated
+    from zepp.sim.plots import gantt
+    from zepp.sim.run import run_system
+
+    names = _systems(system, compare)
+    check_output_path(out_path, "--out")
+    calibrated(cluster_name, 1, gpus_per_node=gpus_per_node)
+    table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
+    table.check_traces(traces_dir, [model], seed)
+    rk = _ranks(ranks, nodes, gpus_per_node)
+    cfg = table.make_config(table.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
+                                            iters=1, warmup=2, seed=seed, traces=traces_dir)[0])
+    drawn = []
+    for name in names:
+        res = run_system(name, cfg, keep_timeline=True)
+        drawn.append((name if not res.variant else f"{name} ({res.variant})", res.timeline))
+    gantt(drawn, out_path, ranks=rk, title=f"{cluster_name} {nodes}x{gpus_per_node}, {model} {budget_mb:g} MB, "
+                                           f"third batch")
+    for label, tl in drawn:
+        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms")
+    click.echo(f"wrote {out_path}")

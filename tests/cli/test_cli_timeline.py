@@ -1,0 +1,35 @@
+"""``zepp timeline``: the drawn batch is the benchmark table's (the same latency as ``zepp
+bench``'s configuration, third batch), the PNG draws the ranks asked for, and one clear line
+per bad option before any work."""
+
+import pytest
+
+from clirun import run_cli
+from zepp.sim.bench_table import make_config, make_jobs
+from zepp.sim.run import run_system
+
+ARGS = ["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5"]
+
+
+def test_timeline_draws_the_tables_third_batch(tmp_path, capsys):
+    png = tmp_path / "t.png"
+    code, out, err = run_cli([*ARGS, "--system", "a2av", "--ranks", "0,5", "--out", str(png)], capsys)
+    assert code == 0, err
+    job = make_jobs(["a100"], [2], 4, ["qwen"], [0.5], ["a2av"], iters=1, warmup=2, seed=0, traces=None)[0]
+    want = run_system("a2av", make_config(job)).latencies[0]
+    assert f"a2av: {want * 1e3:.3f} ms" in out and f"wrote {png}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "/nonexistent-folder/t.png"], "does not exist"),
+    (["--compare", "a2av,eplb,fast"], "give two systems"),
+    (["--traces", "/nonexistent-folder"], "not a directory"),
+    (["--cluster", "tpu"], "unknown cluster preset 'tpu'"),
+    (["--ranks", "0,x"], "--ranks: expected a comma-separated list"),
+])
+def test_bad_options_one_line_before_any_work(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli([*ARGS, *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert out == "" and not (tmp_path / "timeline.png").exists()

@@ -1,0 +1,51 @@
+"""The planning-cost model (``zepp.sim.planning_cost``): each baseline's planner at PAPER.md
+section 7's figures, what each gathers first, and Zepp's counted rounds growing with the batch."""
+
+import pytest
+
+from zepp import registry
+from zepp.errors import ZeppInputError
+from zepp.model import model_preset
+from zepp.sim.calibrate import calibrated
+from zepp.sim.planning_cost import MODELS, planning_seconds
+
+
+def seconds(model, system="a2av", nodes=4, mb=1.0, spec="k2"):
+    cl, net = calibrated("a100", nodes)
+    spec = model_preset(spec)
+    return planning_seconds(model, registry.system(system), cl, spec, spec.tokens_for_budget(mb), net), cl, net, spec
+
+
+def test_baseline_planners_cost_their_measured_figures():
+    (pro, plan), cl, net, spec = seconds("none")
+    loads = net.allgather(cl.ranks, spec.num_experts * 4.0, cl.nic_bw)
+    assert plan == 0.0 and pro == loads > 0
+    assert seconds("fast-host")[0] == (loads + 0.9e-3, 0.9e-3)
+    assert seconds("comet-routing")[0][1] == 0.075e-3
+    # EPLB's torch planner: 3.0 ms + 4.1 ns per global entry (about 3.1 ms at K2, 4 nodes, 1 MB)
+    T = spec.tokens_for_budget(1.0)
+    assert seconds("eplb-torch")[0][1] == pytest.approx(3.0e-3 + 4.1e-9 * cl.ranks * T * spec.top_k)
+    assert 3.0e-3 < seconds("eplb-torch")[0][1] < 3.2e-3
+    assert seconds("epic", mb=16)[0][1] == pytest.approx(2.5e-3, abs=0.1e-3)
+
+
+def test_moonep_gathers_the_topk_ids_not_the_loads():
+    (pro, plan), cl, net, spec = seconds("moonep", mb=16)
+    entries = spec.tokens_for_budget(16) * spec.top_k
+    assert plan == pytest.approx(2.2e-3, abs=0.1e-3)
+    assert pro - plan == pytest.approx(net.allgather(cl.ranks, entries * 4.0, cl.nic_bw))
+    assert pro - plan > net.allgather(cl.ranks, spec.num_experts * 4.0, cl.nic_bw)
+
+
+def test_zepps_planner_grows_with_the_batch_and_its_parts():
+    small = seconds("zepp", "zepp-overlap", mb=1)[0][1]
+    big = seconds("zepp", "zepp-overlap", mb=64)[0][1]
+    assert 0 < small < big
+    assert seconds("zepp+swap", "zepp-swap", mb=1)[0][1] > seconds("zepp", "zepp-swap", mb=1)[0][1]
+    assert seconds("zepp+granularity", "zepp-auto", mb=1)[0][1] > seconds("zepp", "zepp-auto", mb=1)[0][1]
+
+
+def test_unknown_model_names_the_known_ones():
+    with pytest.raises(ZeppInputError, match="eplb-torch"):
+        seconds("guess")
+    assert set(MODELS) >= {s.planning for s in registry.SYSTEMS.values()}
