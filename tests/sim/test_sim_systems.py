@@ -8,7 +8,7 @@ import pytest
 from zepp import registry
 from zepp.sim.calibrate import calibrated
 from zepp.model import model_preset
-from zepp.planner.moonep import moonep_plan
+from zepp.planner.routing import moonep_plan
 from zepp.sim.plugins import bvn_rounds
 from zepp.sim.run import Config, Shared, run_system
 from simcases import skewed_batch, skewed_config

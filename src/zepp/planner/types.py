@@ -164,17 +164,24 @@ def relaxation_fraction(relaxation: float) -> tuple[int, int]:
     return int(round(relaxation * 10**6)), 10**6
 
 
+def expert_load_bounds(demand: np.ndarray, count: np.ndarray, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per expert, the replica-load bounds ``floor((1-C) D/c)`` (never negative) and
+    ``ceil((1+C) D/c)`` of demand ``D = demand [M]`` over ``c = count [M]`` replicas (int64 each);
+    returns ``(lower [M], upper [M])``. Integer arithmetic only."""
+    num, den = relaxation_fraction(relaxation)
+    upper = -((-(den + num) * demand) // (den * count))  # ceil
+    lower = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    return lower, upper
+
+
 def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
     """Per global slot, the load bounds ``floor((1-C) D/c)`` and ``ceil((1+C) D/c)`` of its expert.
 
     Returns two ``[R * S]`` int64 arrays (0 for empty slots). Integer arithmetic only.
     """
-    num, den = relaxation_fraction(relaxation)
     ids = topk_ids.ravel()
     demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
-    count = placement.replica_count.astype(np.int64)
-    hi_e = -((-(den + num) * demand) // (den * count))  # ceil
-    lo_e = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    lo_e, hi_e = expert_load_bounds(demand, placement.replica_count.astype(np.int64), relaxation)
     se = placement.slot_expert.ravel()
     lo = np.where(se >= 0, lo_e[np.maximum(se, 0)], 0)
     hi = np.where(se >= 0, hi_e[np.maximum(se, 0)], 0)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.planner.moonep import moonep_plan
+from zepp.planner.routing import moonep_plan
 from zepp.planner.types import FlowPlan, Hops
 
 
