@@ -22,22 +22,24 @@ from zepp.planner.flows.gateway_flows import (reduce_combine, reduce_direct_comb
 from zepp.planner.types import EntryView, FlowPlan, Hops, Routing, nic_split
 
 __all__ = ["build_flows", "check_transports", "transport_pairs", "nic_split", "DISPATCH_TRANSPORTS",
-           "COMBINE_TRANSPORTS", "DEFAULT_COMBINE"]
+           "COMBINE_TRANSPORTS", "DEFAULT_COMBINE", "DISPATCHES", "COMBINES", "DispatchTransport", "CombineTransport"]
 
 
-class _Dispatch(NamedTuple):
+class DispatchTransport(NamedTuple):
     """A dispatch transport: ``build(x: EntryView, coalesce) -> (Hops, RemoteRows | None)``, its
     one-line meaning, its natural combine, whether its rows land on gateways (what the reducing
-    combines need) and whether it has a hop table at all."""
+    combines need), whether it has a hop table at all and whether it balances each node-to-node
+    stream over the node's NICs (``zepp.planner.validation`` checks the caps)."""
 
     build: Callable
     meaning: str
     natural_combine: str
     gatewayed: bool = False
     has_hops: bool = True
+    nic_balanced: bool = False
 
 
-class _Combine(NamedTuple):
+class CombineTransport(NamedTuple):
     """A combine transport: ``build(x: EntryView, remote_rows) -> Hops``, its one-line meaning,
     whether it pre-reduces on the dispatch's gateways (then it needs a gatewayed dispatch)."""
 
@@ -46,41 +48,46 @@ class _Combine(NamedTuple):
     reduces: bool = False
 
 
-_DISPATCHES = {
-    "a2av": _Dispatch(a2av_dispatch, "one row per entry, owner -> computing GPU", "a2av"),
-    "dedup": _Dispatch(dedup_dispatch, "one row per (token, computing GPU), owner -> computing GPU", "dedup"),
-    "relay": _Dispatch(relay_dispatch, "one NIC crossing per (token, node) to the same local index, then NVLink "
-                                       "fan-out", "dedup", gatewayed=True),
-    "zepp": _Dispatch(zepp_dispatch, "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)", "reduce",
-                      gatewayed=True),
-    "allgather": _Dispatch(allgather_dispatch, "COMET: every GPU receives every other GPU's whole shard "
-                                               "(routing-oblivious)", "dedup", has_hops=False),
+DISPATCHES = {
+    "a2av": DispatchTransport(a2av_dispatch, "one row per entry, owner -> computing GPU", "a2av"),
+    "dedup": DispatchTransport(dedup_dispatch, "one row per (token, computing GPU), owner -> computing GPU", "dedup"),
+    "relay": DispatchTransport(
+        relay_dispatch, "one NIC crossing per (token, node) to the same local index, then NVLink fan-out", "dedup",
+        gatewayed=True),
+    "zepp": DispatchTransport(
+        zepp_dispatch, "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)", "reduce",
+        gatewayed=True, nic_balanced=True),
+    "allgather": DispatchTransport(
+        allgather_dispatch, "COMET: every GPU receives every other GPU's whole shard (routing-oblivious)", "dedup",
+        has_hops=False),
 }
 
-_COMBINES = {
-    "a2av": _Combine(a2av_combine, "one row per entry, computing GPU -> owner"),
-    "dedup": _Combine(dedup_combine, "one row per (token, computing GPU), summed there, straight to the owner"),
-    "reduce": _Combine(reduce_combine, "pre-reduced on the computing node's gateway, NIC once, back through the "
-                                       "dispatch carrier", reduces=True),
-    "reduce-direct": _Combine(reduce_direct_combine, "pre-reduced on the computing node's gateway, NIC once, "
-                                                     "straight to the owner", reduces=True),
+COMBINES = {
+    "a2av": CombineTransport(a2av_combine, "one row per entry, computing GPU -> owner"),
+    "dedup": CombineTransport(dedup_combine, "one row per (token, computing GPU), summed there, straight to the owner"),
+    "reduce": CombineTransport(
+        reduce_combine, "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
+        reduces=True),
+    "reduce-direct": CombineTransport(
+        reduce_direct_combine, "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
+        reduces=True),
 }
 
-DISPATCH_TRANSPORTS: dict[str, str] = {name: t.meaning for name, t in _DISPATCHES.items()}
-COMBINE_TRANSPORTS: dict[str, str] = {name: t.meaning for name, t in _COMBINES.items()}
+DISPATCH_TRANSPORTS: dict[str, str] = {name: t.meaning for name, t in DISPATCHES.items()}
+COMBINE_TRANSPORTS: dict[str, str] = {name: t.meaning for name, t in COMBINES.items()}
 # Natural combine of each dispatch transport (what ``build_flows`` pairs it with by default).
-DEFAULT_COMBINE: dict[str, str] = {name: t.natural_combine for name, t in _DISPATCHES.items()}
-_GATEWAYED = tuple(name for name, t in _DISPATCHES.items() if t.gatewayed)
+DEFAULT_COMBINE: dict[str, str] = {name: t.natural_combine for name, t in DISPATCHES.items()}
+_GATEWAYED = tuple(name for name, t in DISPATCHES.items() if t.gatewayed)
 
 
 def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
     """Validate a (dispatch, combine) pair; ``combine=None`` takes the dispatch's natural one."""
-    if dispatch not in _DISPATCHES:
+    if dispatch not in DISPATCHES:
         raise ZeppInputError(f"unknown dispatch transport {dispatch!r}; choose one of {', '.join(DISPATCH_TRANSPORTS)}")
     combine = DEFAULT_COMBINE[dispatch] if combine is None else combine
-    if combine not in _COMBINES:
+    if combine not in COMBINES:
         raise ZeppInputError(f"unknown combine transport {combine!r}; choose one of {', '.join(COMBINE_TRANSPORTS)}")
-    if _COMBINES[combine].reduces and not _DISPATCHES[dispatch].gatewayed:
+    if COMBINES[combine].reduces and not DISPATCHES[dispatch].gatewayed:
         raise ZeppInputError(f"combine {combine!r} pre-reduces on the dispatch's gateways; it needs a "
                              f"{' or '.join(_GATEWAYED)} dispatch, not {dispatch!r}")
     return dispatch, combine
@@ -89,8 +96,8 @@ def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
 def transport_pairs(with_hops: bool = True) -> list[tuple[str, str]]:
     """Every valid (dispatch, combine) pair; ``with_hops`` leaves out dispatches without a hop
     table (``allgather``: no real executor runs it)."""
-    return [(d, c) for d, dt in _DISPATCHES.items() if dt.has_hops or not with_hops
-            for c, ct in _COMBINES.items() if not ct.reduces or dt.gatewayed]
+    return [(d, c) for d, dt in DISPATCHES.items() if dt.has_hops or not with_hops
+            for c, ct in COMBINES.items() if not ct.reduces or dt.gatewayed]
 
 
 def build_flows(routing: Routing, dispatch: str, row_bytes: int, combine: str | None = None,
@@ -104,6 +111,6 @@ def build_flows(routing: Routing, dispatch: str, row_bytes: int, combine: str | 
     """
     dispatch, combine = check_transports(dispatch, combine)
     x = EntryView(routing)
-    d, remote_rows = _DISPATCHES[dispatch].build(x, coalesce)
-    c: Hops = _COMBINES[combine].build(x, remote_rows)
+    d, remote_rows = DISPATCHES[dispatch].build(x, coalesce)
+    c: Hops = COMBINES[combine].build(x, remote_rows)
     return FlowPlan(routing, d, c, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine)
