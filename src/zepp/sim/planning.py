@@ -39,8 +39,6 @@ import functools
 import json
 from importlib import resources
 
-import numpy as np
-
 from zepp.errors import ZeppInputError
 
 MODELS = ("none", "fast-host", "comet-routing", "eplb-torch", "epic", "moonep", "zepp", "zepp+swap",
@@ -55,19 +53,12 @@ def cost_data() -> dict:
 
 def gpu_opmix_seconds(entries: int, hbm_bw: float) -> float:
     """GPU time of one round of the op mix at ``entries`` on a GPU with ``hbm_bw`` bytes/s."""
+    from zepp.planner.torch.costs import measured_seconds
+
     d = cost_data()
     table = {int(k): float(v) for k, v in d["gpu_opmix"].items()}
-    n = np.array(sorted(table), float)
-    t = np.array([table[int(k)] for k in n])
-    floor = float(t[0])
-    x = float(max(entries, 0))
-    if x <= n[0]:
-        here = floor
-    elif x <= n[-1]:
-        here = float(np.interp(x, n, t))
-    else:
-        here = float(t[-1] + (x - n[-1]) * (t[-1] - t[-2]) / (n[-1] - n[-2]))
-    return floor + (here - floor) * float(d["gpu_opmix_source"]["hbm_bw"]) / hbm_bw
+    sizes = sorted(table)
+    return measured_seconds(sizes, [table[k] for k in sizes], entries, float(d["gpu_opmix_source"]["hbm_bw"]), hbm_bw)
 
 
 def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = False) -> list[str]:
