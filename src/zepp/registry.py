@@ -80,6 +80,10 @@ class System:
         return asdict(self)
 
 
+# How a system on COMET's fused kernels executes (overlap, simulator model, planner cost, executors).
+_ON_COMET = dict(overlap="comet", mechanics="comet", planning="comet-routing",
+                 plugins=("comet-allgather", "comet-ring-combine"), executors=("sim",))
+
 _ROWS = (
     # ---- the paper's seven baselines (PAPER.md section 3 and section 7)
     System("a2av", "all-to-all-v both ways, one replica per expert, no overlap",
@@ -90,9 +94,7 @@ _ROWS = (
            "home", "home", "a2av", "a2av", mechanics="fast", planning="fast-host", plugins=("fast-rounds",),
            executors=("plan", "sim"), paper_column="fast"),
     System("comet", "COMET: dense all-gather dispatch, fused tile-level GEMM overlap, home placement",
-           "COMET fused MoE kernels", "home", "home", "allgather", "dedup", overlap="comet",
-           mechanics="comet", planning="comet-routing", plugins=("comet-allgather", "comet-ring-combine"),
-           executors=("sim",), paper_column="comet"),
+           "COMET fused MoE kernels", "home", "home", "allgather", "dedup", **_ON_COMET, paper_column="comet"),
     System("eplb", "DeepSeek EPLB replicas over a staged all-to-all-v, replica round-robin",
            "DeepSeek EPLB + all-to-all-v (vLLM / TensorRT-LLM style replica choice)",
            "eplb", "replica-rr", "a2av", "a2av", mechanics="eplb-staged", planning="eplb-torch",
@@ -106,9 +108,7 @@ _ROWS = (
            "home", "moonep", "dedup", "dedup", adaptation="moonep", mechanics="moonep", planning="moonep",
            plugins=("moonep-pulls",), executors=("sim",), paper_column="moonep"),
     System("comet+eplb", "COMET's fused kernels over EPLB's physical slots and replica round-robin",
-           "COMET + DeepSeek EPLB", "eplb", "replica-rr", "allgather", "dedup", overlap="comet",
-           mechanics="comet", planning="comet-routing", plugins=("comet-allgather", "comet-ring-combine"),
-           executors=("sim",), paper_column="comet+eplb"),
+           "COMET + DeepSeek EPLB", "eplb", "replica-rr", "allgather", "dedup", **_ON_COMET, paper_column="comet+eplb"),
     # ---- engines and transports users run today
     System("relay", "home placement over a DeepEP-style relay (one NIC crossing per token and node)",
            "DeepEP-style relay dispatch without pre-reduced combine",

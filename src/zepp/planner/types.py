@@ -10,9 +10,9 @@ Shapes used throughout (all numpy arrays):
   ``-1`` marks a missing entry (padding: a token whose ids are all ``-1`` is absent, which is how
   ranks hold different numbers of tokens); a missing entry has slot ``-1`` and moves no row.
 
-This module owns the plan objects and proves their invariants (``Routing.validate``,
-``FlowPlan.validate``); ``EntryView`` is the flat, deduplicated view of a routing that both the
-flow builders (``zepp.planner.flows``) and the validation use.
+This module owns the plan objects and proves the routing's invariants (``Routing.validate``;
+``FlowPlan.validate`` runs ``zepp.planner.validation``); ``EntryView`` is the flat, deduplicated
+view of a routing that both the flow builders (``zepp.planner.flows``) and the validation use.
 """
 
 from __future__ import annotations
