@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zepp.planner.torch as tp
+from planner_cases import random_placement, skewed_batch
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import build_flows
-from zepp.planner.types import Placement
-from zepp.planner.routing import route
+from zepp.planner.flows import COMBINE_TRANSPORTS, DISPATCH_TRANSPORTS, build_flows
+from zepp.planner.routing import ROUTINGS, route
 from zepp.planner.torch.routing import TORCH_ROUTINGS
 
 COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
@@ -25,22 +25,9 @@ PAIRS = (("a2av", None), ("dedup", None), ("relay", None), ("relay", "reduce"), 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def random_placement(rng, nodes, L, per_rank, extra):
-    """Home layout plus ``extra`` random replicas per rank (any expert, duplicates allowed)."""
-    R = nodes * L
-    E = R * per_rank
-    se = np.full((R, per_rank + extra), -1, np.int32)
-    se[:, :per_rank] = np.arange(E).reshape(R, per_rank)
-    if extra:
-        se[:, per_rank:] = rng.integers(-1, E, size=(R, extra))
-    return Placement(se, E, L)
-
-
-def skewed_batch(rng, R, T, k, E, alpha):
-    weights = np.arange(1, E + 1, dtype=float) ** -alpha
-    weights = rng.permutation(weights / weights.sum())
-    keys = rng.random((R * T, E)) ** (1.0 / weights)
-    return np.argsort(-keys, axis=1)[:, :k].reshape(R, T, k).astype(np.int32)
+def test_torch_tables_cover_the_numpy_names():
+    assert tp.TORCH_DISPATCH == tuple(DISPATCH_TRANSPORTS) and tp.TORCH_COMBINE == tuple(COMBINE_TRANSPORTS)
+    assert set(TORCH_ROUTINGS) == set(ROUTINGS) - {"moonep"}  # MoonEP's planner loops over ranks on the host
 
 
 def assert_same_plan(ids, pl, name, relaxation, device, sync):
