@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from zepp.planner.types import Placement
+from zepp.planner.types import HOP_COLUMNS, FlowPlan, Placement
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,7 +32,7 @@ def skewed_batch(rng, R, T, k, E, alpha):
 
 
 # A routing case: a random placement of ``nodes x L`` GPUs and a batch of ``T`` tokens per GPU.
-routing_cases = st.fixed_dictionaries({
+ROUTING_CASE = {
     "nodes": st.integers(1, 4),
     "L": st.integers(1, 4),
     "per_rank": st.integers(1, 3),
@@ -42,15 +42,29 @@ routing_cases = st.fixed_dictionaries({
     "alpha": st.sampled_from([0.0, 1.0, 3.0]),
     "relaxation": st.sampled_from([0.0, 0.1, 0.25, 0.5]),
     "seed": st.integers(0, 2**16),
-})
+}
+routing_cases = st.fixed_dictionaries(ROUTING_CASE)
 
 
-def routing_case(case: dict) -> tuple[Placement, np.ndarray]:
-    """The placement and batch ``[R, T, k]`` of a drawn ``routing_cases`` case."""
-    rng = np.random.default_rng(case["seed"])
+def routing_case(case: dict, rng=None) -> tuple[Placement, np.ndarray]:
+    """The placement and batch ``[R, T, k]`` of a drawn ``routing_cases`` case (``rng``: the
+    generator to draw with, default one seeded by the case)."""
+    rng = np.random.default_rng(case["seed"]) if rng is None else rng
     pl = random_placement(rng, case["nodes"], case["L"], case["per_rank"], case["extra"])
     k = min(case["k"], pl.num_experts)
     return pl, skewed_batch(rng, pl.ranks, case["T"], k, pl.num_experts, case["alpha"])
+
+
+def assert_same_flows(got: FlowPlan, want: FlowPlan) -> None:
+    """Two FlowPlans equal element for element: the routing's slots and every column of both hop
+    tables, values and dtypes."""
+    np.testing.assert_array_equal(got.routing.slot, want.routing.slot)
+    assert got.transport == want.transport
+    for phase in ("dispatch", "combine"):
+        for c in HOP_COLUMNS:
+            g, w = getattr(getattr(got, phase), c), getattr(getattr(want, phase), c)
+            np.testing.assert_array_equal(g, w, err_msg=f"{got.transport} {phase}.{c}")
+            assert g.dtype == w.dtype
 
 
 @st.composite
