@@ -25,6 +25,19 @@ def test_rows_name_known_stage_choices_and_the_paper_columns():
     assert set(registry.PAPER_BASELINES) == set(system_columns())
 
 
+def test_stage_names_are_the_planner_stages_own():
+    """Each stage owns its names next to its {name: function} table; the registry reads them."""
+    from zepp.planner import flows, grouping, placement, routing, swaps
+
+    assert registry.PLACEMENTS is placement.PLACEMENTS and registry.ROUTINGS is routing.ROUTINGS
+    assert registry.DISPATCH_TRANSPORTS is flows.DISPATCH_TRANSPORTS
+    assert registry.COMBINE_TRANSPORTS is flows.COMBINE_TRANSPORTS and registry.DEFAULT_COMBINE is flows.DEFAULT_COMBINE
+    assert registry.OVERLAPS is grouping.OVERLAPS and registry.ADAPTATIONS is swaps.ADAPTATIONS
+    for table in (registry.PLACEMENTS, registry.ROUTINGS, registry.DISPATCH_TRANSPORTS, registry.COMBINE_TRANSPORTS,
+                  registry.OVERLAPS, registry.ADAPTATIONS):
+        assert table and all(isinstance(m, str) and m and "\n" not in m for m in table.values())
+
+
 @pytest.mark.parametrize("executor", registry.EXECUTORS)
 def test_parse_accepts_exactly_the_supported_names(executor):
     for name, s in registry.SYSTEMS.items():

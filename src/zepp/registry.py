@@ -6,10 +6,11 @@ per planning stage (placement, routing, dispatch transport, combine transport), 
 Every command's option parsing, help text and error messages, the README's system table and
 the tests read this module; no other list of names exists.
 
-Stage choices (each name has one meaning everywhere; ``zepp systems`` prints them):
-``PLACEMENTS``, ``ROUTINGS``, ``DISPATCH_TRANSPORTS``, ``COMBINE_TRANSPORTS``, ``OVERLAPS``,
-``ADAPTATIONS``. The planner modules (``zepp.planner.placement``, ``zepp.planner.routing``, ``zepp.planner.flows``)
-implement exactly these names.
+Stage choices (each name has one meaning everywhere; ``zepp systems`` prints them) are owned by
+the planner stage that implements them, next to its ``{name: function}`` table, and read here:
+``PLACEMENTS`` (``zepp.planner.placement``), ``ROUTINGS`` (``zepp.planner.routing``),
+``DISPATCH_TRANSPORTS``, ``COMBINE_TRANSPORTS``, ``DEFAULT_COMBINE`` (``zepp.planner.flows``),
+``OVERLAPS`` (``zepp.planner.grouping``), ``ADAPTATIONS`` (``zepp.planner.swaps``).
 
 Executors: ``plan`` (``zepp plan``: placement, routing and flows, bytes per link), ``sim`` (the
 simulator: ``zepp bench``, ``zepp timeline``) and ``runtime`` (``zepp run`` on torch.distributed).
@@ -24,56 +25,15 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from zepp.errors import ZeppInputError
+from zepp.planner.flows import COMBINE_TRANSPORTS, DEFAULT_COMBINE, DISPATCH_TRANSPORTS
+from zepp.planner.grouping import OVERLAPS
+from zepp.planner.placement import PLACEMENTS
+from zepp.planner.routing import ROUTINGS
+from zepp.planner.swaps import ADAPTATIONS
 
-PLACEMENTS = {
-    "home": "expert e on GPU e // (E/R); no replicas",
-    "zepp": "replicas from node demand, at most one per node, snake-dealt to GPUs (PAPER.md 2.1)",
-    "eplb": "DeepSeek EPLB, global policy, E/R + extra slots per GPU (two replicas may share a GPU)",
-    "eplb-distinct": "EPLB's counts and packing, never two replicas of one expert on one GPU",
-    "epic": "EPIC's greedy placement: redundancy, GPU packing, then NIC-balancing node positions",
-}
-
-ROUTINGS = {
-    "home": "replica 0 of each expert (its first slot)",
-    "replica-rr": "an expert's entries go to its replicas in turn (EPLB, TensorRT-LLM round-robin)",
-    "locality": "SGLang static: a fixed replica per source GPU, on the source GPU if any, else on its node, else any",
-    "fixed": "EPIC: all of a source's entries of an expert go to replica (source rank mod replica count)",
-    "dynamic": "SGLang dynamic: per token, a replica on the source GPU, else on its node, else a hashed one",
-    "random": "vLLM: a pseudo-random replica per entry (integer hash, the same on every rank)",
-    "zepp": "rotation water-fill under relaxed replica-load bounds, then the vacate pass (PAPER.md 2.2)",
-    "moonep": "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots",
-}
-
-DISPATCH_TRANSPORTS = {
-    "a2av": "one row per entry, owner -> computing GPU",
-    "dedup": "one row per (token, computing GPU), owner -> computing GPU",
-    "relay": "one NIC crossing per (token, node) to the same local index, then NVLink fan-out",
-    "zepp": "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)",
-    "allgather": "COMET: every GPU receives every other GPU's whole shard (routing-oblivious)",
-}
-
-COMBINE_TRANSPORTS = {
-    "a2av": "one row per entry, computing GPU -> owner",
-    "dedup": "one row per (token, computing GPU), summed there, straight to the owner",
-    "reduce": "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
-    "reduce-direct": "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
-}
-
-# Natural combine of each dispatch transport (what ``build_flows`` pairs it with by default).
-DEFAULT_COMBINE = {"a2av": "a2av", "dedup": "dedup", "relay": "dedup", "zepp": "reduce", "allgather": "dedup"}
-
-OVERLAPS = {
-    "none": "dispatch, both GEMMs and combine run one after another",
-    "comet": "COMET: fused tile-level overlap of dispatch with GEMM 1 and GEMM 2 with combine",
-    "zepp": "dispatch groups (compute on arrival) and combine waves per destination node (PAPER.md 2.5)",
-    "zepp-auto": "zepp's groups and waves, adjacent ones merged to a count the planner chooses per batch (zepp.planner.granularity)",
-}
-
-ADAPTATIONS = {
-    "none": "the placement stays as planned",
-    "moonep": "per-batch redundant experts whose weights are pulled from their home GPU before the GEMM",
-    "zepp-swap": "intra-node expert swaps between batches, weights over NVLink only (PAPER.md 2.6)",
-}
+__all__ = ["System", "SYSTEMS", "PAPER_BASELINES", "EXECUTORS", "PLACEMENTS", "ROUTINGS", "DISPATCH_TRANSPORTS",
+           "COMBINE_TRANSPORTS", "DEFAULT_COMBINE", "OVERLAPS", "ADAPTATIONS", "system", "names_for", "variants",
+           "pick_variant", "parse_systems", "help_list", "as_table", "format_systems", "markdown_table", "to_json"]
 
 EXECUTORS = ("plan", "sim", "runtime")
 
@@ -84,7 +44,7 @@ class System:
 
     ``mechanics``: name of the simulator's execution record (``zepp.sim.mechanics``);
     ``plugins``: named simulator parts that replace or add to the FlowPlan-driven phases
-    (``zepp.sim.plugins``); ``planning``: name of the planning-cost model (``zepp.sim.planning``).
+    (``zepp.sim.phases``); ``planning``: name of the planning-cost model (``zepp.sim.planning_cost``).
     ``best_of``: a meta-system's variants (then the stage fields describe the family).
     ``switch_tokens``: a meta-system that is not the best of its two variants but runs the first
     on batches of at most this many tokens per GPU and the second on larger ones
@@ -120,6 +80,10 @@ class System:
         return asdict(self)
 
 
+# How a system on COMET's fused kernels executes (overlap, simulator model, planner cost, executors).
+_ON_COMET = dict(overlap="comet", mechanics="comet", planning="comet-routing",
+                 plugins=("comet-allgather", "comet-ring-combine"), executors=("sim",))
+
 _ROWS = (
     # ---- the paper's seven baselines (PAPER.md section 3 and section 7)
     System("a2av", "all-to-all-v both ways, one replica per expert, no overlap",
@@ -130,9 +94,7 @@ _ROWS = (
            "home", "home", "a2av", "a2av", mechanics="fast", planning="fast-host", plugins=("fast-rounds",),
            executors=("plan", "sim"), paper_column="fast"),
     System("comet", "COMET: dense all-gather dispatch, fused tile-level GEMM overlap, home placement",
-           "COMET fused MoE kernels", "home", "home", "allgather", "dedup", overlap="comet",
-           mechanics="comet", planning="comet-routing", plugins=("comet-allgather", "comet-ring-combine"),
-           executors=("sim",), paper_column="comet"),
+           "COMET fused MoE kernels", "home", "home", "allgather", "dedup", **_ON_COMET, paper_column="comet"),
     System("eplb", "DeepSeek EPLB replicas over a staged all-to-all-v, replica round-robin",
            "DeepSeek EPLB + all-to-all-v (vLLM / TensorRT-LLM style replica choice)",
            "eplb", "replica-rr", "a2av", "a2av", mechanics="eplb-staged", planning="eplb-torch",
@@ -146,9 +108,7 @@ _ROWS = (
            "home", "moonep", "dedup", "dedup", adaptation="moonep", mechanics="moonep", planning="moonep",
            plugins=("moonep-pulls",), executors=("sim",), paper_column="moonep"),
     System("comet+eplb", "COMET's fused kernels over EPLB's physical slots and replica round-robin",
-           "COMET + DeepSeek EPLB", "eplb", "replica-rr", "allgather", "dedup", overlap="comet",
-           mechanics="comet", planning="comet-routing", plugins=("comet-allgather", "comet-ring-combine"),
-           executors=("sim",), paper_column="comet+eplb"),
+           "COMET + DeepSeek EPLB", "eplb", "replica-rr", "allgather", "dedup", **_ON_COMET, paper_column="comet+eplb"),
     # ---- engines and transports users run today
     System("relay", "home placement over a DeepEP-style relay (one NIC crossing per token and node)",
            "DeepEP-style relay dispatch without pre-reduced combine",

@@ -13,34 +13,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zepp.planner.torch as tp
+from planner_cases import ROUTING_CASE, assert_same_flows, random_placement, routing_case, skewed_batch
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import build_flows
-from zepp.planner.types import Placement
-from zepp.planner.routing import route
+from zepp.planner.flows import COMBINE_TRANSPORTS, DISPATCH_TRANSPORTS, build_flows
+from zepp.planner.routing import ROUTINGS, route
 from zepp.planner.torch.routing import TORCH_ROUTINGS
+from zepp.planner.types import HOP_COLUMNS
 
-COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
+COLS = tuple(HOP_COLUMNS)
 PAIRS = (("a2av", None), ("dedup", None), ("relay", None), ("relay", "reduce"), ("relay", "reduce-direct"),
          ("zepp", None), ("zepp", "reduce-direct"), ("zepp", "dedup"), ("zepp", "a2av"), ("allgather", None))
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def random_placement(rng, nodes, L, per_rank, extra):
-    """Home layout plus ``extra`` random replicas per rank (any expert, duplicates allowed)."""
-    R = nodes * L
-    E = R * per_rank
-    se = np.full((R, per_rank + extra), -1, np.int32)
-    se[:, :per_rank] = np.arange(E).reshape(R, per_rank)
-    if extra:
-        se[:, per_rank:] = rng.integers(-1, E, size=(R, extra))
-    return Placement(se, E, L)
-
-
-def skewed_batch(rng, R, T, k, E, alpha):
-    weights = np.arange(1, E + 1, dtype=float) ** -alpha
-    weights = rng.permutation(weights / weights.sum())
-    keys = rng.random((R * T, E)) ** (1.0 / weights)
-    return np.argsort(-keys, axis=1)[:, :k].reshape(R, T, k).astype(np.int32)
+def test_torch_tables_cover_the_numpy_names():
+    assert tp.TORCH_DISPATCH == tuple(DISPATCH_TRANSPORTS) and tp.TORCH_COMBINE == tuple(COMBINE_TRANSPORTS)
+    assert set(TORCH_ROUTINGS) == set(ROUTINGS) - {"moonep"}  # MoonEP's planner loops over ranks on the host
 
 
 def assert_same_plan(ids, pl, name, relaxation, device, sync):
@@ -66,26 +54,14 @@ def assert_same_plan(ids, pl, name, relaxation, device, sync):
         assert have.to_numpy().transport == want.transport
 
 
-cases = st.fixed_dictionaries({
-    "nodes": st.integers(1, 4),
-    "L": st.integers(1, 4),
-    "per_rank": st.integers(1, 3),
-    "extra": st.integers(0, 3),
-    "T": st.integers(0, 10),
-    "k": st.integers(1, 4),
-    "alpha": st.sampled_from([0.0, 1.0, 3.0]),
-    "relaxation": st.sampled_from([0.0, 0.1, 0.25, 0.5]),
-    "hot": st.booleans(),
-    "missing": st.sampled_from([0.0, 0.0, 0.2, 1.0]),
-    "seed": st.integers(0, 2**16),
-})
+# routing cases with a hot expert, missing entries and absent tokens
+cases = st.fixed_dictionaries({**ROUTING_CASE, "T": st.integers(0, 10), "hot": st.booleans(),
+                               "missing": st.sampled_from([0.0, 0.0, 0.2, 1.0])})
 
 
 def make_case(case):
     rng = np.random.default_rng(case["seed"])
-    pl = random_placement(rng, case["nodes"], case["L"], case["per_rank"], case["extra"])
-    k = min(case["k"], pl.num_experts)
-    ids = skewed_batch(rng, pl.ranks, case["T"], k, pl.num_experts, case["alpha"])
+    pl, ids = routing_case(case, rng)
     if case["hot"]:  # one hot expert: every token picks expert 0 (ids need not be distinct)
         ids[..., 0] = 0
     if case["missing"]:
@@ -186,11 +162,7 @@ def test_fewer_sweeps_are_flagged_or_exact(case):
         with pytest.raises(tp.IncompletePlan):
             got.to_numpy()
     plan = tp.plan_batch_numpy(t, pl, "zepp", case["relaxation"], "zepp", None, 16, sweeps=1, sync=False)
-    want = build_flows(ref, "zepp", 16)
-    np.testing.assert_array_equal(plan.routing.slot, ref.slot)
-    for phase in ("dispatch", "combine"):
-        for c in COLS:
-            np.testing.assert_array_equal(getattr(getattr(plan, phase), c), getattr(getattr(want, phase), c))
+    assert_same_flows(plan, build_flows(ref, "zepp", 16))
 
 
 def test_zero_sweeps_leave_demand_unplaced():
@@ -234,11 +206,7 @@ def test_plan_is_captured_in_a_cuda_graph():
         torch.cuda.synchronize()
         got = out.to_numpy()
         ref = route("zepp", ids, pl, 0.25)
-        want = build_flows(ref, "zepp", 16)
-        np.testing.assert_array_equal(got.routing.slot, ref.slot)
-        for phase in ("dispatch", "combine"):
-            for c in COLS:
-                np.testing.assert_array_equal(getattr(getattr(got, phase), c), getattr(getattr(want, phase), c))
+        assert_same_flows(got, build_flows(ref, "zepp", 16))
 
 
 def test_device_part_seconds_interpolates_recorded_device_figures():

@@ -10,7 +10,7 @@ import pytest
 
 from zepp import registry
 from zepp.model import model_preset
-from zepp.planner.moonep import moonep_plan
+from zepp.planner.routing import moonep_plan
 from zepp.sim.calibrate import calibrated
 from zepp.sim.mechanics import EPIC_RELAY_PUT, mechanics
 from zepp.sim.phases.fast import bvn_rounds

@@ -46,11 +46,11 @@ Three parts:
    What it leaves out: CPU contention between communication (TCP copies through the kernel
    cost CPU on this 2-core machine) and compute, beyond the two parameters; ranks drifting
    out of step between stages when a loaded scheduler runs them late; TCP window dynamics;
-   the gloo IO thread. Measured consequence (``benchmarks/results/emulate_bench_1712.md``, a
+   the gloo IO thread. Measured consequence (``benchmarks/results/emulate_bench_quiet.md``, a
    quiet machine): the 2-call systems (a2av, eplb, zepp-a2av) are predicted to within ~10%,
    and the systems with 4-9 calls (relay, zepp-sync, zepp-direct, zepp-overlap) 24-46% too
    fast (median), because a cost per call shows only there and an a2av-only fit cannot see
-   it; on a heavily loaded machine (``emulate_bench.md``) the a2av fit does see a per-call
+   it; on a heavily loaded machine (``emulate_bench_loaded.md``) the a2av fit does see a per-call
    cost (23 ms) and every system's median error is 4-17%.
 """
 

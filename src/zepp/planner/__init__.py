@@ -1,16 +1,25 @@
 """The planner: which GPU serves each entry of a batch and which rows move where.
 
-One batch flows through it in three steps, each with one entrance and one ``{name: function}``
-table of choices (the registry's stage names):
+One batch flows through it in three steps, each a package with one entrance and one
+``{name: function}`` table of choices that owns the choices' names and one-line meanings (the
+registry reads them from here):
 
-- ``placement``: ``make_placement(name, hist, E, ranks, gpus_per_node)`` -> ``Placement`` (once, from history);
-- ``routing``: ``route(name, topk_ids [R, T, k], placement)`` -> ``Routing`` (``slot [R, T, k]``);
-- ``flows``: ``build_flows(routing, dispatch, row_bytes, combine)`` -> ``FlowPlan`` (hop tables).
+- ``placement/``: ``make_placement(name, hist, E, ranks, gpus_per_node)`` -> ``Placement`` (once,
+  from history); ``PLACEMENTS``; one ``<name>_placement.py`` per choice, ``base_placement``;
+- ``routing/``: ``route(name, topk_ids [R, T, k], placement)`` -> ``Routing`` (``slot [R, T, k]``);
+  ``ROUTINGS``; ``simple_routing``, ``zepp_routing`` + ``zepp_vacate``, ``moonep_routing``,
+  ``base_routing``;
+- ``flows/``: ``build_flows(routing, dispatch, row_bytes, combine)`` -> ``FlowPlan`` (hop tables);
+  ``DISPATCH_TRANSPORTS``, ``COMBINE_TRANSPORTS``, ``DEFAULT_COMBINE``; ``direct_flows``,
+  ``gateway_flows``.
 
-``types`` holds the shapes (``Placement``, ``Routing``, ``Hops``, ``FlowPlan``) and their
-invariants; ``grouping`` and ``granularity`` cut a FlowPlan into dispatch groups and combine
-waves for the executors; ``swaps`` plans intra-node swaps when demand drifts; ``torch`` is the same
-planner on torch tensors of any device. Nothing here knows an executor.
+``plan_batch`` below is routing + flows by a system's stage names. ``types`` holds the shapes
+(``Placement``, ``Routing``, ``Hops``, ``FlowPlan``) and the routing's invariants, ``validation``
+the FlowPlan's; ``grouping`` and ``granularity`` cut a FlowPlan into dispatch groups and combine
+waves for the executors (``grouping.OVERLAPS`` names the overlap choices); ``swaps`` plans
+intra-node swaps when demand drifts (``swaps.ADAPTATIONS``); ``intsort`` sorts integer keys;
+``torch/`` is the same planner on torch tensors of any device. The planner imports only
+``zepp.errors``, ``zepp.model``, ``zepp.cluster`` and itself; nothing here knows an executor.
 """
 
 from zepp.planner.flows import build_flows

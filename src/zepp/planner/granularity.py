@@ -8,7 +8,7 @@ touches: at tens of rows per expert a GEMM is weight-read bound, and ``2N + 1`` 
 the communication each split hides, per batch, from the cost model below, and returns a
 ``Granularity``: ``groups`` coarse dispatch groups (``1 .. N + 1``) and ``waves`` coarse combine
 waves (``1 .. N``). Both executors read it (``zepp.sim.layer.build_layer`` through
-``LayerPlan.granularity``, ``zepp.runtime.program.compile_rank``), so "group 1" means the same rows
+``LayerWork.granularity``, ``zepp.runtime.program.compile_rank``), so "group 1" means the same rows
 in both.
 
 Candidates (adjacent fine groups / waves merged, order kept; ``Granularity.group_map`` /
@@ -204,40 +204,81 @@ def candidates(nodes: int) -> tuple[list[int], list[int]]:
 def predict(plan, spec, fig: Figures) -> tuple[list[int], list[int], np.ndarray]:
     """Modelled layer seconds of every candidate for ``plan`` (a ``FlowPlan``) of model
     ``spec``: ``(groups [a], waves [b], cost [a, b])`` (see the module notes and ``candidates``)."""
-    routing = plan.routing
-    p = routing.placement
-    R, L, S = p.ranks, plan.gpus_per_node, p.slots_per_rank
-    N = R // L
-    F = N + 1
-    rb = float(plan.row_bytes)
-    ranks = np.arange(R)
-    # entries per (computing rank, owner rank, local slot): one pass over the entries
-    owner, comp, ls = _entries(routing)
-    cnt = np.bincount((comp * R + owner) * S + ls, minlength=R * R * S).reshape(R, R, S)  # [comp, owner, slot]
-    fg_pair = dispatch_group(ranks[None, :], ranks[:, None], L, N)  # [comp, owner] fine group
-    fw_pair = combine_wave(ranks[None, :], ranks[:, None], L, N)
-    G1 = np.zeros((R, R, F))
-    G1[ranks[:, None], ranks[None, :], fg_pair] = 1.0  # [comp, owner, fine group]
-    W1 = np.zeros((R, R, N))
-    W1[ranks[:, None], ranks[None, :], fw_pair] = 1.0
-    rows1 = np.einsum("cos,cof->cf", cnt, G1)
-    pres1 = (np.einsum("cos,cof->cfs", cnt, G1) > 0).astype(float)  # [R, F, S]
-    rows2 = np.einsum("cos,cow->cw", cnt, W1)
-    pres2 = (np.einsum("cos,cow->cws", cnt, W1) > 0).astype(float)  # [R, N, S]
-    gemm = lambda rows, act: fig.gemm(rows, act, spec.hidden, spec.ffn, spec.dtype_bytes)  # noqa: E731
+    model = _LayerModel(plan, spec, fig)
+    groups, waves = candidates(model.N)
+    e1, c1 = model.gemm1_ends(groups)
+    cost = np.zeros((len(groups), len(waves)))
+    for wi, w in enumerate(waves):
+        cost[:, wi] = model.layer_end(w, e1, c1)
+    return groups, waves, cost
 
-    # ---- arrival of each fine dispatch group at each rank: A [R, F]; hops by (dst, src, owner node)
-    d = plan.dispatch
-    dn = np.arange(N)
-    hk = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, minlength=R * R * N).reshape(R, R, N)
-    stage_gt0 = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, weights=(d.stage > 0),
-                            minlength=R * R * N).reshape(R, R, N)
-    node_of = ranks // L
-    cross_pair = node_of[:, None] != node_of[None, :]  # [dst, src]
-    g_of = np.where(dn[None, :] == node_of[:, None], 1, 1 + (dn[None, :] - node_of[:, None]) % N)  # [dst, owner node]
-    A = np.zeros((R, F))
-    xk = np.where(cross_pair[:, :, None], hk, 0) * rb  # [dst, src, owner node] bytes over the NIC
-    if xk.any():
+
+class _LayerModel:
+    """``predict``'s figures of one FlowPlan, per rank: entries per fine dispatch group
+    (``rows1 [R, F]``, ``F = N + 1``) and combine wave (``rows2 [R, N]``) with the local slots
+    they touch (``pres1 [R, F, S]``, ``pres2 [R, N, S]``), arrival of each fine group ``A [R, F]``
+    and combine NIC bytes per wave ``cbytes [R, N]`` (``direct_w`` / ``gate_w [R, N]``: whether a
+    wave sends from its computing rank / from a gateway after the node's slowest GPU)."""
+
+    def __init__(self, plan, spec, fig: Figures):
+        p = plan.routing.placement
+        R, L, S = p.ranks, plan.gpus_per_node, p.slots_per_rank
+        self.R, self.L, self.N = R, L, R // L
+        self.F = self.N + 1
+        self.fig = fig
+        self.rb = float(plan.row_bytes)
+        self.ranks = np.arange(R)
+        self.node_of = self.ranks // L
+        self.cross_pair = self.node_of[:, None] != self.node_of[None, :]  # [dst, src]
+        self._count_entries(plan.routing, S)
+        self.gemm = lambda rows, act: fig.gemm(rows, act, spec.hidden, spec.ffn, spec.dtype_bytes)  # noqa: E731
+        self.A = self._arrivals(plan.dispatch)
+        self._combine_sends(plan.combine)
+
+    def _count_entries(self, routing, S: int) -> None:
+        """``rows1``, ``pres1``, ``rows2``, ``pres2``: one pass over the entries."""
+        R, L, N, F, ranks = self.R, self.L, self.N, self.F, self.ranks
+        owner, comp, ls = _entries(routing)
+        cnt = np.bincount((comp * R + owner) * S + ls, minlength=R * R * S).reshape(R, R, S)  # [comp, owner, slot]
+        fg_pair = dispatch_group(ranks[None, :], ranks[:, None], L, N)  # [comp, owner] fine group
+        fw_pair = combine_wave(ranks[None, :], ranks[:, None], L, N)
+        G1 = np.zeros((R, R, F))
+        G1[ranks[:, None], ranks[None, :], fg_pair] = 1.0  # [comp, owner, fine group]
+        W1 = np.zeros((R, R, N))
+        W1[ranks[:, None], ranks[None, :], fw_pair] = 1.0
+        self.rows1 = np.einsum("cos,cof->cf", cnt, G1)
+        self.pres1 = (np.einsum("cos,cof->cfs", cnt, G1) > 0).astype(float)  # [R, F, S]
+        self.rows2 = np.einsum("cos,cow->cw", cnt, W1)
+        self.pres2 = (np.einsum("cos,cow->cws", cnt, W1) > 0).astype(float)  # [R, N, S]
+
+    def _arrivals(self, d) -> np.ndarray:
+        """``A [R, F]``: arrival of each fine dispatch group at each rank; hops by (dst, src, owner node)."""
+        R, L, N, F, ranks, fig, rb = self.R, self.L, self.N, self.F, self.ranks, self.fig, self.rb
+        cross_pair = self.cross_pair
+        dn = np.arange(N)
+        hk = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, minlength=R * R * N).reshape(R, R, N)
+        stage_gt0 = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, weights=(d.stage > 0),
+                                minlength=R * R * N).reshape(R, R, N)
+        g_of = np.where(dn[None, :] == self.node_of[:, None], 1, 1 + (dn[None, :] - self.node_of[:, None]) % N)
+        A = np.zeros((R, F))
+        xk = np.where(cross_pair[:, :, None], hk, 0) * rb  # [dst, src, owner node] bytes over the NIC
+        if xk.any():
+            A = self._nic_arrivals(xk, g_of)
+        fwd = np.where(~cross_pair[:, :, None], stage_gt0, 0).sum(axis=1) * rb  # [dst, owner node] NVLink fan-out
+        if fwd.any():  # rows that crossed to a gateway, then NVLink to their computing rank
+            fb = np.zeros((R, F))
+            np.add.at(fb, (ranks[:, None].repeat(N, 1), g_of), fwd)
+            A[:, 2:] += np.where(fb[:, 2:] > 0, fig.nvlink_msg + fb[:, 2:] / fig.nvlink_bw, 0.0)
+        own_nv = (np.where(~cross_pair[:, :, None], hk - stage_gt0, 0).sum(axis=(1, 2))) * rb
+        A[:, 0] = 0.0
+        A[:, 1] = np.where(own_nv > 0, fig.nvlink_msg + own_nv / fig.nvlink_bw, 0.0)
+        return np.where(self.rows1 > 0, A, 0.0)
+
+    def _nic_arrivals(self, xk: np.ndarray, g_of: np.ndarray) -> np.ndarray:
+        """``[R, F]`` arrival of the NIC flows ``xk [dst, src, owner node]`` (bytes; ``g_of [dst,
+        owner node]`` their fine group): each flow at the later of its fair-share completion at the
+        receiving and at the sending NIC, the node's slowest gateway, plus one NIC message."""
+        R, L, N, F, ranks, fig = self.R, self.L, self.N, self.F, self.ranks, self.fig
         recv = np.zeros((R, F))
         np.add.at(recv, (ranks[:, None].repeat(N, 1), g_of), xk.sum(axis=1))  # [dst, group]
         send = xk.sum(axis=2).T  # [src, dst]
@@ -249,67 +290,67 @@ def predict(plan, spec, fig: Figures) -> tuple[list[int], list[int], np.ndarray]
         np.maximum.at(t_src_g, (ranks[:, None].repeat(N, 1), g_of), t_src)
         arr = np.where(recv > 0, np.maximum(t_recv, t_src_g), 0.0)
         node_arr = arr.reshape(N, L, F).max(axis=1) + fig.nic_msg  # [N, F]: the node's slowest gateway
-        A = np.repeat(node_arr, L, axis=0)
-    fwd = np.where(~cross_pair[:, :, None], stage_gt0, 0).sum(axis=1) * rb  # [dst, owner node] NVLink fan-out
-    if fwd.any():  # rows that crossed to a gateway, then NVLink to their computing rank
-        fb = np.zeros((R, F))
-        np.add.at(fb, (ranks[:, None].repeat(N, 1), g_of), fwd)
-        A[:, 2:] += np.where(fb[:, 2:] > 0, fig.nvlink_msg + fb[:, 2:] / fig.nvlink_bw, 0.0)
-    own_nv = (np.where(~cross_pair[:, :, None], hk - stage_gt0, 0).sum(axis=(1, 2))) * rb
-    A[:, 0] = 0.0
-    A[:, 1] = np.where(own_nv > 0, fig.nvlink_msg + own_nv / fig.nvlink_bw, 0.0)
-    A = np.where(rows1 > 0, A, 0.0)
+        return np.repeat(node_arr, L, axis=0)
 
-    # ---- combine NIC bytes per (sending rank, fine wave) and whether they leave from a gateway
-    c = plan.combine
-    ck = (c.src.astype(np.int64) * R + c.dst) * N + c.owner // L
-    ch = np.bincount(ck, minlength=R * R * N).reshape(R, R, N)  # [src, dst, owner node]
-    cg = np.bincount(ck, weights=(c.stage > 0), minlength=R * R * N).reshape(R, R, N)
-    w_of = (dn[None, :] - node_of[:, None] - 1) % N  # [src, owner node] fine wave
-    per_src = np.where(cross_pair[:, :, None], ch, 0).sum(axis=1)  # [src, owner node]
-    gate_src = np.where(cross_pair[:, :, None], cg, 0).sum(axis=1)
-    cbytes = np.zeros((R, N))
-    np.add.at(cbytes, (ranks[:, None].repeat(N, 1), w_of), per_src * rb)
-    gate_w = np.zeros((R, N))
-    np.add.at(gate_w, (ranks[:, None].repeat(N, 1), w_of), gate_src)
-    direct_w = ((cbytes / rb - gate_w) > 0).astype(float)
-    gate_w = (gate_w > 0).astype(float)
+    def _combine_sends(self, c) -> None:
+        """``cbytes``, ``direct_w``, ``gate_w``: combine NIC bytes per (sending rank, fine wave) and
+        whether they leave from the computing rank or a gateway."""
+        R, L, N, ranks, rb = self.R, self.L, self.N, self.ranks, self.rb
+        dn = np.arange(N)
+        ck = (c.src.astype(np.int64) * R + c.dst) * N + c.owner // L
+        ch = np.bincount(ck, minlength=R * R * N).reshape(R, R, N)  # [src, dst, owner node]
+        cg = np.bincount(ck, weights=(c.stage > 0), minlength=R * R * N).reshape(R, R, N)
+        w_of = (dn[None, :] - self.node_of[:, None] - 1) % N  # [src, owner node] fine wave
+        per_src = np.where(self.cross_pair[:, :, None], ch, 0).sum(axis=1)  # [src, owner node]
+        gate_src = np.where(self.cross_pair[:, :, None], cg, 0).sum(axis=1)
+        cbytes = np.zeros((R, N))
+        np.add.at(cbytes, (ranks[:, None].repeat(N, 1), w_of), per_src * rb)
+        gate_w = np.zeros((R, N))
+        np.add.at(gate_w, (ranks[:, None].repeat(N, 1), w_of), gate_src)
+        self.cbytes = cbytes
+        self.direct_w = ((cbytes / rb - gate_w) > 0).astype(float)
+        self.gate_w = (gate_w > 0).astype(float)
 
-    groups, waves = candidates(N)
-    # GEMM 1 per coarse group, in order, each after its arrival: end of GEMM 1 per (candidate, rank)
-    e1 = np.zeros((len(groups), R))
-    c1 = np.zeros((len(groups), R))  # GEMM 1 seconds per rank (for the serial bound)
-    for gi, g in enumerate(groups):
-        M = _onehot(group_map(g, N))  # [F, C]
-        Rc = rows1 @ M
-        Ac = (np.einsum("rfs,fc->rcs", pres1, M) > 0).sum(axis=2)
-        Tc = (A[:, :, None] * M[None]).max(axis=1)
-        d1 = gemm(Rc, Ac)
-        c1[gi] = d1.sum(axis=1)
-        t = np.zeros(R)
-        for ci in range(M.shape[1]):
-            t = np.where(Rc[:, ci] > 0, np.maximum(t, Tc[:, ci]) + d1[:, ci], t)
-        e1[gi] = np.maximum(t, A.max(axis=1))  # GEMM 2 needs all rows of GEMM 1 (GELU)
-    cost = np.zeros((len(groups), len(waves)))
-    for wi, w in enumerate(waves):
-        M2 = _onehot(wave_map(w, N))  # [N, W]
-        Aw = (np.einsum("rfs,fw->rws", pres2, M2) > 0).sum(axis=2)
-        d2 = gemm(rows2 @ M2, Aw)
+    def gemm1_ends(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per (candidate group count, rank): the end of GEMM 1, run per coarse group in order,
+        each after its arrival, ``e1 [a, R]``; and the GEMM 1 seconds ``c1 [a, R]`` (serial bound)."""
+        R, N, A = self.R, self.N, self.A
+        e1 = np.zeros((len(groups), R))
+        c1 = np.zeros((len(groups), R))
+        for gi, g in enumerate(groups):
+            M = _onehot(group_map(g, N))  # [F, C]
+            Rc = self.rows1 @ M
+            Ac = (np.einsum("rfs,fc->rcs", self.pres1, M) > 0).sum(axis=2)
+            Tc = (A[:, :, None] * M[None]).max(axis=1)
+            d1 = self.gemm(Rc, Ac)
+            c1[gi] = d1.sum(axis=1)
+            t = np.zeros(R)
+            for ci in range(M.shape[1]):
+                t = np.where(Rc[:, ci] > 0, np.maximum(t, Tc[:, ci]) + d1[:, ci], t)
+            e1[gi] = np.maximum(t, A.max(axis=1))  # GEMM 2 needs all rows of GEMM 1 (GELU)
+        return e1, c1
+
+    def layer_end(self, waves: int, e1: np.ndarray, c1: np.ndarray) -> np.ndarray:
+        """``[a]`` layer seconds of ``waves`` combine waves after each candidate's GEMM 1 ends ``e1``."""
+        R, L, N, fig = self.R, self.L, self.N, self.fig
+        a = e1.shape[0]
+        M2 = _onehot(wave_map(waves, N))  # [N, W]
+        Aw = (np.einsum("rfs,fw->rws", self.pres2, M2) > 0).sum(axis=2)
+        d2 = self.gemm(self.rows2 @ M2, Aw)
         f2 = e1[:, :, None] + np.cumsum(d2, axis=1)[None]  # [G, R, W] end of each GEMM 2
-        node_f2 = np.repeat(f2.reshape(len(groups), N, L, -1).max(axis=2), L, axis=1) + fig.nvlink_msg
-        Bw = cbytes @ M2
-        ready = np.maximum(np.where((direct_w @ M2) > 0, f2, 0.0), np.where((gate_w @ M2) > 0, node_f2, 0.0))
-        s_end = np.zeros((len(groups), R))
+        node_f2 = np.repeat(f2.reshape(a, N, L, -1).max(axis=2), L, axis=1) + fig.nvlink_msg
+        Bw = self.cbytes @ M2
+        ready = np.maximum(np.where((self.direct_w @ M2) > 0, f2, 0.0), np.where((self.gate_w @ M2) > 0, node_f2, 0.0))
+        s_end = np.zeros((a, R))
         for k in range(M2.shape[1]):  # one NIC per rank: a wave's sends after its GEMM and the earlier sends
             s_end = np.where(Bw[:, k] > 0, np.maximum(s_end, ready[:, :, k] + fig.nic_msg) + Bw[:, k] / fig.nic_bw,
                              s_end)
         pipelined = np.maximum(s_end, f2[:, :, -1]).max(axis=1)
         if fig.overlap < 1.0:  # transfers and GEMMs of a rank share its cores: partly one after the other
             sends = (Bw / fig.nic_bw + (Bw > 0) * fig.nic_msg).sum(axis=1)
-            serial = (A.max(axis=1)[None] + c1 + d2.sum(axis=1)[None] + sends[None]).max(axis=1)
+            serial = (self.A.max(axis=1)[None] + c1 + d2.sum(axis=1)[None] + sends[None]).max(axis=1)
             pipelined = fig.overlap * pipelined + (1.0 - fig.overlap) * np.maximum(serial, pipelined)
-        cost[:, wi] = pipelined
-    return groups, waves, cost
+        return pipelined
 
 
 def choose(plan, spec, fig: Figures) -> Granularity:

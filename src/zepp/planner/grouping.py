@@ -29,6 +29,16 @@ import numpy as np
 from zepp.planner.intsort import sorted_with_order
 from zepp.planner.types import Hops, PlanInvariantError
 
+# The overlap choices (``System.overlap``): how a layer's rows group for computation while they
+# move. ``zepp`` is this module's fine groups and waves, ``zepp-auto`` their coarse merges chosen
+# by ``zepp.planner.granularity``; ``comet`` is modelled by the simulator's COMET plug-ins.
+OVERLAPS = {
+    "none": "dispatch, both GEMMs and combine run one after another",
+    "comet": "COMET: fused tile-level overlap of dispatch with GEMM 1 and GEMM 2 with combine",
+    "zepp": "dispatch groups (compute on arrival) and combine waves per destination node (PAPER.md 2.5)",
+    "zepp-auto": "zepp's groups and waves, adjacent ones merged to a count the planner chooses per batch (zepp.planner.granularity)",
+}
+
 
 def dispatch_group(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
     """``[n]`` dispatch group of entries owned by ``owner [n]`` computed on ``at [n]`` (see above)."""

@@ -34,6 +34,15 @@ import numpy as np
 from zepp.errors import ZeppInputError
 from zepp.planner.types import Placement, relaxation_fraction
 
+# The adaptation choices (``System.adaptation``): how the placement changes while serving.
+# ``zepp-swap`` is this module's ``plan_swaps``; ``moonep`` is the per-batch placement of the
+# ``moonep`` routing (``zepp.planner.routing.moonep_plan``).
+ADAPTATIONS = {
+    "none": "the placement stays as planned",
+    "moonep": "per-batch redundant experts whose weights are pulled from their home GPU before the GEMM",
+    "zepp-swap": "intra-node expert swaps between batches, weights over NVLink only (PAPER.md 2.6)",
+}
+
 
 @dataclass(frozen=True)
 class SwapPlan:

@@ -10,15 +10,16 @@ Shapes used throughout (all numpy arrays):
   ``-1`` marks a missing entry (padding: a token whose ids are all ``-1`` is absent, which is how
   ranks hold different numbers of tokens); a missing entry has slot ``-1`` and moves no row.
 
-This module owns the plan objects and proves their invariants (``Routing.validate``,
-``FlowPlan.validate``); ``EntryView`` is the flat, deduplicated view of a routing that both the
-flow builders (``zepp.planner.flows``) and the validation use.
+This module owns the plan objects and proves the routing's invariants (``Routing.validate``;
+``FlowPlan.validate`` runs ``zepp.planner.validation``); ``EntryView`` is the flat, deduplicated
+view of a routing that both the flow builders (``zepp.planner.flows``) and the validation use.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -164,17 +165,24 @@ def relaxation_fraction(relaxation: float) -> tuple[int, int]:
     return int(round(relaxation * 10**6)), 10**6
 
 
+def expert_load_bounds(demand: np.ndarray, count: np.ndarray, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per expert, the replica-load bounds ``floor((1-C) D/c)`` (never negative) and
+    ``ceil((1+C) D/c)`` of demand ``D = demand [M]`` over ``c = count [M]`` replicas (int64 each);
+    returns ``(lower [M], upper [M])``. Integer arithmetic only."""
+    num, den = relaxation_fraction(relaxation)
+    upper = -((-(den + num) * demand) // (den * count))  # ceil
+    lower = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    return lower, upper
+
+
 def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
     """Per global slot, the load bounds ``floor((1-C) D/c)`` and ``ceil((1+C) D/c)`` of its expert.
 
     Returns two ``[R * S]`` int64 arrays (0 for empty slots). Integer arithmetic only.
     """
-    num, den = relaxation_fraction(relaxation)
     ids = topk_ids.ravel()
     demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
-    count = placement.replica_count.astype(np.int64)
-    hi_e = -((-(den + num) * demand) // (den * count))  # ceil
-    lo_e = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    lo_e, hi_e = expert_load_bounds(demand, placement.replica_count.astype(np.int64), relaxation)
     se = placement.slot_expert.ravel()
     lo = np.where(se >= 0, lo_e[np.maximum(se, 0)], 0)
     hi = np.where(se >= 0, hi_e[np.maximum(se, 0)], 0)
@@ -182,6 +190,11 @@ def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float
 
 
 DISPATCH, COMBINE = 0, 1
+
+# The columns of a hop table and their dtypes (``Hops``; ``zepp.planner.torch.tables.TorchHops``
+# holds the same columns as tensors).
+HOP_COLUMNS = {"stage": np.int8, "src": np.int32, "dst": np.int32, "owner": np.int32, "token": np.int32,
+               "msg": np.int32, "entry": np.int8}
 
 
 @dataclass(frozen=True)
@@ -221,15 +234,11 @@ class Hops:
 
     @staticmethod
     def _fields() -> tuple[str, ...]:
-        return ("stage", "src", "dst", "owner", "token", "msg", "entry")
+        return tuple(HOP_COLUMNS)
 
     @staticmethod
     def empty() -> "Hops":
-        return Hops(
-            stage=np.zeros(0, np.int8), src=np.zeros(0, np.int32), dst=np.zeros(0, np.int32),
-            owner=np.zeros(0, np.int32), token=np.zeros(0, np.int32), msg=np.zeros(0, np.int32),
-            entry=np.zeros(0, np.int8),
-        )
+        return Hops(**{c: np.zeros(0, dtype) for c, dtype in HOP_COLUMNS.items()})
 
     @staticmethod
     def make(stage, src, dst, owner, token, msg=0, entry=-1) -> "Hops":
@@ -289,20 +298,23 @@ class LinkStats:
                          self.nvlink + other.nvlink, self.messages + other.messages, self.rows_computed)
 
 
-@dataclass(frozen=True)
-class FlowPlan:
-    """The transfers of one MoE layer: dispatch and combine hops for one routing.
+RoutingT = TypeVar("RoutingT")
+HopsT = TypeVar("HopsT")
 
-    ``row_bytes`` is the size of one row on the wire (``hidden * dtype_bytes``) in both phases.
-    ``dispatch_transport`` / ``combine_transport`` name the transports that built each phase
-    (``zepp.registry.DISPATCH_TRANSPORTS`` / ``COMBINE_TRANSPORTS``). The ``allgather`` dispatch
-    has no hop table: it delivers every token to every rank (COMET's dense all-gather, which
-    the simulator models with its own plug-in).
+
+@dataclass(frozen=True)
+class FlowPlanFields(Generic[RoutingT, HopsT]):
+    """The one field list of a FlowPlan, whichever arrays hold it (``FlowPlan``: numpy;
+    ``zepp.planner.torch.tables.TorchFlowPlan``: tensors on a device).
+
+    ``routing`` and its ``dispatch`` / ``combine`` hop tables; ``row_bytes`` is the size of one
+    row on the wire (``hidden * dtype_bytes``) in both phases; ``dispatch_transport`` /
+    ``combine_transport`` name the transports that built each phase (``zepp.planner.flows``).
     """
 
-    routing: Routing
-    dispatch: Hops
-    combine: Hops
+    routing: RoutingT
+    dispatch: HopsT
+    combine: HopsT
     gpus_per_node: int
     row_bytes: int
     dispatch_transport: str
@@ -312,6 +324,14 @@ class FlowPlan:
     def transport(self) -> str:
         """``dispatch/combine`` transport names, for messages and reports."""
         return f"{self.dispatch_transport}/{self.combine_transport}"
+
+
+@dataclass(frozen=True)
+class FlowPlan(FlowPlanFields[Routing, Hops]):
+    """The transfers of one MoE layer: dispatch and combine hops for one routing (fields:
+    ``FlowPlanFields``). The ``allgather`` dispatch has no hop table: it delivers every token to
+    every rank (COMET's dense all-gather, which the simulator models with its own plug-in).
+    """
 
     @property
     def ranks(self) -> int:
@@ -332,7 +352,9 @@ class FlowPlan:
 
     def validate(self) -> None:
         """Prove the plan delivers every entry to its computing rank and returns every entry's
-        output to its token's owner exactly once (see ``validate_flow_plan``)."""
+        output to its token's owner exactly once (``zepp.planner.validation.validate_flow_plan``)."""
+        from zepp.planner.validation import validate_flow_plan  # validation reads the transport table
+
         validate_flow_plan(self)
 
 
@@ -448,139 +470,3 @@ def nic_split(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     total = volume.sum(1, keepdims=True)
     cap = total // L + (np.arange(L)[None, :] < total % L)
     return cap, np.minimum(volume, cap)
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation
-
-
-def validate_flow_plan(plan: FlowPlan) -> None:
-    """Prove the plan's invariants, or raise ``PlanInvariantError`` naming the first violation:
-
-    - the routing itself is valid (``Routing.validate``);
-    - dispatch: every hop's source holds the row when its stage starts, and every entry's
-      computing rank holds its token at the end;
-    - combine: every hop moves something its source holds (a whole partial, or one entry's
-      output still in place), no output moves twice in a stage, and at the end every entry's
-      output sits at its token's owner, counted exactly once (outputs only move, so none is
-      duplicated or lost);
-    - ``zepp`` dispatch: each node-to-node stream's NIC loads meet the caps
-      ``floor(V/L) + [i < V mod L]``, in both phases (the pre-reduced combines mirror the split).
-
-    The ``allgather`` dispatch holds no hop table (every token reaches every rank) and is not checked.
-    """
-    routing = plan.routing
-    routing.validate()
-    x = EntryView(routing)
-    if plan.dispatch_transport != "allgather":
-        _validate_dispatch(plan.dispatch, x)
-    _validate_combine(plan.combine, x)
-    if plan.dispatch_transport == "zepp":
-        _validate_nic_caps(plan, x)
-
-
-def _held_key(rank, owner, token, x: EntryView) -> np.ndarray:
-    return (np.asarray(rank, np.int64) * x.ranks + owner) * x.T + token
-
-
-def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Membership of ``keys`` in ``sorted_keys`` (ascending, duplicates allowed)."""
-    if sorted_keys.size == 0:
-        return np.zeros(keys.shape, bool)
-    pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
-    return sorted_keys[pos] == keys
-
-
-def _validate_dispatch(hops: Hops, x: EntryView) -> None:
-    own = np.arange(x.ranks).repeat(x.T)
-    held = np.sort(_held_key(own, own, np.tile(np.arange(x.T), x.ranks), x))
-    for stage in range(hops.num_stages):
-        h = hops.select(hops.stage == stage)
-        have = _contains(held, _held_key(h.src, h.owner, h.token, x))
-        if not have.all():
-            i = np.flatnonzero(~have)[0]
-            raise PlanInvariantError(
-                f"dispatch stage {stage}: rank {h.src[i]} sends token {h.token[i]} of rank {h.owner[i]} "
-                f"to rank {h.dst[i]} before holding it")
-        held = np.sort(np.concatenate([held, _held_key(h.dst, h.owner, h.token, x)]))
-    missing = ~_contains(held, _held_key(x.comp, x.owner, x.token, x))
-    if missing.any():
-        i = np.flatnonzero(missing)[0]
-        raise PlanInvariantError(
-            f"dispatch never delivers token {x.token[i]} of rank {x.owner[i]} to rank {x.comp[i]}, "
-            f"which computes its entry {x.entry[i]}")
-
-
-def _validate_combine(hops: Hops, x: EntryView) -> None:
-    loc = x.comp.astype(np.int64).copy()  # where each entry's output sits now
-    token_id = x.owner.astype(np.int64) * x.T + x.token  # [n]
-    entry_id = token_id * x.k + x.entry
-    for stage in range(hops.num_stages):
-        h = hops.select(hops.stage == stage)
-        h_token = h.owner.astype(np.int64) * x.T + h.token
-        new_loc = loc.copy()
-        moved = np.zeros(loc.shape[0], np.int64)
-        # Hops of one entry's output.
-        single = h.entry >= 0
-        if single.any():
-            e = np.searchsorted(entry_id, h_token[single] * x.k + h.entry[single])
-            ok = loc[e] == h.src[single]
-            if not ok.all():
-                i = np.flatnonzero(single)[np.flatnonzero(~ok)[0]]
-                raise PlanInvariantError(
-                    f"combine stage {stage}: rank {h.src[i]} sends entry {h.entry[i]} of token {h.token[i]} "
-                    f"(rank {h.owner[i]}) which it does not hold")
-            np.add.at(moved, e, 1)
-            new_loc[e] = h.dst[single]
-        # Hops of whole partials: every output of the token sitting at src moves.
-        whole = ~single
-        if whole.any():
-            hop_key = h_token[whole] * x.ranks + h.src[whole]
-            sorted_hops = np.sort(hop_key)
-            if (sorted_hops[1:] == sorted_hops[:-1]).any():
-                raise PlanInvariantError(f"combine stage {stage}: a partial is sent twice by one rank")
-            at_key = token_id * x.ranks + loc
-            order = np.argsort(hop_key)
-            pos = np.searchsorted(hop_key[order], at_key)
-            pos = np.minimum(pos, hop_key.size - 1)
-            hit = hop_key[order][pos] == at_key
-            carried = np.bincount(order[pos[hit]], minlength=hop_key.size)
-            if (carried == 0).any():
-                i = np.flatnonzero(whole)[np.flatnonzero(carried == 0)[0]]
-                raise PlanInvariantError(
-                    f"combine stage {stage}: rank {h.src[i]} sends a partial of token {h.token[i]} "
-                    f"(rank {h.owner[i]}) but holds none")
-            np.add.at(moved, np.flatnonzero(hit), 1)
-            new_loc[hit] = h.dst[whole][order[pos[hit]]]
-        if (moved > 1).any():
-            i = np.flatnonzero(moved > 1)[0]
-            raise PlanInvariantError(
-                f"combine stage {stage}: the output of entry {x.entry[i]} of token {x.token[i]} "
-                f"(rank {x.owner[i]}) is sent more than once")
-        loc = new_loc
-    stray = loc != x.owner
-    if stray.any():
-        i = np.flatnonzero(stray)[0]
-        raise PlanInvariantError(
-            f"combine leaves the output of entry {x.entry[i]} of token {x.token[i]} (rank {x.owner[i]}) "
-            f"on rank {loc[i]} instead of its owner")
-
-
-def _validate_nic_caps(plan: FlowPlan, x: EntryView) -> None:
-    L, N = x.L, x.N
-    phases = [(DISPATCH, plan.dispatch)]
-    if plan.combine_transport in ("reduce", "reduce-direct"):
-        phases.append((COMBINE, plan.combine))
-    for phase, hops in phases:
-        cross = (hops.src // L) != (hops.dst // L)
-        src, dst = hops.src[cross], hops.dst[cross]
-        stream = (src // L).astype(np.int64) * N + dst // L
-        load = np.bincount(stream * L + src % L, minlength=N * N * L).reshape(N * N, L)
-        cap, _ = nic_split(load)
-        over = load > cap
-        if over.any():
-            p, i = np.argwhere(over)[0]
-            name = "dispatch" if phase == DISPATCH else "combine"
-            raise PlanInvariantError(
-                f"{name}: NIC {i} of node {p // N} carries {load[p, i]} rows to node {p % N}, "
-                f"above its cap {cap[p, i]}")

@@ -24,7 +24,7 @@ Fitted on the ``a2av`` column only (three parameters per preset)
 The fit (``fit_a2av``) minimises the squared relative error of the simulated ``a2av`` median
 over the cells given; the latency is close to affine in ``(put_c0, put_c1, 1 / nic_eff)``, so
 each round simulates every cell at four parameter points, solves the linear least-squares
-problem, and re-centres. ``benchmarks/calibrate.py`` runs it and writes
+problem, and re-centres. ``benchmarks/fit/calibrate.py`` runs it and writes
 ``benchmarks/results/calibration.{json,md}``; the values below are its output.
 
 Today's presets (``h100-8``, ``h200-8``, ``gb200-nvl72``) have no measured column to fit: their
@@ -43,7 +43,7 @@ from zepp.sim.mechanics import DEEPEP_NET, Net
 # GEMM curve and fixed costs from the figures above (same for both presets).
 HARDWARE = dict(gemm_eff_max=0.5, gemm_rows_half=64.0, nvlink_msg_cost=10e-6, kernel_launch=10e-6)
 
-# Output of benchmarks/calibrate.py (see benchmarks/results/calibration.md).
+# Output of benchmarks/fit/calibrate.py (see benchmarks/results/calibration.md).
 FITTED: dict[str, Net] = {
     "a100": Net(put_c0=47.12e-6, put_c1=1.7687e-6, nic_eff=0.75665),
     "h100": Net(put_c0=48.96e-6, put_c1=3.021e-6, nic_eff=0.86527),

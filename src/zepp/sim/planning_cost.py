@@ -18,11 +18,11 @@ The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
   rank (2.2 ms at K2 16 MB).
 
 Zepp's planner (``zepp``, ``zepp+swap``, ``zepp+granularity``: plus the per-batch choice of
-``zepp.planner.granularity``, its rounds recorded by ``benchmarks/granularity_cost.py``): counted
+``zepp.planner.granularity``, its rounds recorded by ``benchmarks/fit/granularity_cost.py``): counted
 operations times recorded per-operation costs.
 Each part of the planner (the routing, the flows of each transport pair, the swap planning)
 costs a recorded number of *rounds* of a fixed op mix (sorts, histograms, gathers, prefix sums,
-binary searches, masks over the batch's entries; ``benchmarks/planner_cost.py`` counted them),
+binary searches, masks over the batch's entries; ``benchmarks/fit/planner_cost.py`` counted them),
 and one round takes the mix's GPU time at the batch's entry count (measured on an H200; both in
 ``zepp/data/planner_cost.json``, which says where and when). The GPU time is valid over the
 whole size range: below the smallest measured size the mix costs its launch-bound floor (the
@@ -40,8 +40,6 @@ import functools
 import json
 from importlib import resources
 
-import numpy as np
-
 from zepp.errors import ZeppInputError
 
 @functools.lru_cache(maxsize=1)
@@ -52,19 +50,12 @@ def cost_data() -> dict:
 
 def gpu_opmix_seconds(entries: int, hbm_bw: float) -> float:
     """GPU time of one round of the op mix at ``entries`` on a GPU with ``hbm_bw`` bytes/s."""
+    from zepp.planner.torch.costs import measured_seconds
+
     d = cost_data()
     table = {int(k): float(v) for k, v in d["gpu_opmix"].items()}
-    n = np.array(sorted(table), float)
-    t = np.array([table[int(k)] for k in n])
-    floor = float(t[0])
-    x = float(max(entries, 0))
-    if x <= n[0]:
-        here = floor
-    elif x <= n[-1]:
-        here = float(np.interp(x, n, t))
-    else:
-        here = float(t[-1] + (x - n[-1]) * (t[-1] - t[-2]) / (n[-1] - n[-2]))
-    return floor + (here - floor) * float(d["gpu_opmix_source"]["hbm_bw"]) / hbm_bw
+    sizes = sorted(table)
+    return measured_seconds(sizes, [table[k] for k in sizes], entries, float(d["gpu_opmix_source"]["hbm_bw"]), hbm_bw)
 
 
 def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = False) -> list[str]:
@@ -88,7 +79,7 @@ def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw
             total += measured
             continue
         if part not in r:
-            raise ZeppInputError(f"no recorded planning cost for {part}; rerun benchmarks/planner_cost.py")
+            raise ZeppInputError(f"no recorded planning cost for {part}; rerun benchmarks/fit/planner_cost.py")
         total += r[part] * gpu_opmix_seconds(entries, hbm_bw)
     return total
 
@@ -98,7 +89,7 @@ def zepp_rounds(dispatch: str, combine: str, swaps: bool) -> float:
     r = cost_data()["rounds"]
     key = f"flows:{dispatch}/{combine}"
     if key not in r:
-        raise ZeppInputError(f"no recorded planning cost for flows {dispatch}/{combine}; rerun benchmarks/planner_cost.py")
+        raise ZeppInputError(f"no recorded planning cost for flows {dispatch}/{combine}; rerun benchmarks/fit/planner_cost.py")
     return r["route:zepp"] + r[key] + (r["swap"] if swaps else 0.0)
 
 

@@ -8,7 +8,7 @@ these two *skew profiles* adapted to its expert count and top-k (:func:`adapt_pa
 profile is chosen by the user or by :func:`default_profile` and named in the traces' source),
 and :func:`synthetic_history` makes a multi-layer history from them.
 
-The model (fitted by :func:`fit_synth`, refitted by ``benchmarks/fit_synth.py``):
+The model (fitted by :func:`fit_synth`, refitted by ``benchmarks/fit/fit_synth.py``):
 
 - Tokens come in ``C`` latent *types* (mixture components). A type ``z`` has expert logits
   ``L[z, :]`` shared by both windows; it carries *which experts a token picks together*.

@@ -5,10 +5,10 @@
 milliseconds for the whole cluster's plan of one batch of ``entries`` (``R*T*k``) entries:
 ``records`` are CPU runs (never device figures), ``device_records`` GPU runs (CUDA-graph replays
 where ``cuda_graph`` is true). ``device_part_seconds`` turns the device records into a time for
-any batch size, with the op-mix model's rules (``zepp.sim.planning.gpu_opmix_seconds``): the
+any batch size, with the op-mix model's rules (``zepp.sim.planning_cost.gpu_opmix_seconds``): the
 smallest measured time below the smallest measured size (launch-bound floor), linear between
-measured sizes, the last slope above; the part above the floor scaled by the HBM bandwidth of the
-recorded GPU over the target's. It returns ``None`` where no device figure exists, so a caller
+measured sizes, the last non-falling slope above; the part above the floor scaled by the HBM bandwidth
+of the recorded GPU over the target's (``measured_seconds``, which the op-mix model uses too). It returns ``None`` where no device figure exists, so a caller
 keeps the op-mix conversion there.
 """
 
@@ -41,8 +41,26 @@ def device_part_seconds(part: str, entries: int, hbm_bw: float | None = None, *,
     rec = recs[0]
     pts = sorted((int(row["entries"]), float(row["parts_ms"][part]) * 1e-3) for row in rec["rows"]
                  if part in row.get("parts_ms", {}))
-    n = np.array([p[0] for p in pts], float)
-    t = np.array([p[1] for p in pts], float)
+    return measured_seconds([p[0] for p in pts], [p[1] for p in pts], entries, rec.get("hbm_bw"), hbm_bw)
+
+
+def measured_seconds(sizes, seconds, entries: int, recorded_bw: float | None = None,
+                     target_bw: float | None = None) -> float:
+    """Seconds of a planner part at ``entries`` from its measured ``seconds [m]`` at ascending
+    batch ``sizes [m]`` (entries), on a GPU of ``target_bw`` HBM bytes/s when measured on one of
+    ``recorded_bw`` (either ``None``: no scaling). The one interpolation of the planner's cost
+    records (the op mix of ``zepp.sim.planning_cost`` and the device records here):
+
+    - below the smallest size, the smallest time (the launch-bound floor);
+    - between sizes, linear in the entries;
+    - above the largest, along the last measured slope, never a falling one (a negative last
+      slope, measurement noise, would predict shorter times for larger batches); from a single
+      size, in proportion to the entries;
+    - the part above the floor scaled by ``recorded_bw / target_bw`` (the floor is kernel
+      launches and one host synchronisation, the same on any GPU).
+    """
+    n = np.asarray(sizes, float)
+    t = np.asarray(seconds, float)
     floor = float(t[0])
     x = float(max(entries, 0))
     if x <= n[0]:
@@ -53,7 +71,6 @@ def device_part_seconds(part: str, entries: int, hbm_bw: float | None = None, *,
         here = float(t[-1] + (x - n[-1]) * max(t[-1] - t[-2], 0.0) / (n[-1] - n[-2]))
     else:  # one measured size: grow in proportion to the entries above it
         here = float(t[-1] * x / n[-1])
-    scale = 1.0
-    if hbm_bw and rec.get("hbm_bw"):
-        scale = float(rec["hbm_bw"]) / float(hbm_bw)
-    return floor + (here - floor) * scale
+    if not (recorded_bw and target_bw):
+        return floor + (here - floor)
+    return floor + (here - floor) * float(recorded_bw) / target_bw

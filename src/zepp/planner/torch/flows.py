@@ -25,10 +25,6 @@ from zepp.planner.flows import check_transports as numpy_check_transports
 from zepp.planner.torch._ops import I64, arange, counts, first_in_row, position_in_group
 from zepp.planner.torch.tables import HopParts, TorchFlowPlan, TorchRouting
 
-TORCH_DISPATCH = ("a2av", "dedup", "relay", "zepp", "allgather")
-TORCH_COMBINE = ("a2av", "dedup", "reduce", "reduce-direct")
-_GATEWAYED = ("relay", "zepp")  # dispatches with gateways (zepp.planner.flows), where the reducing combines land
-
 
 def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
     """Validate a (dispatch, combine) pair as ``zepp.planner.flows`` does; ``None`` takes the natural
@@ -86,27 +82,37 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
     dispatch, combine = check_transports(dispatch, combine)
     exact = default_sync(routing.slot) if sync is None else bool(sync)
     x = Grid(routing)
-    rr = None
     d = HopParts(x.device)
-    if dispatch == "a2av":
-        away = x.valid_b & (x.comp_b != x.owner)
-        d.add(away, 0, x.owner, x.comp_b, x.owner, x.token)
-    elif dispatch == "dedup":
-        away = x.tc & (x.comp != x.owner)
-        d.add(away, 0, x.owner, x.comp, x.owner, x.token)
-    elif dispatch in _GATEWAYED:
-        rr = _relay_rows(x) if dispatch == "relay" else _zepp_rows(x, coalesce)
-        _gatewayed_dispatch(d, x, rr)
+    rr = _TORCH_DISPATCHES[dispatch](d, x, coalesce)
     c = HopParts(x.device)
-    if combine == "a2av":
-        away = x.valid_b & (x.comp_b != x.owner)
-        c.add(away, 0, x.comp_b, x.owner, x.owner, x.token, entry=x.entry)
-    elif combine == "dedup":
-        away = x.tc & (x.comp != x.owner)
-        c.add(away, 0, x.comp, x.owner, x.owner, x.token)
-    else:
-        _reduce_combine(c, x, rr, direct=combine == "reduce-direct")
+    _TORCH_COMBINES[combine](c, x, rr)
     return TorchFlowPlan(routing, d.pack(exact), c.pack(exact), x.L, int(row_bytes), dispatch, combine)
+
+
+# ------------------------------------------------------------------------------------ direct transports
+
+
+def _a2av_dispatch(d: HopParts, x: Grid, coalesce: bool) -> None:
+    d.add(x.valid_b & (x.comp_b != x.owner), 0, x.owner, x.comp_b, x.owner, x.token)
+
+
+def _dedup_dispatch(d: HopParts, x: Grid, coalesce: bool) -> None:
+    d.add(x.tc & (x.comp != x.owner), 0, x.owner, x.comp, x.owner, x.token)
+
+
+def _allgather_dispatch(d: HopParts, x: Grid, coalesce: bool) -> None:
+    """No hop table (COMET's dense all-gather)."""
+
+
+def _a2av_combine(c: HopParts, x: Grid, rr) -> None:
+    c.add(x.valid_b & (x.comp_b != x.owner), 0, x.comp_b, x.owner, x.owner, x.token, entry=x.entry)
+
+
+def _dedup_combine(c: HopParts, x: Grid, rr) -> None:
+    c.add(x.tc & (x.comp != x.owner), 0, x.comp, x.owner, x.owner, x.token)
+
+
+# ------------------------------------------------------------------------------------ gatewayed transports
 
 
 class _RemoteRows:
@@ -164,6 +170,18 @@ def _zepp_rows(x: Grid, coalesce: bool) -> _RemoteRows:
     return _RemoteRows(x, mask, carrier_local, msg, donated)
 
 
+def _relay_dispatch(d: HopParts, x: Grid, coalesce: bool) -> _RemoteRows:
+    rr = _relay_rows(x)
+    _gatewayed_dispatch(d, x, rr)
+    return rr
+
+
+def _zepp_dispatch(d: HopParts, x: Grid, coalesce: bool) -> _RemoteRows:
+    rr = _zepp_rows(x, coalesce)
+    _gatewayed_dispatch(d, x, rr)
+    return rr
+
+
 def _gatewayed_dispatch(d: HopParts, x: Grid, rr: _RemoteRows) -> None:
     d.add(x.same_node, 0, x.owner, x.comp, x.owner, x.token)
     d.add(rr.donated, 0, x.owner, rr.carrier, x.owner, x.token, msg=rr.msg)
@@ -187,3 +205,20 @@ def _reduce_combine(c: HopParts, x: Grid, rr: _RemoteRows, direct: bool) -> None
     landed = counts(torch.where(need, g * L + rr.carrier_local, x.G * L).reshape(-1), x.G * L).reshape(x.G, L) > 0
     local = arange(L, x.device)[None, :]
     c.add(landed, 2, x.onode * L + local, x.owner, x.owner, x.token)
+
+
+def _reduce(c: HopParts, x: Grid, rr: _RemoteRows) -> None:
+    _reduce_combine(c, x, rr, direct=False)
+
+
+def _reduce_direct(c: HopParts, x: Grid, rr: _RemoteRows) -> None:
+    _reduce_combine(c, x, rr, direct=True)
+
+
+# The torch builders of ``zepp.planner.flows``' transports, by name: a dispatch adds its hop groups
+# to a ``HopParts`` and returns its union rows (gatewayed) or None; a combine adds its groups.
+_TORCH_DISPATCHES = {"a2av": _a2av_dispatch, "dedup": _dedup_dispatch, "relay": _relay_dispatch,
+                     "zepp": _zepp_dispatch, "allgather": _allgather_dispatch}
+_TORCH_COMBINES = {"a2av": _a2av_combine, "dedup": _dedup_combine, "reduce": _reduce, "reduce-direct": _reduce_direct}
+TORCH_DISPATCH = tuple(_TORCH_DISPATCHES)
+TORCH_COMBINE = tuple(_TORCH_COMBINES)

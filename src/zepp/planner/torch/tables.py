@@ -15,18 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zepp.planner.types import FlowPlan, Hops, PlanInvariantError, Placement, Routing
+from zepp.planner.types import HOP_COLUMNS, FlowPlan, FlowPlanFields, Hops, PlanInvariantError, Placement, Routing
 
 
 class IncompletePlan(PlanInvariantError):
     """A water-fill run with fewer sweeps than its bound left entries unplaced: re-plan with
     the default ``sweeps=None``."""
 
-_COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
-_NP_DTYPES = {"stage": np.int8, "src": np.int32, "dst": np.int32, "owner": np.int32, "token": np.int32,
-              "msg": np.int32, "entry": np.int8}
-_T_DTYPES = {"stage": torch.int8, "src": torch.int32, "dst": torch.int32, "owner": torch.int32,
-             "token": torch.int32, "msg": torch.int32, "entry": torch.int8}
+
+_COLS = tuple(HOP_COLUMNS)
+_NP_DTYPES = HOP_COLUMNS
+_T_DTYPES = {c: {np.int8: torch.int8, np.int32: torch.int32}[dtype] for c, dtype in HOP_COLUMNS.items()}
 
 
 @dataclass(frozen=True)
@@ -182,21 +181,10 @@ class HopParts:
 
 
 @dataclass(frozen=True)
-class TorchFlowPlan:
-    """A FlowPlan with device hop tables: ``dispatch``/``combine`` ``TorchHops`` of ``routing``.
-    ``to_numpy()`` gives the numpy planner's ``zepp.planner.types.FlowPlan`` (two host reads: the counts)."""
-
-    routing: TorchRouting
-    dispatch: TorchHops
-    combine: TorchHops
-    gpus_per_node: int
-    row_bytes: int
-    dispatch_transport: str
-    combine_transport: str
-
-    @property
-    def transport(self) -> str:
-        return f"{self.dispatch_transport}/{self.combine_transport}"
+class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
+    """A FlowPlan with device hop tables: ``dispatch``/``combine`` ``TorchHops`` of ``routing``
+    (fields: ``zepp.planner.types.FlowPlanFields``). ``to_numpy()`` gives the numpy planner's
+    ``zepp.planner.types.FlowPlan`` (two host reads: the counts)."""
 
     def sizes(self) -> tuple[int, int, int]:
         """``(dispatch hops, combine hops, unplaced entries)`` in one device-to-host read."""

@@ -5,7 +5,7 @@ count them. The reader streams the file in chunks of whole lines (``CHUNK_BYTES`
 each chunk with vectorised numpy over its bytes (no Python loop per line or token), so its
 memory is the ids it returns (4 bytes per id, about 0.9x the file size for 3-digit ids, written
 into one buffer that is shrunk in place at the end) plus about 15x one chunk, and a 200 MB file reads in seconds
-(``benchmarks/results/trace_reader.md``).
+(``benchmarks/results/place_trace_reader.md``).
 
 Strict values: every token must be an integer of at most 10 digits with an optional sign;
 ids are checked against ``[0, num_experts)`` (or, without ``num_experts``, against the

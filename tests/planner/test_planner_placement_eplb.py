@@ -1,17 +1,18 @@
-"""The re-implementation of DeepSeek EPLB (PAPER.md section 6) and the ``eplb`` placement."""
+"""DeepSeek EPLB's ``rebalance_experts`` (re-implemented, PAPER.md section 6) and the placements
+built on it: ``eplb`` (its global policy on the summed history) and ``eplb-distinct``."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from planner_cases import SETTINGS, gpu_duplicates
 from zepp.errors import ZeppInputError
-from zepp.planner.placement import place_eplb, rebalance_experts
-
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from zepp.planner.placement import place_eplb, place_eplb_distinct, rebalance_experts
+from zepp.planner.placement.eplb_placement import pack_distinct
 
 README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
                  [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
@@ -121,16 +122,36 @@ def test_rebalance_errors():
         rebalance_experts(torch.ones(8), 8, 1, 1, 2)
 
 
-def test_place_eplb_is_global_policy_and_shows_flaw():
-    hist = np.array([[50, 1, 1, 0], [50, 0, 0, 1]])  # summed load [100, 1, 1, 1]
-    p = place_eplb(hist, ranks=2, gpus_per_node=1, extra=2)
+# --------------------------------------------------------------------------- eplb and eplb-distinct
+
+# summed load [100, 1, 1, 1] on 2 GPUs x 4 slots: the global policy's hand case above (its flaw)
+FLAW_HIST = np.array([[50, 1, 1, 0], [50, 0, 0, 1]])
+
+
+def test_place_eplb_is_rebalance_global_policy():
+    # the hand case: physical slot p is local slot p % S of rank p // S, flaw included
+    p = place_eplb(FLAW_HIST, ranks=2, gpus_per_node=1, extra=2)
     assert p.slot_expert.tolist() == [[0, 0, 0, 3], [0, 0, 1, 2]]
     assert p.replica_count.tolist() == [5, 1, 1, 1]
-
-
-def test_place_eplb_matches_rebalance_on_random_history():
     rng = np.random.default_rng(3)
     hist = (rng.pareto(1.0, size=(4, 32)) * 10).astype(np.int64)
     p = place_eplb(hist, ranks=8, gpus_per_node=2, extra=2)
     phy2log, _, _ = rebalance_experts(torch.from_numpy(hist.sum(0))[None].float(), 48, 1, 1, 8)
     assert p.slot_expert.ravel().tolist() == phy2log[0].tolist()
+
+
+def test_eplb_distinct_avoids_eplb_flaw():
+    p = place_eplb_distinct(FLAW_HIST, ranks=2, gpus_per_node=1, extra=2)
+    assert gpu_duplicates(p) == 1
+    # expert 0 stops at one replica per GPU; the other spares go to experts 1, 2, 3
+    assert p.replica_count.tolist() == [2, 2, 2, 2]
+    assert (p.slot_expert >= 0).all()
+
+
+def test_pack_distinct_repair_move():
+    # lightest-first: A(10) -> bin 0; B(4), C(3), D(2) -> bin 1 (full); X -> bin 0; the second X
+    # is stuck (bin 0 holds X). Repair: bin 1's lightest replica whose expert bin 0 lacks (D)
+    # moves to bin 0 and X takes its slot.
+    load = np.array([10, 4, 3, 2, 2], dtype=np.float32)
+    out = pack_distinct(load, np.array([1, 1, 1, 1, 2]), bins=2, per_bin=3)
+    assert out.tolist() == [[0, 4, 3], [1, 2, 4]]

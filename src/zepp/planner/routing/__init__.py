@@ -1,0 +1,72 @@
+"""Routing: which replica serves each entry of a batch.
+
+The model's expert choices never change; routing only picks, per entry, one slot holding a
+replica of the entry's expert. ``ROUTINGS`` below names the choices with their one-line meanings
+(the registry's and ``zepp systems``' table); ``route`` runs one by name. One module per family:
+``simple_routing`` (``home``, ``replica-rr``, ``locality``, ``fixed``, ``dynamic``, ``random``:
+a replica from the placement alone), ``zepp_routing`` and ``zepp_vacate`` (Zepp's water-fill
+and vacate pass), ``moonep_routing`` (MoonEP's per-batch balance, with its own placement);
+``base_routing`` holds the batch check and what they share.
+
+An id of ``-1`` is a missing entry (padding); it gets slot ``-1`` and counts for no load. All
+choices are vectorised numpy over entries; loops run over ranks, replicas or rounds only.
+Integer arithmetic throughout, so every rank computes the same routing bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from zepp.errors import ZeppInputError
+from zepp.planner.routing.base_routing import check_batch, entry_hash, position_in_group
+from zepp.planner.routing.moonep_routing import moonep_plan, route_moonep
+from zepp.planner.routing.simple_routing import (route_dynamic, route_fixed, route_home, route_locality, route_random,
+                                                 route_replica_rr)
+from zepp.planner.routing.zepp_routing import route_zepp
+from zepp.planner.types import Placement, Routing
+
+__all__ = ["ROUTINGS", "ROUTING_NAMES", "route", "check_batch", "position_in_group", "entry_hash", "moonep_plan"]
+
+
+class _Choice(NamedTuple):
+    """One routing: ``route(topk_ids [R, T, k] int32 (checked), placement, relaxation,
+    vacate_rounds) -> Routing`` and its one-line meaning."""
+
+    route: Callable[[np.ndarray, Placement, float, int], Routing]
+    meaning: str
+
+
+_CHOICES = {
+    "home": _Choice(route_home, "replica 0 of each expert (its first slot)"),
+    "replica-rr": _Choice(route_replica_rr,
+                          "an expert's entries go to its replicas in turn (EPLB, TensorRT-LLM round-robin)"),
+    "locality": _Choice(route_locality, "SGLang static: a fixed replica per source GPU, on the source GPU if any, "
+                                        "else on its node, else any"),
+    "fixed": _Choice(route_fixed, "EPIC: all of a source's entries of an expert go to replica (source rank mod "
+                                  "replica count)"),
+    "dynamic": _Choice(route_dynamic, "SGLang dynamic: per token, a replica on the source GPU, else on its node, "
+                                      "else a hashed one"),
+    "random": _Choice(route_random, "vLLM: a pseudo-random replica per entry (integer hash, the same on every rank)"),
+    "zepp": _Choice(route_zepp, "rotation water-fill under relaxed replica-load bounds, then the vacate pass "
+                                "(PAPER.md 2.2)"),
+    "moonep": _Choice(route_moonep, "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots"),
+}
+
+ROUTINGS: dict[str, str] = {name: c.meaning for name, c in _CHOICES.items()}
+ROUTING_NAMES = tuple(ROUTINGS)
+
+
+def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: float = 0.25,
+          vacate_rounds: int = 3) -> Routing:
+    """Route a batch ``topk_ids [R, T, k]`` onto ``placement`` with routing choice ``name``.
+
+    ``relaxation`` (C) only matters for ``zepp``; its Routing carries C so ``validate()`` checks
+    the replica-load bounds ``[floor((1-C) q), ceil((1+C) q)]``. ``vacate_rounds``: rounds of
+    Zepp's vacate pass.
+    """
+    choice = _CHOICES.get(name)
+    if choice is None:
+        raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTING_NAMES)}")
+    return choice.route(check_batch(topk_ids, placement), placement, relaxation, vacate_rounds)

@@ -1,0 +1,179 @@
+"""``zepp``: rotation water-fill under relaxed replica-load bounds, then the vacate pass that cuts
+the number of distinct remote nodes per token (PAPER.md section 2.2; the pass is
+``zepp_vacate``).
+
+The water-fill is vectorised numpy over ``[R, M, C]`` arrays (``M`` experts with several replicas,
+``C`` the most replicas of any expert): loops run over sweeps and visit steps only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zepp.planner.routing.base_routing import slot_routing
+from zepp.planner.routing.zepp_vacate import vacate
+from zepp.planner.types import Placement, PlanInvariantError, Routing, expert_load_bounds
+
+
+def route_zepp(topk_ids: np.ndarray, placement: Placement, relaxation: float, vacate_rounds: int) -> Routing:
+    """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the Routing carries C so
+    ``validate()`` checks the replica-load bounds ``[floor((1-C) q), ceil((1+C) q)]``."""
+    slot = water_fill(topk_ids, placement, relaxation)
+    slot = vacate(topk_ids, slot, placement, relaxation, vacate_rounds)
+    return slot_routing(topk_ids, slot, placement, relaxation)
+
+
+def water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> np.ndarray:
+    """Rotation water-fill. Returns ``slot [R, T, k]``.
+
+    Per expert with several replicas, every source rank visits the replicas in its rotation order
+    (own GPU, the other GPUs of its node, then remote nodes in rotation) and at each visit assigns
+    as much of its remaining demand as the replica's upper bound allows, while keeping enough
+    unassigned demand to lift every replica to its lower bound. All sources take their ``v``-th
+    visit together (a step), and where several reach one replica in a step, lower ranks are served
+    first (prefix sums); so a plan is a few vectorised steps over ``[R, M, C]`` arrays, not a loop
+    over ranks, and maps onto a GPU as a handful of kernels.
+
+    Invariant kept by every step: unassigned demand >= the summed lower-bound deficits, and no
+    replica exceeds its upper bound. Each sweep over the ``C`` visit steps places demand while any
+    remains (a deficit is always reachable), so the sweeps end with everything placed.
+    """
+    slot = placement.replicas[np.maximum(topk_ids, 0), 0].astype(np.int32)  # experts with one replica: done
+    multi = np.flatnonzero(placement.replica_count.astype(np.int64) > 1)
+    if multi.size == 0:
+        return slot
+    fill = _WaterFill(topk_ids, placement, relaxation, multi)
+    fill.run()
+    return _entries_to_replicas(topk_ids, slot, placement, multi, fill.assigned)
+
+
+def visit_order(placement: Placement, multi: np.ndarray) -> np.ndarray:
+    """``[R, M, C]`` replica index (into ``placement.replicas[multi]``) of each source rank's v-th
+    visit to each expert of ``multi [M]``: own GPU, then the other GPUs of the node, then remote
+    nodes in rotation (n+1, n+2, ...), inside a node by local index rotated from the source's;
+    padding replicas last."""
+    ranks, L, S = placement.ranks, placement.gpus_per_node, placement.slots_per_rank
+    reps = placement.replicas[multi]  # [M, C] global slots, -1 padded
+    valid = reps >= 0
+    r = np.arange(ranks)[:, None]
+    q = np.arange(ranks)[None, :]
+    priority = ((q // L - r // L) % (ranks // L)) * L + (q % L - r % L) % L  # [R, R], 0 = visited first
+    big = np.iinfo(np.int64).max // 4
+    priority = np.where(valid[None], priority[:, np.where(valid, reps // S, 0)], big)
+    return np.argsort(priority, axis=2, kind="stable")
+
+
+class _WaterFill:
+    """The sweeps' state over the experts ``multi [M]`` with several replicas.
+
+    ``multi [M]``: the experts; ``remaining [R, M]``: demand of each source not placed yet; ``assigned [R, M, C]``: placed per
+    source and replica; ``load [M, C]`` per replica; ``unassigned [M]`` per expert; bounds
+    ``lower`` / ``upper [M]``; ``visit [R, M, C]`` (``visit_order``); ``valid [M, C]``.
+    """
+
+    def __init__(self, topk_ids: np.ndarray, placement: Placement, relaxation: float, multi: np.ndarray):
+        self.multi = multi
+        self.remaining = _rank_demand(topk_ids, placement.num_experts)[:, multi]  # [R, M]
+        total = self.remaining.sum(0)
+        self.lower, self.upper = expert_load_bounds(total, placement.replica_count.astype(np.int64)[multi], relaxation)
+        self.valid = placement.replicas[multi] >= 0
+        M, cmax = self.valid.shape
+        self.cmax = cmax
+        self.visit = visit_order(placement, multi)
+        self.load = np.zeros((M, cmax), np.int64)
+        self.unassigned = total.copy()
+        self.assigned = np.zeros((placement.ranks, M, cmax), np.int64)
+        self.experts = np.arange(M)[None, :]
+
+    def run(self) -> None:
+        """Sweeps of ``C`` visit steps until every entry is placed (``4C + 4`` sweeps at most)."""
+        for _ in range(4 * self.cmax + 4):  # sweeps; each one places demand while any remains
+            if not self.remaining.any():
+                break
+            for v in range(self.cmax):
+                if not self.remaining.any():
+                    break
+                self.step(self.visit[:, :, v])
+        if self.remaining.any():  # cannot happen while the bounds are consistent; kept as a proof point
+            r, m = np.argwhere(self.remaining)[0]
+            raise PlanInvariantError(f"water-fill left demand of expert {self.multi[m]} on rank {r} unplaced")
+
+    def step(self, target: np.ndarray) -> None:
+        """Every source assigns what it may to replica ``target [R, M]`` of each expert."""
+        experts, valid, load = self.experts, self.valid, self.load
+        want = np.where(valid[experts, target], self.remaining, 0)
+        held = load[experts, target]
+        deficit = np.where(valid, np.maximum(self.lower[:, None] - load, 0), 0)  # [M, C]
+        # Upper bound: sources reaching one replica are served in rank order.
+        rank_order = _RankOrder(target)
+        take = np.minimum(want, np.maximum(self.upper[None, :] - held - rank_order.before(want), 0))
+        # Filling a lower-bound deficit is always allowed; the rest spends the expert's slack
+        # (unassigned - deficits), again in rank order.
+        to_deficit = np.clip(deficit[experts, target] - rank_order.before(take), 0, take)
+        surplus = take - to_deficit
+        slack = self.unassigned - deficit.sum(1)
+        take = to_deficit + np.clip(slack[None, :] - (np.cumsum(surplus, axis=0) - surplus), 0, surplus)
+        placed = np.zeros(self.assigned.shape, np.int64)
+        np.put_along_axis(placed, target[:, :, None], take[:, :, None], axis=2)
+        self.assigned += placed
+        self.load += placed.sum(0)
+        self.remaining -= take
+        self.unassigned -= take.sum(0)
+
+
+class _RankOrder:
+    """Per expert, the sources of a step grouped by the replica they reach, in rank order.
+
+    ``target [R, M]``: replica index each source reaches for each expert. ``before(amount)``
+    gives, per (rank, expert), the sum of ``amount [R, M]`` over lower ranks that reach the same
+    replica of the same expert (an exclusive segmented prefix sum down each expert's column).
+    """
+
+    def __init__(self, target: np.ndarray):
+        self.order = np.argsort(target, axis=0, kind="stable")  # [R, M], grouped by replica, ranks ascending
+        grouped = np.take_along_axis(target, self.order, axis=0)
+        first = np.ones(target.shape, bool)
+        first[1:] = grouped[1:] != grouped[:-1]
+        rows = np.arange(target.shape[0])[:, None]
+        self.start = np.maximum.accumulate(np.where(first, rows, 0), axis=0)  # row where each group starts
+
+    def before(self, amount: np.ndarray) -> np.ndarray:
+        grouped = np.take_along_axis(amount, self.order, axis=0)
+        exclusive = np.cumsum(grouped, axis=0) - grouped
+        exclusive -= np.take_along_axis(exclusive, self.start, axis=0)
+        out = np.empty_like(exclusive)
+        np.put_along_axis(out, self.order, exclusive, axis=0)
+        return out
+
+
+def _entries_to_replicas(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, multi: np.ndarray,
+                         assigned: np.ndarray) -> np.ndarray:
+    """``slot [R, T, k]`` with the entries of the experts ``multi [M]`` on their replicas:
+    entries of (rank r, expert e), in batch order, fill r's ``assigned [R, M, C]`` in replica
+    order. Sorted by group (a stable radix sort), the replica indices are each group's counts
+    laid end to end."""
+    ranks, E = placement.ranks, placement.num_experts
+    reps = placement.replicas[multi]
+    cmax = reps.shape[1]
+    flat = topk_ids.reshape(ranks, -1)
+    multi_index = np.full(E + 1, -1, np.int64)  # index E: missing entries (id -1)
+    multi_index[multi] = np.arange(multi.size)
+    where = np.flatnonzero(multi_index[flat.ravel()] >= 0)
+    rr, pos_in_rank = where // flat.shape[1], where % flat.shape[1]
+    mi = multi_index[flat.ravel()[where]]
+    groups = ranks * multi.size
+    group = rr * multi.size + mi
+    order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
+    rep_idx = np.empty(group.size, np.int64)
+    rep_idx[order] = np.repeat(np.tile(np.arange(cmax), groups), assigned.reshape(-1))
+    out = slot.reshape(ranks, -1)
+    out[rr, pos_in_rank] = reps[mi, rep_idx]
+    return out.reshape(topk_ids.shape)
+
+
+def _rank_demand(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """Entries per (rank, expert), missing entries left out: ``[R, T, k]`` -> ``[R, E]`` int64."""
+    r = topk_ids.shape[0]
+    key = (np.arange(r, dtype=np.int64)[:, None, None] * (num_experts + 1) + np.where(topk_ids >= 0, topk_ids,
+                                                                                    num_experts)).ravel()
+    return np.bincount(key, minlength=r * (num_experts + 1)).reshape(r, num_experts + 1)[:, :num_experts]
