@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import sys
 
 import numpy as np
 
@@ -147,7 +148,10 @@ def _cupy_planner() -> dict:
 
     rng = np.random.default_rng(0)
     cases = []
-    saved = (zepp.planner.routing.np, zepp.planner.flows.np, zepp.planner.types.np)
+    # every numpy-planner module that holds ``np`` (the packages' submodules included, torch/ excluded)
+    modules = [m for n, m in sorted(sys.modules.items())
+               if n.startswith("zepp.planner.") and not n.startswith("zepp.planner.torch") and hasattr(m, "np")]
+    saved = [m.np for m in modules]
     for R, T, E in PLANNER_CASES:
         topk = _batch(rng, R, T, E)
         N = R // 4
@@ -160,7 +164,8 @@ def _cupy_planner() -> dict:
         zepp.planner.flows.build_flows(r, "zepp", 7168 * 2)
         case["numpy_s"] = time.perf_counter() - t
         try:
-            zepp.planner.routing.np = zepp.planner.flows.np = zepp.planner.types.np = cupy
+            for m in modules:
+                m.np = cupy
             for f_ in ("slot_expert", "replicas", "replica_count"):
                 object.__setattr__(placement, f_, cupy.asarray(getattr(placement, f_)))
             times = []
@@ -175,7 +180,8 @@ def _cupy_planner() -> dict:
         except Exception as e:  # report, do not fail: this is a best-effort extra
             case["cupy_error"] = f"{type(e).__name__}: {e}"[:300]
         finally:
-            zepp.planner.routing.np, zepp.planner.flows.np, zepp.planner.types.np = saved
+            for m, old in zip(modules, saved):
+                m.np = old
         print(case, flush=True)
         cases.append(case)
     return {"cases": cases}
