@@ -152,3 +152,22 @@ def test_old_readme_import_paths_resolve_to_the_new_modules():
     assert zepp.flows.build_flows is zepp.planner.build_flows
     assert zepp.torchplan.__name__ == "zepp.planner.torch"
     assert read_trace is zepp.trace.read_trace and callable(node_demand) and callable(sample_batches)
+
+
+def test_the_readme_planner_snippet_runs(tmp_path, monkeypatch):
+    """The README's "planner as a library" code, as written, on small trace files of its names."""
+    import re
+
+    import numpy as np
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"## The planner as a library\n\n```python\n(.*?)```", text, re.S).group(1)
+    rng = np.random.default_rng(0)
+    for name in ("pool.txt", "eval.txt"):  # K2-shaped rows: 8 distinct ids of 384
+        rows = np.argsort(rng.random((2000, 384)), axis=1)[:, :8]
+        (tmp_path / name).write_text("\n".join(" ".join(map(str, r)) for r in rows) + "\n")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    scope["plan"].validate()
+    assert scope["plan"].transport == "zepp/reduce"
