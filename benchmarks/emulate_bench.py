@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from zepp.emulate.topology import EmulatedCluster, availability
-from zepp.emulate.runner import run_emulated
+from zepp.emulate.launcher import run_emulated
 from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans
 from zepp.emulate.glooexec import gloo_mechanics
 from zepp.runtime.systems import SYSTEMS

@@ -34,7 +34,7 @@ from collections import Counter
 
 import numpy as np
 
-from zepp.emulate.runner import run_emulated
+from zepp.emulate.launcher import run_emulated
 from zepp.emulate.simcheck import calibrate
 from zepp.emulate.topology import EmulatedCluster, availability
 from zepp.runtime.worker import default_config

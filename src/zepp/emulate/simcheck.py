@@ -6,7 +6,7 @@ Three parts:
    traces, placement, batches, routing), recomputed outside the ranks.
 2. Calibration of the emulated cluster: links with ``zepp.emulate.linkcal`` (gloo send/recv
    between rank processes); the fixed cost of one empty ``all_to_all_single`` over all ranks
-   (``zepp.emulate.jobs.a2a_time``, 4 bytes per peer: scheduling and wake-up latency of R
+   (``zepp.emulate.a2a_jobs.a2a_time``, 4 bytes per peer: scheduling and wake-up latency of R
    processes on this machine's cores, charged once per collective beyond the per-message
    costs); expert compute with ``compute_worker`` run in *every* rank at once
    (so the CPU contention of R processes on this machine's cores is in the figure), timing the
@@ -68,10 +68,10 @@ def worker_plans(cfg: dict) -> dict:
     from dataclasses import replace
 
     from zepp.model import model_preset
+    from zepp.planner import plan_batch
     from zepp.planner.placement import make_placement
-    from zepp.runtime.dispatcher import build_plan
+    from zepp.runtime.inputs import DTYPES, load_traces
     from zepp.runtime.systems import SYSTEMS
-    from zepp.runtime.worker import DTYPES, load_traces
     from zepp.traces.sampling import node_demand, sample_batches
 
     import torch
@@ -94,8 +94,8 @@ def worker_plans(cfg: dict) -> dict:
         if sysd.swaps:
             raise ValueError(f"worker_plans: system {name!r} swaps weights between iterations; not modelled here")
         placement = make_placement(sysd.placement, hist, spec.num_experts, R, L, extra=cfg["extra"])
-        plans[name] = [build_plan(batches[it].astype(np.int64), placement, sysd.routing, cfg["relaxation"],
-                                  sysd.dispatch, row, sysd.combine) for it in range(warmup, warmup + iters)]
+        plans[name] = [plan_batch(batches[it].astype(np.int64), placement, sysd, row, cfg["relaxation"])
+                       for it in range(warmup, warmup + iters)]
     return {"spec": spec, "tokens": T, "row_bytes": row, "plans": plans}
 
 
@@ -116,7 +116,7 @@ def compute_worker(hidden: int, ffn: int, points: list, reps: int = 5, seed: int
     from zepp.runtime.experts import grouped_down, grouped_up
 
     torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
-    from zepp.runtime.worker import init_group
+    from zepp.runtime.rank_process import init_group
 
     init_group("gloo", 120.0)
     g = torch.Generator().manual_seed(seed)
@@ -171,7 +171,8 @@ def calibrate(cl, hidden: int, ffn: int, points=None, link_kwargs=None) -> dict:
     raw = cl.call("zepp.emulate.simcheck:compute_worker", {"hidden": hidden, "ffn": ffn, "points": points},
                   timeout=300)
     # the fixed cost of one all_to_all_single with (almost) nothing to move, slowest rank
-    empty = cl.call("zepp.emulate.jobs:a2a_time", {"bytes_per_peer": 4, "iters": 20, "warmup": 3}, timeout=120)[0]
+    empty = cl.call("zepp.emulate.a2a_jobs:a2a_time", {"bytes_per_peer": 4, "iters": 20, "warmup": 3},
+                    timeout=120)[0]
     import os
 
     return {"links": links.as_dict(), "cluster_fields": links.cluster_fields(), "cores": os.cpu_count(),
