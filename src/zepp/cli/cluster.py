@@ -46,6 +46,13 @@ def _reported():
         raise click.ClickException(str(exc)) from exc
 
 
+def _inventory(query, prefix: str, *args):
+    """``query(prefix, *args)`` (a ``zepp.emulate.inventory`` function) for a checked prefix."""
+    ownership.check_prefix(prefix)
+    with _reported():
+        return query(prefix, *args)
+
+
 @click.group("cluster")
 def cluster() -> None:
     """An emulated multi-node cluster in network namespaces (needs root)."""
@@ -85,9 +92,7 @@ def up(nodes, gpus_per_node, rate_mbit, delay_ms, nic_mtu, nvlink_mtu, replace, 
 @click.option("--id", "cluster_id", default=None, help="remove only the cluster with this id")
 def down_cmd(prefix, cluster_id) -> None:
     """Remove zepp's namespaces of the prefix (also leftovers of a crashed run); others stay."""
-    ownership.check_prefix(prefix)
-    with _reported():
-        res = inventory.down(prefix, cluster_id)
+    res = _inventory(inventory.down, prefix, cluster_id)
     click.echo(f"removed {len(res.removed)} namespaces" + (f": {' '.join(res.removed)}" if res.removed else ""))
     if res.skipped:
         click.echo(f"skipped {len(res.skipped)} namespaces with the prefix that zepp did not make"
@@ -99,9 +104,7 @@ def down_cmd(prefix, cluster_id) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
 def status_cmd(prefix, as_json) -> None:
     """List the namespaces, NIC addresses, shaping and byte counters, and whether it is complete."""
-    ownership.check_prefix(prefix)
-    with _reported():
-        st = inventory.status(prefix)
+    st = _inventory(inventory.status, prefix)
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return

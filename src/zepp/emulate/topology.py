@@ -52,7 +52,7 @@ Each rank process runs via ``ip netns exec zepp-n{n}r{i}`` with the caller's env
 ``rank_env`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
 ``MASTER_ADDR`` = rank 0's NIC address, ``ZEPP_STORE_FILE``, ``GLOO_SOCKET_IFNAME=nic``,
 ``ZEPP_EMULATE_PREFIX``) and ``OMP_NUM_THREADS=1`` unless given; a worker joins with
-``zepp.runtime.worker.init_group``. ``cl.spawn`` is the non-blocking form (a
+``zepp.runtime.rank_process.init_group``. ``cl.spawn`` is the non-blocking form (a
 ``zepp.launch.processes.RankGroup``); ``cl.call("module:function", kwargs)`` runs a Python
 function in every rank and returns its JSON results per rank.
 """
