@@ -19,6 +19,7 @@ such report per system when ``--system`` names several).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -189,7 +190,7 @@ def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens
     if cluster is not None:
         from zepp.emulate.launcher import generate_emulated
 
-        emulated = lambda: generate_emulated(cfg, cluster, threads=threads)  # noqa: E731
+        emulated = functools.partial(generate_emulated, cfg, cluster, threads=threads)
     rep = ranks.launch(RANK_MODULE, cfg, label="zepp generate" + (" --emulate" if emulate else ""), threads=threads,
                        env=RANK_ENV, emulated=emulated, prefix="zepp-generate-")
     _finish(cfg, rep, check, json_path)

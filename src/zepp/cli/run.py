@@ -39,6 +39,7 @@ the same as ``zepp generate``'s; the option rules shared with it are ``zepp.laun
 
 from __future__ import annotations
 
+import functools
 import json
 
 import click
@@ -198,7 +199,7 @@ def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, toke
     if cluster is not None:
         from zepp.emulate.launcher import run_emulated
 
-        emulated = lambda: run_emulated(cfg, threads=threads, cluster=cluster)  # noqa: E731
+        emulated = functools.partial(run_emulated, cfg, threads=threads, cluster=cluster)
     report = ranks.launch(RANK_MODULE, cfg, label="zepp run" + (" --emulate" if emulate else ""), threads=threads,
                           emulated=emulated)
     _finish(report, check, json_path)

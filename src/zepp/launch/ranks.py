@@ -51,8 +51,9 @@ class LocalRanks:
                 "LOCAL_WORLD_SIZE": str(self.gpus_per_node), "MASTER_ADDR": "127.0.0.1",
                 "ZEPP_STORE_FILE": store_file, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None, logdir: str = "") -> RankGroup:
-        """Start every rank (the rendezvous store and the logs live in ``logdir``, which must be given)."""
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None, *, logdir: str) -> RankGroup:
+        """Start every rank: ``argv`` each, the launcher's environment plus ``env`` plus
+        ``rank_env``; the rendezvous store and the rank logs live in ``logdir``."""
         base = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
         base.update(env or {})
         store = os.path.join(logdir, "store")
