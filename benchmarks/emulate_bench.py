@@ -6,7 +6,7 @@ For 2 nodes x 2 ranks and 4 nodes x 2 ranks at NIC rates 1000 Mbit/s (the emulat
 and 500 Mbit/s (one emulated cluster per rate and shape, ``zepp.emulate``),
 K2 and Qwen ids from the recorded traces (``--traces``, found by ``benchmarks/paths.py``;
 history = ``pool.txt``, batches from ``eval.txt``),
-the runtime (``zepp run --emulate`` path: ``zepp.emulate.runner.run_emulated``) runs a2av, eplb,
+the runtime (``zepp run --emulate`` path: ``zepp.emulate.launcher.run_emulated``) runs a2av, eplb,
 relay, zepp-overlap, zepp-sync, zepp-a2av and zepp-direct interleaved iteration by iteration (so every
 system sees the same machine load), checked against the reference. Shrunk layer (``--hidden``
 1024, ``--ffn`` 16, fp32: 4 KB rows, little compute) so the NIC, not the 2 CPU cores, is what
@@ -38,7 +38,7 @@ import numpy as np
 
 from paths import RESULTS, add_traces_option, find_traces
 from zepp.emulate.topology import EmulatedCluster, availability
-from zepp.emulate.runner import run_emulated
+from zepp.emulate.launcher import run_emulated
 from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans
 from zepp.emulate.glooexec import gloo_mechanics
 from zepp.runtime.systems import SYSTEMS

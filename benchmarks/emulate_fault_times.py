@@ -59,7 +59,7 @@ def main() -> None:
     from zepp.emulate.topology import availability
 
     if availability()[0]:
-        from zepp.emulate.runner import run_emulated
+        from zepp.emulate.launcher import run_emulated
 
         cases["emulate-nic-down"] = lambda: run_emulated(_cfg(2, 2, 6.0, None), rate_mbit=1000, prefix="zbf",
                                                          nic_fault=(2, 1))

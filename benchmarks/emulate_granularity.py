@@ -34,7 +34,7 @@ import time
 from collections import Counter
 
 from paths import RESULTS, add_traces_option, find_traces
-from zepp.emulate.runner import run_emulated
+from zepp.emulate.launcher import run_emulated
 from zepp.emulate.simcheck import calibrate
 from zepp.emulate.topology import EmulatedCluster, availability
 from zepp.runtime.worker import default_config

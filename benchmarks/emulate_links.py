@@ -44,7 +44,7 @@ def main() -> None:
             res["rates"][rate] = calibrate_links(cl, SIZES, reps=8, trials=5).as_dict()
     for rate in rates + [UNSHAPED_MBIT]:
         with EmulatedCluster(2, 2, rate_mbit=rate, prefix="zbl") as cl:
-            res["a2a"][rate] = cl.call("zepp.emulate.jobs:a2a_time",
+            res["a2a"][rate] = cl.call("zepp.emulate.a2a_jobs:a2a_time",
                                        {"bytes_per_peer": args.a2a_bytes, "iters": 10}, timeout=300)[0]
     # loopback against the NVLink veth, interleaved, since machine load moves both by 2-3x
     res["interleaved"] = {"loopback": [], "nvlink_veth": []}

@@ -36,7 +36,7 @@ def part_local(device: str = "cuda", small: bool = False) -> dict:
     from zepp.planner.types import COMBINE, DISPATCH
     from zepp.planner.routing import route
     from zepp.runtime.reference import execute_local, reference_moe
-    from zepp.runtime.worker import load_traces
+    from zepp.runtime.inputs import load_traces
     from zepp.model import model_preset
     from zepp.traces import node_demand, sample_batches
 

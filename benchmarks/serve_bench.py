@@ -114,7 +114,7 @@ def fit_skew(folder: str, qwen3: str, prompts: list[list[int]], passes: int = 3,
 
 # ----------------------------------------------------------------------------- rank
 def rank_main(path: str) -> int:
-    from zepp.runtime.worker import _is_comm_error, init_distributed
+    from zepp.runtime.rank_process import init_distributed, is_comm_error as _is_comm_error
 
     with open(path) as f:
         cfg = json.load(f)

@@ -1,4 +1,5 @@
-"""Session-wide check: the suite leaves the temp folder (``/tmp``) as it found it.
+"""Session-wide check: the suite leaves the temp folder (``/tmp``) as it found it; shared fixtures
+(``traces_dir``, ``netns_prefix``).
 
 Every temp folder zepp makes goes through ``tempfile`` (``$TMPDIR``), also in the rank and
 launcher processes the tests start (they inherit the environment). The session points
@@ -11,6 +12,7 @@ keeps them (``PYTEST_DEBUG_TEMPROOT``, the original temp folder).
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import shutil
 import tempfile
@@ -43,8 +45,9 @@ def zepp_leftovers(folder: str = SESSION_TMP) -> list[str]:
 def suite_leaves_tmp_as_it_found_it():
     yield
     left = zepp_leftovers()
-    if left:  # a killed launcher's watchdog may still be finishing; give it a moment
-        time.sleep(2.0)
+    deadline = time.monotonic() + 120
+    while left and time.monotonic() < deadline:  # a killed launcher's watchdog may still be finishing
+        time.sleep(0.2)
         left = zepp_leftovers()
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
     assert not left, f"the test suite left temp folders behind: {left}"
@@ -58,3 +61,29 @@ def traces_dir():
     if not (TRACES / "k2" / "pool.txt").is_file():
         pytest.skip(f"recorded traces not found at {TRACES} (set ZEPP_TRACES)")
     return TRACES
+
+
+_PREFIXES: set[str] = set()
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.fixture
+def netns_prefix():
+    """``make(tag) -> prefix``: a namespace prefix for an emulated cluster (``tag``: 2 letters, then
+    4 base-36 digits from this process's id) that no other test of this session has used and that
+    no cluster on this machine uses now, so two runs of the suite side by side never share one."""
+    from zepp.emulate import inventory
+    from zepp.emulate.ownership import record_path
+
+    def make(tag: str) -> str:
+        assert len(tag) == 2 and tag.isalpha() and tag.islower(), tag
+        for n in itertools.count(os.getpid() * 101):
+            digits = "".join(_DIGITS[(n // 36**i) % 36] for i in range(4))
+            prefix = tag + digits
+            if prefix in _PREFIXES or os.path.exists(record_path(prefix)) or inventory.list_namespaces(prefix):
+                continue
+            _PREFIXES.add(prefix)
+            return prefix
+        raise AssertionError("unreachable")
+
+    return make

@@ -29,7 +29,8 @@ ALLOWED = {
     "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime"},
     "interop": {"errors", "model", "cluster", "registry", "planner", "traces", "sim", "files"},
     "launch": {"errors"},
-    "emulate": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "sim", "launch"},
+    # the emulated cluster runs both executors' ranks (``zepp run`` and ``zepp generate --emulate``)
+    "emulate": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "serve", "sim", "launch"},
 }
 TOP_MODULES_MAX = 6
 FUNCTION_LINES_MAX = 80

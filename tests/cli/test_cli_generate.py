@@ -1,14 +1,13 @@
-"""zepp generate: option checks (one line, before any rank starts), the --record layout read back,
---history, --check, faults (a rank that dies or hangs ends every rank, naming it), checkpoint
-layouts and the emulated cluster."""
+"""zepp generate: the checks that need a checkpoint (one line, before any rank starts; the options
+it shares with zepp run are ``tests/launch/test_launch_options.py``), the --record layout read back,
+--history, --check, a rank that dies ending the run naming it (the launcher's failure path itself
+is ``tests/launch/test_launch_ranks.py``), checkpoint layouts and the emulated cluster. The
+command runs in this process (``zepp.cli.main``): no extra interpreter importing torch."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +15,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from zepp.errors import RankFailure, ZeppInputError  # noqa: E402
+from zepp.cli import main as zepp_main  # noqa: E402
+from zepp.errors import ZeppInputError  # noqa: E402
 from zepp.serve.tiny import make_checkpoint  # noqa: E402
 
 
@@ -33,31 +33,32 @@ def reqs(tmp_path):
     return str(p)
 
 
-def _zepp(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "zepp.cli", "generate", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def _zepp(capfd, *args) -> tuple[int, str, str]:
+    """``zepp generate ARGS`` in this process: ``(exit code, stdout, stderr)``."""
+    capfd.readouterr()
+    try:
+        zepp_main(["generate", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
 def _validate(**kw):
     from zepp.cli.generate import validate
 
     o = dict(checkpoint=None, nodes=1, gpus_per_node=2, system="a2av", input_ids=None, max_new_tokens=4,
-             json_path=None, check=False, emulate=False, rate_mbit=None, record=None, history=None, device="cpu",
-             relaxation=0.25, extra=2, timeout=30.0, threads=1, fault=None)
+             json_path=None, check=False, emulate=False, rate_mbit=None, delay_ms=0.0, record=None, history=None,
+             device="cpu", relaxation=0.25, extra=2, timeout=30.0, threads=1, emulate_prefix="zgen", fault=None)
     o.update(kw)
     return validate(o)
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(checkpoint="/nonexistent"), "is not a folder"),
-    (dict(nodes=0), "--nodes must be at least 1"),
-    (dict(system="nope"), "unknown system"),
-    (dict(system="comet"), "not supported"),
-    (dict(rate_mbit=500.0), "add --emulate"),
     (dict(gpus_per_node=3), "do not divide over 3 ranks"),
     (dict(history="/nonexistent"), "no layer_000.txt"),
-    (dict(max_new_tokens=0), "--max-new-tokens must be at least 1"),
-    (dict(device="tpu"), "--device must be"),
+    (dict(extra=9), "--extra must be an integer at least 0 and at most 8"),
 ])
 def test_bad_options_are_one_clear_error(ckpt, reqs, kw, msg):
     kw = {"checkpoint": ckpt, "input_ids": reqs, **kw}
@@ -65,7 +66,7 @@ def test_bad_options_are_one_clear_error(ckpt, reqs, kw, msg):
         _validate(**kw)
 
 
-def test_bad_input_ids(ckpt, tmp_path):
+def test_bad_input_ids(ckpt, tmp_path, capfd):
     for body, msg in (({"input_ids": [[1, 2], [500]]}, r"request 1 holds 500"), ({"ids": []}, "expected"),
                       ({"input_ids": [[]]}, "request 0 is not a non-empty list"),
                       ({"input_ids": [[1]], "max_new_tokens": [0]}, "max_new_tokens must be")):
@@ -73,17 +74,19 @@ def test_bad_input_ids(ckpt, tmp_path):
         p.write_text(json.dumps(body))
         with pytest.raises(ZeppInputError, match=msg):
             _validate(checkpoint=ckpt, input_ids=str(p))
-    r = _zepp("--checkpoint", ckpt, "--input-ids", str(tmp_path / "missing.json"))
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("zepp: error: --input-ids")
+    code, _, err = _zepp(capfd, "--checkpoint", ckpt, "--input-ids", str(tmp_path / "missing.json"))
+    assert code == 2 and err.strip().splitlines() == [f"zepp: error: --input-ids {str(tmp_path / 'missing.json')!r} "
+                                                      f"does not exist"], err
 
 
-def test_record_then_history_with_check(ckpt, reqs, tmp_path):
+def test_record_then_history_with_check(ckpt, reqs, tmp_path, capfd):
     from zepp.traces import read_load_histogram, read_trace
 
     rec, out = tmp_path / "rec", tmp_path / "out.json"
-    r = _zepp("--checkpoint", ckpt, "--nodes", "1", "--gpus-per-node", "2", "--system", "a2av", "--input-ids", reqs,
-              "--max-new-tokens", "6", "--record", str(rec), "--check", "--json", str(out))
-    assert r.returncode == 0, r.stderr
+    code, _, err = _zepp(capfd, "--checkpoint", ckpt, "--nodes", "1", "--gpus-per-node", "2", "--system", "a2av",
+                         "--input-ids", reqs, "--max-new-tokens", "6", "--record", str(rec), "--check", "--json",
+                         str(out))
+    assert code == 0, err
     rep = json.loads(out.read_text())
     assert rep["system"] == "a2av" and rep["matches_reference"] and len(rep["output_ids"]) == 5
     assert all(len(o) == 6 for o in rep["output_ids"]) and rep["prefill_tokens_per_s"] > 0
@@ -93,31 +96,27 @@ def test_record_then_history_with_check(ckpt, reqs, tmp_path):
         assert len(tr) == rows  # every live token of every step, nothing else
         assert np.array_equal(read_load_histogram(str(rec / "load.json"), layer=i),
                               np.bincount(tr.topk_ids.ravel(), minlength=8))
-    r = _zepp("--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "1", "--system", "eplb,zepp-overlap",
-              "--history", str(rec), "--input-ids", reqs, "--max-new-tokens", "6", "--check", "--json", str(out))
-    assert r.returncode == 0, r.stderr
+    code, _, err = _zepp(capfd, "--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "1", "--system",
+                         "eplb,zepp-overlap", "--history", str(rec), "--input-ids", reqs, "--max-new-tokens", "6",
+                         "--check", "--json", str(out))
+    assert code == 0, err
     rep2 = json.loads(out.read_text())
     assert rep2["systems"]["eplb"]["output_ids"] == rep["output_ids"]
     assert all(s["matches_reference"] for s in rep2["systems"].values())
 
 
-@pytest.mark.parametrize("mode", ["die", "hang"])
-def test_fault_ends_every_rank_naming_it(ckpt, reqs, mode):
-    from zepp.launch.generate import spawn_generate
-    from zepp.serve.rank import default_config
-
-    cfg = default_config()
-    cfg.update(checkpoint=ckpt, nodes=1, gpus_per_node=2, systems=["zepp-overlap"],
-               requests=[[1, 2, 3], [4, 5]], max_new=[8, 8], timeout=8.0,
-               fault={"rank": 1, "step": 3, "mode": mode})
-    t0 = time.monotonic()
-    with pytest.raises(RankFailure) as ei:
-        spawn_generate(cfg, grace=10.0)
-    assert time.monotonic() - t0 < 120
-    text = str(ei.value)
-    first = text.splitlines()[0]
-    assert first.startswith("rank 1 died (fault injection)" if mode == "die" else "rank 1 hung"), first
-    assert "; rank 0 " not in first  # the peer that only noticed the failure is not blamed
+def test_dead_rank_ends_the_run_naming_it(ckpt, reqs, capfd):
+    """A rank that dies mid-generation (exit 17): every rank ends, the command exits 3 naming it
+    and not the peer that only noticed; no rank process is left."""
+    fault = json.dumps({"rank": 1, "step": 3, "mode": "die"})
+    code, _, err = _zepp(capfd, "--checkpoint", ckpt, "--nodes", "1", "--gpus-per-node", "2", "--system",
+                         "zepp-overlap", "--input-ids", reqs, "--max-new-tokens", "8", "--timeout", "600",
+                         "--fault", fault)
+    assert code == 3, err
+    first = err.splitlines()[0]
+    assert first.startswith("zepp generate: rank 1 died (fault injection)"), first
+    assert "; rank 0 " not in first and "exit codes by rank: [3, 17]" in first, first
+    assert "zepp generate rank 0: communication failed" in err and "Timed out" not in err, err
     assert not _my_ranks()
 
 
@@ -164,21 +163,22 @@ def test_deal_balances_prompt_tokens():
 
 
 def _netns_ok():
-    try:
-        from zepp.emulate.topology import availability
+    from zepp.emulate.topology import availability
 
-        return availability()
-    except Exception as exc:  # noqa: BLE001
-        return False, str(exc)
+    return availability()
 
 
 @pytest.mark.netns
 @pytest.mark.skipif(not _netns_ok()[0], reason=f"emulated cluster unavailable: {_netns_ok()[1]}")
-def test_emulated_cluster(ckpt, reqs, tmp_path):
-    out = tmp_path / "emu.json"
-    r = _zepp("--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "1", "--system", "zepp-direct", "--emulate",
-              "--rate-mbit", "500", "--input-ids", reqs, "--max-new-tokens", "4", "--check", "--json", str(out))
-    assert r.returncode == 0, r.stderr
+def test_emulated_cluster(ckpt, reqs, tmp_path, capfd, netns_prefix):
+    from zepp.emulate import inventory
+
+    out, prefix = tmp_path / "emu.json", netns_prefix("gn")
+    code, _, err = _zepp(capfd, "--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "1", "--system",
+                         "zepp-direct", "--emulate", "--rate-mbit", "500", "--emulate-prefix", prefix, "--input-ids",
+                         reqs, "--max-new-tokens", "4", "--check", "--json", str(out))
+    assert code == 0, err
+    assert inventory.list_namespaces(prefix) == []
     rep = json.loads(out.read_text())
     assert rep["matches_reference"]
     wire = rep["wire_nic_tx_bytes"]
@@ -189,7 +189,7 @@ def test_unknown_block_parts_are_refused():
     """A MoE block with a part zepp would silently drop is refused, naming the part."""
     from torch import nn
 
-    from zepp.serve.blocks import UnsupportedBlock, find_moe_blocks
+    from zepp.serve.moe_blocks import UnsupportedBlock, find_moe_blocks
 
     class Experts(nn.Module):
         def __init__(self):

@@ -1,7 +1,8 @@
 """The emulated cluster (zepp.emulate): namespaces, routing of bytes, faults, teardown.
 
 Needs root and network namespaces; skipped with the reason elsewhere (except the test of that
-reason itself). Each test uses its own prefix so parallel sessions on one machine don't collide.
+reason itself). Each test uses its own prefix (the ``netns_prefix`` fixture) so parallel sessions
+on one machine don't collide.
 """
 
 from __future__ import annotations
@@ -40,10 +41,6 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _prefix(tag: str) -> str:
-    return f"{tag}{os.getpid() % 10000}"
-
-
 def test_unavailable_is_one_clear_message(monkeypatch):
     monkeypatch.setattr(nx, "_AVAILABLE", None)
     monkeypatch.setattr(nx.os, "geteuid", lambda: 1000)
@@ -64,15 +61,15 @@ def test_bad_shape_is_input_error():
 
 
 @needs_netns
-def test_alltoall_bytes_take_the_right_links():
+def test_alltoall_bytes_take_the_right_links(netns_prefix):
     """2 nodes x 2 ranks: values are right, remote bytes leave through each rank's own NIC,
     same-node bytes use the NVLink veth only, and nothing is left afterwards."""
-    prefix = _prefix("ta")
+    prefix = netns_prefix("ta")
     same, remote = 2 << 20, 128 << 10  # bytes per peer: same node 16x more than remote
     with EmulatedCluster(2, 2, prefix=prefix) as cl:
         assert inv.list_namespaces(prefix) == sorted([cl.netns(r) for r in range(4)] + [f"{prefix}-sw"])
         before = cl.counters()
-        out = cl.call("zepp.emulate.jobs:a2a_check", {"same_node_bytes": same, "remote_bytes": remote},
+        out = cl.call("zepp.emulate.a2a_jobs:a2a_check", {"same_node_bytes": same, "remote_bytes": remote},
                       timeout=60)
         moved = cl.counters() - before
     assert inv.list_namespaces(prefix) == []
@@ -91,23 +88,18 @@ def test_alltoall_bytes_take_the_right_links():
 
 
 @needs_netns
-@pytest.mark.parametrize("fault", ["nic-down", "kill-rank"])
-def test_fault_ends_every_rank_with_a_clear_error(fault):
-    """A node's NICs go down / a rank is killed mid-loop: every other rank ends by itself with a
-    one-line error (nothing needs killing), and the cluster is gone afterwards."""
-    prefix = _prefix("tf")
+def test_node_off_the_network_ends_every_rank_with_a_clear_error(netns_prefix):
+    """A node's NICs go down mid-loop: every rank ends by itself with a one-line error (nothing
+    needs killing), and the cluster is gone afterwards. (A rank that dies: ``test_emulate_run``.)"""
+    prefix = netns_prefix("tf")
     with EmulatedCluster(2, 2, prefix=prefix) as cl:
-        group = cl.spawn([sys.executable, "-m", "zepp.emulate.rankmain", "zepp.emulate.jobs:a2a_loop",
+        group = cl.spawn([sys.executable, "-m", "zepp.emulate.call_rank", "zepp.emulate.a2a_jobs:a2a_loop",
                           json.dumps({"seconds": 60, "timeout_s": 5}), "/nonexistent"])
         while "started" not in open(os.path.join(group.logdir, "rank0.out")).read():
             assert all(c is None for c in group.poll()), group.wait(1).describe()
             time.sleep(0.05)
-        if fault == "nic-down":
-            cl.node_nics_down(1)
-            survivors = [0, 1, 2, 3]
-        else:
-            group.kill(3)
-            survivors = [0, 1, 2]
+        cl.node_nics_down(1)
+        survivors = [0, 1, 2, 3]
         # generous grace: on a loaded machine a rank may take long to notice; the point is that
         # every rank ends by itself (none has to be killed), whatever the load
         res = group.wait(timeout=600, grace=120)
@@ -116,27 +108,23 @@ def test_fault_ends_every_rank_with_a_clear_error(fault):
     for r in survivors:
         assert res.ranks[r].returncode == 3, res.describe()
         assert f"zepp-emulate: rank {r}: collective failed" in res.ranks[r].stderr, res.describe()
-    if fault == "nic-down":
-        # the network went silent, so some rank's collective must time out; a rank whose
-        # same-node peer timed out first and exited sees that peer close its NVLink connection
-        # instead ("Connection closed by peer" naming a same-node address): that is the race the
-        # old assertion ("every survivor timed out") lost about once in 7-13 runs
-        timed_out = [r for r in survivors if "Timed out" in res.ranks[r].stderr]
-        assert timed_out, res.describe()
-        for r in survivors:
-            err = res.ranks[r].stderr
-            if r not in timed_out:
-                peers = [cl.addr(p) for p in range(4) if p // 2 == r // 2 and p != r]
-                assert "Connection closed by peer" in err and any(f"[{a}]" in err for a in peers), res.describe()
-    else:
-        assert res.ranks[3].returncode == -signal.SIGKILL
-        assert "killed by signal 9 (SIGKILL)" in res.ranks[3].why()
+    # the network went silent, so some rank's collective must time out; a rank whose same-node
+    # peer timed out first and exited sees that peer close its NVLink connection instead
+    # ("Connection closed by peer" naming a same-node address): that is the race the old
+    # assertion ("every survivor timed out") lost about once in 7-13 runs
+    timed_out = [r for r in survivors if "Timed out" in res.ranks[r].stderr]
+    assert timed_out, res.describe()
+    for r in survivors:
+        err = res.ranks[r].stderr
+        if r not in timed_out:
+            peers = [cl.addr(p) for p in range(4) if p // 2 == r // 2 and p != r]
+            assert "Connection closed by peer" in err and any(f"[{a}]" in err for a in peers), res.describe()
 
 
 @needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_tears_down(sig):
-    prefix = _prefix("ts")
+def test_signal_tears_down(sig, netns_prefix):
+    prefix = netns_prefix("ts")
     code = ("import time; from zepp.emulate import EmulatedCluster; "
             f"cl = EmulatedCluster(1, 2, prefix={prefix!r}).up(); print('up', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -153,12 +141,12 @@ def test_signal_tears_down(sig):
 
 
 @needs_netns
-def test_cli_up_status_down_and_leftovers():
+def test_cli_up_status_down_and_leftovers(netns_prefix):
     from click.testing import CliRunner
 
     from zepp.cli.cluster import cluster
 
-    prefix = _prefix("tc")
+    prefix = netns_prefix("tc")
     runner = CliRunner()
     try:
         res = runner.invoke(cluster, ["up", "--nodes", "2", "--gpus-per-node", "1", "--rate-mbit", "300",
@@ -179,8 +167,8 @@ def test_cli_up_status_down_and_leftovers():
 
 
 @needs_netns
-def test_exception_inside_context_tears_down():
-    prefix = _prefix("te")
+def test_exception_inside_context_tears_down(netns_prefix):
+    prefix = netns_prefix("te")
     with pytest.raises(ZeroDivisionError):
         with EmulatedCluster(1, 2, prefix=prefix):
             1 / 0
@@ -188,14 +176,15 @@ def test_exception_inside_context_tears_down():
 
 
 @needs_netns
-def test_link_calibration_sees_the_shaping():
+def test_link_calibration_sees_the_shaping(netns_prefix):
     """The NIC streams at the tbf rate (payload after headers: 90-101% of it); the NVLink veth is
-    at least 3x faster; figures map onto Cluster."""
+    at least 3x faster; figures map onto Cluster. The rate is low (100 Mbit/s) so that even a
+    loaded machine's CPUs move the bytes faster than the shaping lets them through."""
     from zepp.cluster import Cluster
     from zepp.emulate.linkcal import calibrate_links
 
-    rate = 400.0
-    with EmulatedCluster(2, 2, rate_mbit=rate, prefix=_prefix("tl")) as cl:
+    rate = 100.0
+    with EmulatedCluster(2, 2, rate_mbit=rate, prefix=netns_prefix("tl")) as cl:
         cal = calibrate_links(cl, sizes=(1 << 20,), reps=6, trials=2, concurrent=False, timeout=90)
     assert 0.90 * rate * 1e6 / 8 <= cal.nic_bw <= 1.01 * rate * 1e6 / 8, cal
     assert cal.nvlink_bw > 3 * cal.nic_bw, cal
@@ -205,11 +194,11 @@ def test_link_calibration_sees_the_shaping():
 
 
 @needs_netns
-def test_kill_9_of_the_launcher_leaves_nothing():
+def test_kill_9_of_the_launcher_leaves_nothing(netns_prefix):
     """The launcher is SIGKILLed while its ranks run (no handler of its own can run): its ranks
     die with it (parent-death signal), and its watchdog deletes the namespaces and the ranks'
     log folder. ``down`` finds nothing left to do."""
-    prefix = _prefix("tk")
+    prefix = netns_prefix("tk")
     code = ("import sys, time; from zepp.emulate import EmulatedCluster; "
             f"cl = EmulatedCluster(1, 2, prefix={prefix!r}).up(); "
             "g = cl.spawn(['sleep', '600']); print(g.logdir, ' '.join(str(p.pid) for p in g.procs), flush=True); "

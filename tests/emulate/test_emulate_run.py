@@ -1,14 +1,13 @@
 """``zepp run --emulate``: the runtime over an emulated 2-node cluster, its NIC counters, faults.
 
 Needs root and network namespaces (skipped with the reason otherwise). Every test uses its own
-namespace prefix, so parallel sessions on one machine do not collide, and checks that nothing
-is left behind.
+namespace prefix (the ``netns_prefix`` fixture), so parallel sessions on one machine do not
+collide, and checks that nothing is left behind.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,20 +31,16 @@ SMALL1 = ["--nodes", "2", "--gpus-per-node", "1", "--model", "k2", "--experts", 
           "--ffn", "32", "--tokens", "128"]
 
 
-def _prefix(tag: str) -> str:
-    return f"{tag}{os.getpid() % 10000}"
-
-
 def _zepp_run(args):
     return subprocess.run([sys.executable, "-m", "zepp.cli", "run", *args], capture_output=True, text=True)
 
 
 @needs_netns
-def test_one_zepp_layer_over_the_emulated_cluster(tmp_path):
+def test_one_zepp_layer_over_the_emulated_cluster(tmp_path, netns_prefix):
     """The real launcher path: one correct zepp layer; each NIC's counter carries at least the
     planner's inter-node payload of that rank and at most a small margin more (headers, ACKs,
     the barrier, the metadata all-gather); the cluster is gone afterwards."""
-    prefix = _prefix("er")
+    prefix = netns_prefix("er")
     out = tmp_path / "r.json"
     p = _zepp_run([*SMALL, "--systems", "zepp-overlap,zepp-swap", "--iters", "1", "--warmup", "0", "--check",
                    "--emulate",
@@ -71,8 +66,9 @@ def test_one_zepp_layer_over_the_emulated_cluster(tmp_path):
 
 
 @needs_netns
-def test_killed_rank_mid_layer_ends_the_run(tmp_path):
-    prefix = _prefix("ek")
+def test_killed_rank_mid_layer_ends_the_run(netns_prefix):
+    """``--emulate`` end to end when a rank dies: exit 3 naming it, the cluster torn down."""
+    prefix = netns_prefix("ek")
     fault = json.dumps({"rank": 1, "system": "zepp-overlap", "iter": 1, "mode": "die"})
     p = _zepp_run([*SMALL1, "--systems", "zepp-overlap", "--iters", "2", "--warmup", "0", "--timeout", "10",
                        "--emulate", "--emulate-prefix", prefix, "--fault", fault])
@@ -82,14 +78,14 @@ def test_killed_rank_mid_layer_ends_the_run(tmp_path):
 
 
 @needs_netns
-def test_node_off_the_network_mid_layer_ends_the_run():
+def test_node_off_the_network_mid_layer_ends_the_run(netns_prefix):
     """The NIC of node 1 goes down at the start of rank 1's second layer: every rank ends with a
     communication error (the collective timeout), the launcher raises, the cluster is gone."""
-    from zepp.emulate.runner import run_emulated
+    from zepp.emulate.launcher import run_emulated
     from zepp.errors import RankFailure
     from zepp.runtime.worker import default_config
 
-    prefix = _prefix("en")
+    prefix = netns_prefix("en")
     cfg = default_config()
     cfg.update(nodes=2, gpus_per_node=1, model="k2", experts=64, hidden=64, ffn=32, tokens=128, systems=["zepp-overlap"], iters=3,
                warmup=0, check=False, timeout=6.0)
@@ -100,24 +96,28 @@ def test_node_off_the_network_mid_layer_ends_the_run():
     assert inv.list_namespaces(prefix) == []
 
 
-def test_emulate_without_netns_is_one_clear_message(monkeypatch):
-    from click.testing import CliRunner
-
-    from zepp.cli.run import run
+@pytest.mark.parametrize("command", ["run", "generate"])
+def test_emulate_without_netns_is_one_clear_message(monkeypatch, capfd, command):
+    """Checked with the options, before any rank starts (``generate``: before the checkpoint is read)."""
+    from zepp.cli import main as zepp_main
 
     monkeypatch.setattr(nx, "_AVAILABLE", (False, "the emulated cluster needs root (network namespaces, veth, tc); "
                                                   "run as root"))
-    res = CliRunner().invoke(run, [*SMALL, "--emulate"])
-    assert res.exit_code == 2
-    assert "emulated cluster unavailable" in res.output and "root" in res.output
+    args = SMALL if command == "run" else ["--checkpoint", "/nonexistent-zepp-checkpoint", "--input-ids", "x.json"]
+    with pytest.raises(SystemExit) as info:
+        zepp_main([command, *args, "--emulate"])
+    err = capfd.readouterr().err
+    assert info.value.code == 2 and err.splitlines() == ["zepp: error: --emulate: emulated cluster unavailable: the "
+                                                         "emulated cluster needs root (network namespaces, veth, tc); "
+                                                         "run as root"], err
 
 
 @needs_netns
-def test_ctrl_c_tears_the_cluster_down():
+def test_ctrl_c_tears_the_cluster_down(netns_prefix):
     """SIGINT to ``zepp run --emulate`` mid-run: the launcher exits, no namespace and no rank is left."""
     import signal
 
-    prefix = _prefix("ec")
+    prefix = netns_prefix("ec")
     p = subprocess.Popen([sys.executable, "-m", "zepp.cli", "run", *SMALL1, "--systems", "zepp-overlap", "--iters", "100000",
                           "--emulate", "--emulate-prefix", prefix], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True,
@@ -141,6 +141,13 @@ def test_ctrl_c_tears_the_cluster_down():
             p.wait()
     assert p.returncode != 0
     assert inv.list_namespaces(prefix) == []
-    time.sleep(0.5)
-    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
-                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")]
+    while [pid for pid in pids if _alive(pid)]:  # the launcher reaped them; pytest's timeout bounds this
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

@@ -3,8 +3,11 @@ not, no input gets past the launcher unchecked, nothing is left behind, and fail
 reported as what they were. One test (or group) per finding; each failed on the code before.
 
 The namespace tests need root and ``ip netns`` (skipped with the reason otherwise); each uses
-its own prefix. Runs that must be ended from outside use ``--iters 100000`` (they would take
-half an hour) and a private ``TMPDIR``, so the test sees exactly the temp folders of its run.
+its own prefix (the ``netns_prefix`` fixture). Runs that must be ended from outside use
+``--iters 100000`` (they would take half an hour) and a private ``TMPDIR``, so the test sees
+exactly the temp folders of its run. How failures are reported, and that nothing outlives a
+killed launcher, is ``test_launch_ranks.py`` (small stdlib ranks); every bad option of every
+command is ``test_launch_options.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from zepp.cli import main as zepp_main
 from zepp.emulate import inventory as inv
 from zepp.emulate import topology as topo
 from zepp.cli.cluster import cluster
@@ -31,15 +33,9 @@ from zepp.cli.cluster import cluster
 OK, REASON = topo.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
 needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2) to see sockets")
-SRC = Path(__file__).resolve().parents[1] / "src" / "zepp"
+SRC = Path(__file__).resolve().parents[2] / "src" / "zepp"
 TINY = ["--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--experts", "8", "--topk", "2",
         "--hidden", "16", "--ffn", "8", "--tokens", "8", "--warmup", "0", "--systems", "a2av"]
-TINY_EMU = ["--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--experts", "8", "--topk", "2",
-            "--hidden", "16", "--ffn", "8", "--tokens", "8", "--warmup", "0", "--systems", "a2av"]
-
-
-def _prefix(tag: str) -> str:
-    return f"{tag}{os.getpid() % 10000}"
 
 
 def _alive(pid: int) -> bool:
@@ -112,13 +108,6 @@ def _wait_ranks(p: subprocess.Popen, world: int, module: str = "zepp.runtime.wor
         time.sleep(0.1)
 
 
-def _connected(ranks: dict[int, int]) -> bool:
-    """Every rank holds an established TCP connection (gloo's mesh is up: past the rendezvous)."""
-    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True).stdout
-    pids = {int(p) for p in re.findall(r"pid=(\d+)", out)}
-    return all(pid in pids for pid in ranks.values())
-
-
 def _wait_until(cond) -> None:
     """Poll ``cond`` until true (the test's pytest timeout bounds it)."""
     while not cond():
@@ -131,10 +120,10 @@ def _wait_until(cond) -> None:
 
 @needs_netns
 @pytest.mark.netns
-def test_down_leaves_a_namespace_zepp_did_not_make():
+def test_down_leaves_a_namespace_zepp_did_not_make(netns_prefix):
     """A namespace made by hand with the prefix (``{prefix}-foreign``, a process inside) keeps its
     process and survives ``zepp cluster down``, which says it skipped it."""
-    prefix = _prefix("ho")
+    prefix = netns_prefix("ho")
     foreign = f"{prefix}-foreign"
     subprocess.run(["ip", "netns", "add", foreign], check=True)
     sleeper = subprocess.Popen(["ip", "netns", "exec", foreign, "sleep", "600"], start_new_session=True)
@@ -157,10 +146,12 @@ def test_down_leaves_a_namespace_zepp_did_not_make():
 
 @needs_netns
 @pytest.mark.netns
-def test_two_clusters_coexist_and_up_refuses_a_prefix_in_use():
+def test_two_clusters_coexist_and_up_refuses_a_prefix_in_use(netns_prefix, capfd):
     """Two prefixes live side by side; ``up`` (and ``run --emulate``) on a prefix in use say so
     and leave the cluster as it was; ``down`` of one leaves the other; ``--replace`` replaces."""
-    a, b = _prefix("ha"), _prefix("hb")
+    from zepp.cli import main as zepp_main
+
+    a, b = netns_prefix("ha"), netns_prefix("hb")
     runner = CliRunner()
     try:
         for p in (a, b):
@@ -170,9 +161,11 @@ def test_two_clusters_coexist_and_up_refuses_a_prefix_in_use():
         assert inv.status(a)["complete"] and inv.status(b)["complete"]
         res = runner.invoke(cluster, ["up", "--nodes", "1", "--gpus-per-node", "2", "--prefix", a])
         assert res.exit_code != 0 and "in use" in res.output and "zepp cluster down" in res.output, res.output
-        res = subprocess.run([sys.executable, "-m", "zepp.cli", "run", *TINY_EMU, "--iters", "1", "--emulate",
-                              "--emulate-prefix", a], capture_output=True, text=True)
-        assert res.returncode == 2 and "in use" in res.stderr, res.stderr
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as info:  # refused before any rank starts
+            zepp_main(["run", *TINY, "--iters", "1", "--emulate", "--emulate-prefix", a])
+        err = capfd.readouterr().err
+        assert info.value.code == 2 and "in use" in err, err
         st = inv.status(a)
         assert st["complete"] and st["record"]["id"] == id_a, st
         assert runner.invoke(cluster, ["down", "--prefix", a]).exit_code == 0
@@ -188,8 +181,8 @@ def test_two_clusters_coexist_and_up_refuses_a_prefix_in_use():
 
 @needs_netns
 @pytest.mark.netns
-def test_status_does_not_call_a_half_built_cluster_complete():
-    prefix = _prefix("hh")
+def test_status_does_not_call_a_half_built_cluster_complete(netns_prefix):
+    prefix = netns_prefix("hh")
     runner = CliRunner()
     try:
         assert runner.invoke(cluster, ["up", "--nodes", "2", "--gpus-per-node", "2", "--prefix", prefix]).exit_code == 0
@@ -259,12 +252,14 @@ def test_sigterm_of_the_launcher_ends_ranks_and_removes_its_temp_folder(live_run
 
 
 def test_no_unpickling_of_other_processes_data():
-    """The runtime and the emulated cluster exchange tensors and JSON only: none of
-    torch.distributed's pickle-based object collectives, no pickle module."""
+    """The runtime, the serving ranks and the emulated cluster exchange tensors and JSON only: none
+    of torch.distributed's pickle-based object collectives, no pickle module."""
     banned = {"all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
               "send_object_list", "recv_object_list"}
     found = []
-    for path in sorted([*(SRC / "runtime").glob("*.py"), *(SRC / "emulate").glob("*.py")]):
+    paths = sorted(p for pkg in ("runtime", "serve", "emulate", "launch") for p in (SRC / pkg).glob("*.py"))
+    assert len(paths) > 30, f"the sources were not found under {SRC}"
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in banned:
                 found.append(f"{path.name}:{node.lineno} {node.attr}")
@@ -275,69 +270,21 @@ def test_no_unpickling_of_other_processes_data():
     assert not found, found
 
 
-def test_gather_json_round_trips_between_ranks():
-    """The JSON exchange that replaced all_gather_object carries every rank's record exactly."""
-    from zepp.runtime.worker import default_config
-    from zepp.cli.run import spawn_local
-
-    cfg = default_config()
-    cfg.update(nodes=2, gpus_per_node=1, model="olmoe", experts=8, topk=2, hidden=16, ffn=8, tokens=8, iters=2,
-               warmup=0, timeout=60, check=True, systems=["a2av"])
-    rep = spawn_local(cfg)
-    s = rep["systems"]["a2av"]
-    assert s["correct"] and s["bytes_match"] and len(s["layer_ms"]) == 2
-    assert rep["traces"]["eval"]
-
-
 # ---------------------------------------------------------------------------------------------
 # nothing left behind, failures reported as what they were
-
-
-@pytest.mark.timeout(180)
-def test_kill_9_of_zepp_run_leaves_no_rank_and_no_temp_folder(tmp_path):
-    p = _start([*TINY, "--iters", "100000"], tmp_path / "tmp")
-    try:
-        ranks = _wait_ranks(p, 2)
-        _wait_until(lambda: any(n.startswith("zepp-run-") for n in os.listdir(tmp_path / "tmp")))
-        p.kill()
-        p.wait()
-        _wait_until(lambda: not any(_alive(pid) for pid in ranks.values()))  # parent-death signal
-        _wait_until(lambda: os.listdir(tmp_path / "tmp") == [])  # the watchdog
-    finally:
-        if p.poll() is None:
-            p.kill()
-
-
-@needs_ss
-@pytest.mark.timeout(180)
-def test_rank_killed_from_outside_is_reported_with_its_signal(tmp_path):
-    p = _start([*TINY, "--iters", "100000"], tmp_path / "tmp")
-    try:
-        ranks = _wait_ranks(p, 2)
-        _wait_until(lambda: _connected(ranks))  # past the rendezvous, into the layers
-        os.kill(ranks[1], signal.SIGKILL)
-        err = p.communicate()[1]
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 3, err
-    assert "rank 1 was killed by signal 9 (SIGKILL), not by the launcher" in err, err
-    verdict = err.strip().splitlines()[0]  # the launcher's line; rank lines follow
-    assert "hung" not in verdict and verdict.startswith("zepp run: rank 1 was killed by signal 9"), err
-    assert os.listdir(tmp_path / "tmp") == []
 
 
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
-def test_killed_emulate_launcher_leaves_no_namespace_rank_or_temp_folder(tmp_path, how):
+def test_killed_emulate_launcher_leaves_no_namespace_rank_or_temp_folder(tmp_path, how, netns_prefix):
     """``zepp run --emulate`` ended by SIGTERM (handled) or ``kill -9`` (not handled: the
     ranks' parent-death signal and the launcher's watchdog clean up)."""
-    prefix = _prefix("hk" if how == "SIGKILL" else "ht")
-    p = _start([*TINY_EMU, "--iters", "100000", "--emulate", "--emulate-prefix", prefix], tmp_path / "tmp")
+    prefix = netns_prefix("hk" if how == "SIGKILL" else "ht")
+    p = _start([*TINY, "--iters", "100000", "--emulate", "--emulate-prefix", prefix], tmp_path / "tmp")
     try:
-        ranks = _wait_ranks(p, 2, "zepp.emulate.rankrun")
+        ranks = _wait_ranks(p, 2, "zepp.emulate.worker_rank")
         assert len(inv.list_namespaces(prefix)) == 3
         p.send_signal(getattr(signal, how))
         p.wait()
@@ -348,57 +295,3 @@ def test_killed_emulate_launcher_leaves_no_namespace_rank_or_temp_folder(tmp_pat
         if p.poll() is None:
             p.kill()
         inv.down(prefix)
-
-
-# ---------------------------------------------------------------------------------------------
-# every bad option: one line, exit 2, before any rank starts
-
-
-def _fifo(tmp_path: Path) -> str:
-    path = tmp_path / "fifo.txt"
-    os.mkfifo(path)
-    return str(path)
-
-
-def _garbage(tmp_path: Path) -> str:
-    path = tmp_path / "garbage.txt"
-    path.write_text("hello world\nnot ids\n")
-    return str(path)
-
-
-BAD = [
-    (["run", "--threads", "0"], "--threads"),
-    (["run", "--device", "foo"], "--device"),
-    (["run", "--timeout", "nan"], "--timeout"),
-    (["run", "--timeout", "inf"], "--timeout"),
-    (["run", "--budget-mb", "inf"], "budget"),
-    (["run", "--fault", "notjson"], "--fault"),
-    (["run", "--fault", '{"rank": 9, "system": "a2av", "iter": 0}'], "--fault"),
-    (["run", "--trace", "{garbage}"], "garbage.txt"),
-    (["run", "--trace", "{fifo}"], "not a regular file"),
-    (["run", "--json", "/nonexistent-zepp-folder/out.json"], "does not exist"),
-    (["run", "--json", "/proc/zepp-out.json"], "cannot be written"),
-    (["run", "--emulate", "--rate-mbit", "inf"], "rate_mbit"),
-    (["run", "--emulate", "--delay-ms", "nan"], "delay_ms"),
-    (["run", "--emulate", "--emulate-prefix", "Bad-Prefix"], "prefix"),
-    (["cluster", "up", "--rate-mbit", "inf"], "rate_mbit"),
-    (["cluster", "up", "--nodes", "0"], "nodes"),
-    (["cluster", "up", "--nic-mtu", "10"], "nic_mtu"),
-    (["cluster", "status", "--prefix", "Bad-Prefix"], "prefix"),
-    (["cluster", "down", "--prefix", "Bad-Prefix"], "prefix"),
-]
-
-
-@pytest.mark.parametrize("argv,names", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_option_is_one_line_before_any_rank_starts(argv, names, tmp_path, capfd):
-    files = {"{fifo}": _fifo, "{garbage}": _garbage}
-    argv = [files[a](tmp_path) if a in files else a for a in argv]
-    if argv[0] == "run":
-        argv += TINY[:10] + ["--iters", "1"] if "--emulate" not in argv else TINY_EMU[:10] + ["--iters", "1"]
-    with pytest.raises(SystemExit) as ei:
-        zepp_main(argv)
-    out, err = capfd.readouterr()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert ei.value.code == 2, (ei.value.code, err)
-    assert len(lines) == 1 and lines[0].startswith("zepp: error: ") and names in lines[0], err
-    assert "Traceback" not in err and "zepp worker rank" not in err and "zepp run:" not in err, err

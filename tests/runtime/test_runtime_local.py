@@ -6,8 +6,6 @@ Dispatcher runs; ``tests/runtime/test_runtime_dist.py`` runs them over real gloo
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -19,7 +17,6 @@ from zepp.planner.routing import route
 from zepp.runtime.program import compile_rank, wave_of
 from zepp.runtime.reference import execute_local, reference_moe
 
-from shared_traces import TRACES, needs_traces  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -97,13 +94,11 @@ def test_degenerate_batches():
 
 
 @pytest.mark.parametrize("model,E", [("k2", 384), ("qwen3", 128)])
-def test_real_trace_batches(model, E):
-    if not (TRACES / model / "eval.txt").is_file():
-        pytest.skip(f"real traces not found under {TRACES}")
+def test_real_trace_batches(model, E, traces_dir):
     from zepp.traces import node_demand, read_trace, sample_batches
 
-    pool = read_trace(TRACES / model / "pool.txt", E, 8)
-    ev = read_trace(TRACES / model / "eval.txt", E, 8)
+    pool = read_trace(traces_dir / model / "pool.txt", E, 8)
+    ev = read_trace(traces_dir / model / "eval.txt", E, 8)
     for nodes, L in ((2, 2), (2, 4)):
         R, T, H = nodes * L, 24, 8
         ids = sample_batches(ev, R, T, 1, seed=nodes * L)[0]

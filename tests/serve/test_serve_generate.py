@@ -25,8 +25,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from zepp.registry import names_for  # noqa: E402
-from zepp.launch.generate import spawn_generate  # noqa: E402
-from zepp.serve.rank import default_config  # noqa: E402
+from zepp.launch.ranks import spawn_local  # noqa: E402
+from zepp.serve.rank import MODULE, default_config  # noqa: E402
 from zepp.serve.reference import reference_generate  # noqa: E402
 from zepp.serve.tiny import make_checkpoint  # noqa: E402
 
@@ -101,7 +101,7 @@ def _run(m: Model, nodes: int, gpus: int, systems, **kw) -> dict:
     cfg = default_config()
     cfg.update(checkpoint=m.folder, nodes=nodes, gpus_per_node=gpus, systems=list(systems), requests=m.reqs,
                max_new=m.max_new, keep_logits=True, timeout=60.0, **kw)
-    return spawn_generate(cfg)
+    return spawn_local(MODULE, cfg, prefix="zepp-generate-")
 
 
 def _check_equal(m: Model, rep: dict) -> None:

@@ -10,6 +10,7 @@ namespaces: one line saying so, exit code 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import click
@@ -34,6 +35,22 @@ def _need_support() -> None:
     ok, reason = availability()
     if not ok:
         raise click.ClickException(f"emulated cluster unavailable: {reason}")
+
+
+@contextlib.contextmanager
+def _reported():
+    """The emulated cluster's failures (refused, unavailable, a rank failed) as one line, exit 1."""
+    try:
+        yield
+    except (EmulationUnavailable, EmulationError, RankFailure) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _inventory(query, prefix: str, *args):
+    """``query(prefix, *args)`` (a ``zepp.emulate.inventory`` function) for a checked prefix."""
+    ownership.check_prefix(prefix)
+    with _reported():
+        return query(prefix, *args)
 
 
 @click.group("cluster")
@@ -75,11 +92,7 @@ def up(nodes, gpus_per_node, rate_mbit, delay_ms, nic_mtu, nvlink_mtu, replace, 
 @click.option("--id", "cluster_id", default=None, help="remove only the cluster with this id")
 def down_cmd(prefix, cluster_id) -> None:
     """Remove zepp's namespaces of the prefix (also leftovers of a crashed run); others stay."""
-    ownership.check_prefix(prefix)
-    try:
-        res = inventory.down(prefix, cluster_id)
-    except (EmulationUnavailable, EmulationError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    res = _inventory(inventory.down, prefix, cluster_id)
     click.echo(f"removed {len(res.removed)} namespaces" + (f": {' '.join(res.removed)}" if res.removed else ""))
     if res.skipped:
         click.echo(f"skipped {len(res.skipped)} namespaces with the prefix that zepp did not make"
@@ -91,11 +104,7 @@ def down_cmd(prefix, cluster_id) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
 def status_cmd(prefix, as_json) -> None:
     """List the namespaces, NIC addresses, shaping and byte counters, and whether it is complete."""
-    ownership.check_prefix(prefix)
-    try:
-        st = inventory.status(prefix)
-    except (EmulationUnavailable, EmulationError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    st = _inventory(inventory.status, prefix)
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
@@ -121,14 +130,12 @@ def check_cmd(prefix, timeout) -> None:
     """Run a checked gloo all-to-all over a running cluster and show which links carried it."""
     ownership.check_prefix(prefix)
     _need_support()
-    try:
+    with _reported():
         cl = inventory.attach(prefix)
         before = cl.counters()
-        cl.call("zepp.emulate.jobs:a2a_check", {"same_node_bytes": 1 << 20, "remote_bytes": 1 << 18},
+        cl.call("zepp.emulate.a2a_jobs:a2a_check", {"same_node_bytes": 1 << 20, "remote_bytes": 1 << 18},
                 timeout=timeout)
         moved = cl.counters() - before
-    except (EmulationUnavailable, EmulationError, RankFailure) as exc:
-        raise click.ClickException(str(exc)) from exc
     click.echo(f"all-to-all over {cl.nodes}x{cl.gpus_per_node} ranks correct (1 MB to each same-node peer, "
                "256 KB to each remote peer)")
     for r in range(cl.ranks):
@@ -147,10 +154,8 @@ def calibrate_cmd(prefix, json_path) -> None:
     if json_path:
         check_output_path(json_path, "--json")
     _need_support()
-    try:
+    with _reported():
         cal = calibrate_links(inventory.attach(prefix))
-    except (EmulationUnavailable, EmulationError, RankFailure) as exc:
-        raise click.ClickException(str(exc)) from exc
     f = cal.cluster_fields()
     click.echo(f"nvlink_bw {f['nvlink_bw'] / 1e6:.1f} MB/s  nic_bw {f['nic_bw'] / 1e6:.1f} MB/s  "
                f"nvlink_msg_cost {f['nvlink_msg_cost'] * 1e6:.0f} us  nic_msg_cost {f['nic_msg_cost'] * 1e6:.0f} us")

@@ -3,7 +3,9 @@
 On one machine it starts the ranks itself (gloo on loopback); under ``torchrun`` (``RANK`` and
 ``WORLD_SIZE`` set) it runs as that rank (rank 0 prints and writes the report); ``--emulate``
 runs the ranks in the emulated cluster (network namespaces, NICs shaped to ``--rate-mbit``).
-Every option is checked before any rank starts::
+The launch is ``zepp run``'s (``zepp.launch.ranks.launch``: a rank that dies or hangs ends the
+run, exit code 3, naming it), and so are the rules of the options both have
+(``zepp.launch.checks``). Every option is checked before any rank starts::
 
     zepp generate --checkpoint ckpt/ --nodes 2 --gpus-per-node 2 --system zepp-overlap \\
         --input-ids prompts.json --max-new-tokens 32 --json out.json --check
@@ -17,13 +19,18 @@ such report per system when ``--system`` names several).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import tempfile
 
 import click
 
 from zepp.errors import ZeppInputError
+from zepp.launch import ranks
+from zepp.launch.checks import check_fault, check_launch_options, check_number, check_output_folder
+
+RANK_MODULE = "zepp.serve.rank"  # what every rank of ``zepp generate`` runs
+RANK_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 
 
 def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]], list[int]]:
@@ -54,67 +61,52 @@ def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]],
     return reqs, [min(int(m), max_new) for m in per]
 
 
-def validate(o: dict) -> dict:
-    """Check every option; returns the ``zepp.serve.rank`` config (nothing started yet)."""
-    from zepp.registry import parse_systems
+def _check_model(o: dict, world: int):
+    """The checkpoint's config and MoE shape, its experts over ``world`` ranks, ``--extra`` and
+    ``--history`` (one trace per MoE layer)."""
     from zepp.serve.checkpoint import check_folder
     from zepp.serve.loader import moe_shape, read_config
 
-    for opt in ("nodes", "gpus_per_node", "max_new_tokens", "threads"):
-        if o[opt] < 1:
-            raise ZeppInputError(f"--{opt.replace('_', '-')} must be at least 1, got {o[opt]}")
-    if o["timeout"] <= 0:
-        raise ZeppInputError(f"--timeout must be positive, got {o['timeout']}")
-    if not 0 <= o["relaxation"] < 10:
-        raise ZeppInputError(f"--relaxation must be in [0, 10), got {o['relaxation']}")
-    if o["extra"] < 0:
-        raise ZeppInputError(f"--extra must be >= 0, got {o['extra']}")
-    if o["emulate"]:
-        from zepp.emulate.ownership import check_prefix
-
-        check_prefix(o.get("emulate_prefix", "zgen"))
-    if o["rate_mbit"] is not None and not o["emulate"]:
-        raise ZeppInputError("--rate-mbit shapes the emulated cluster's NICs; add --emulate")
-    dev = o["device"]
-    if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ZeppInputError(f"--device must be cpu, cuda or cuda:N, got {dev!r}")
-    if dev != "cpu":
-        import torch
-
-        if o["emulate"]:
-            raise ZeppInputError("--emulate runs gloo ranks on the CPU; drop --device")
-        if not torch.cuda.is_available():
-            raise ZeppInputError(f"--device {dev}: no CUDA device is available")
-    systems = parse_systems(o["system"], "runtime", option="--system", expand=True)
     check_folder(o["checkpoint"])
     config = read_config(o["checkpoint"])
     shape = moe_shape(config)
-    world = o["nodes"] * o["gpus_per_node"]
     if shape["experts"] % world:
         raise ZeppInputError(f"the model's {shape['experts']} experts do not divide over {world} ranks; change "
                              f"--nodes or --gpus-per-node")
-    reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
+    check_number("--extra", o["extra"], 0, shape["experts"], integer=True)
     if o["history"]:
         for i in range(shape["layers"]):
             p = os.path.join(o["history"], f"layer_{i:03d}.txt")
             if not os.path.isfile(p):
                 raise ZeppInputError(f"--history {o['history']!r}: no {os.path.basename(p)} (one trace per MoE layer, "
                                      f"{shape['layers']} layers; write them with --record)")
+    return config
+
+
+def validate(o: dict) -> tuple[dict, object]:
+    """Check every option (``o``: the click parameters); returns the ``zepp.serve.rank`` config and,
+    with ``--emulate``, the emulated cluster (not up yet; else None). Nothing is started."""
+    from zepp.registry import parse_systems
+
+    common = check_launch_options(o)
+    world = common["nodes"] * common["gpus_per_node"]
+    check_number("--max-new-tokens", o["max_new_tokens"], 1, 1 << 20, integer=True)
+    systems = parse_systems(o["system"], "runtime", option="--system", expand=True)
+    fault = check_fault(o["fault"], world, systems, "step")
     if o["record"]:
-        parent = os.path.dirname(os.path.abspath(o["record"]))
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            raise ZeppInputError(f"--record {o['record']!r}: cannot create it in {parent!r}")
-    if o["json_path"]:
-        parent = os.path.dirname(os.path.abspath(o["json_path"]))
-        if not os.path.isdir(parent):
-            raise ZeppInputError(f"--json {o['json_path']!r}: folder {parent!r} does not exist")
-    return dict(checkpoint=os.path.abspath(o["checkpoint"]), nodes=o["nodes"], gpus_per_node=o["gpus_per_node"],
-                systems=systems, requests=reqs, max_new=per, eos=None,
-                history=os.path.abspath(o["history"]) if o["history"] else None,
-                record=os.path.abspath(o["record"]) if o["record"] else None, relaxation=o["relaxation"],
-                extra=o["extra"], device=dev, backend="nccl" if dev.startswith("cuda") else "gloo",
-                timeout=o["timeout"], keep_logits=False, fault=json.loads(o["fault"]) if o["fault"] else None,
-                emulate=o["emulate"])
+        check_output_folder(o["record"], "--record")
+    cluster = None
+    if o["emulate"]:
+        from zepp.emulate.launcher import check_cluster
+
+        cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
+                                o["emulate_prefix"])
+    config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
+    reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
+    absolute = {k: os.path.abspath(o[k]) if o[k] else None for k in ("checkpoint", "history", "record")}
+    cfg = dict(absolute, **common, systems=systems, requests=reqs, max_new=per, eos=None, relaxation=o["relaxation"],
+               extra=o["extra"], keep_logits=False, fault=fault, emulate=o["emulate"])
+    return cfg, cluster
 
 
 def format_report(rep: dict) -> str:
@@ -177,6 +169,8 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
               help="Also run plain transformers generate in one process; exit 1 unless every token matches.")
 @click.option("--emulate", is_flag=True, default=False, help="Run the ranks in the emulated cluster (root).")
 @click.option("--rate-mbit", type=float, default=None, help="With --emulate: NIC rate per direction (Mbit/s).")
+@click.option("--delay-ms", type=float, default=0.0, show_default=True,
+              help="With --emulate: added one-way NIC latency (needs the netem qdisc).")
 @click.option("--record", default=None, help="Write per-layer traces (layer_{i:03d}.txt) and load.json here.")
 @click.option("--history", default=None, help="Plan each layer's placement from a --record folder.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda (GPU LOCAL_RANK) or cuda:N.")
@@ -189,60 +183,14 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
               help="With --emulate: name prefix of the namespaces (apart from zepp run's).")
 @click.option("--fault", default=None, hidden=True, help='Test hook: JSON {"rank", "step", "mode": "die"|"hang"}.')
 def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens, json_path, check, emulate, rate_mbit,
-             record, history, device, relaxation, extra, timeout, threads, emulate_prefix, fault):
+             delay_ms, record, history, device, relaxation, extra, timeout, threads, emulate_prefix, fault):
     """Serve a checkpoint expert-parallel and generate greedily for every request."""
-    from zepp.errors import RankFailure
+    cfg, cluster = validate(dict(locals()))
+    emulated = None
+    if cluster is not None:
+        from zepp.emulate.launcher import generate_emulated
 
-    cfg = validate(dict(locals()))
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not emulate:  # under torchrun
-        from zepp.serve.rank import run_in_process
-
-        with tempfile.TemporaryDirectory(prefix="zepp-generate-") as tmp:
-            cfg["out"] = os.path.join(tmp, "report.json")
-            code = run_in_process(cfg)
-            if int(os.environ["RANK"]) != 0 or code:
-                raise SystemExit(code)
-            with open(cfg["out"]) as f:
-                rep = json.load(f)
-        _finish(cfg, rep, check, json_path)
-        return
-    try:
-        if emulate:
-            rep = _run_emulated(cfg, rate_mbit, threads, emulate_prefix)
-        else:
-            from zepp.launch.generate import spawn_generate
-
-            rep = spawn_generate(cfg, threads=threads)
-    except RankFailure as exc:
-        click.echo(f"zepp generate: {exc}", err=True)
-        raise SystemExit(3)
+        emulated = functools.partial(generate_emulated, cfg, cluster, threads=threads)
+    rep = ranks.launch(RANK_MODULE, cfg, label="zepp generate" + (" --emulate" if emulate else ""), threads=threads,
+                       env=RANK_ENV, emulated=emulated, prefix="zepp-generate-")
     _finish(cfg, rep, check, json_path)
-
-
-def _run_emulated(cfg: dict, rate_mbit, threads: int, prefix: str = "zgen") -> dict:
-    """The ranks inside an emulated cluster (``zepp.emulate.topology.EmulatedCluster``)."""
-    import sys
-
-    from zepp.launch.processes import temp_folder
-    from zepp.emulate.topology import DEFAULT_RATE_MBIT, EmulatedCluster, availability
-
-    ok, reason = availability()
-    if not ok:
-        raise ZeppInputError(f"--emulate: emulated cluster unavailable: {reason}")
-    rate = DEFAULT_RATE_MBIT if rate_mbit is None else rate_mbit
-    with EmulatedCluster(cfg["nodes"], cfg["gpus_per_node"], rate_mbit=rate, prefix=prefix) as cl, \
-            temp_folder("zepp-generate-emu-") as tmp:
-        cfg = dict(cfg, out=os.path.join(tmp, "report.json"))
-        path = os.path.join(tmp, "config.json")
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        env = {"ZEPP_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-        with cl.spawn([sys.executable, "-m", "zepp.serve.rank", path], env=env,
-                      logdir=os.path.join(tmp, "logs")) as group:
-            res = group.wait(timeout=None, grace=float(cfg["timeout"]) + 15)
-        if not res.ok:
-            raise res.failure("(the emulated cluster was torn down)")
-        with open(cfg["out"]) as f:
-            rep = json.load(f)
-    rep["emulate"] = {"rate_mbit": rate, "nodes": cfg["nodes"], "gpus_per_node": cfg["gpus_per_node"]}
-    return rep

@@ -5,17 +5,20 @@ Modules, by what they own:
 - ``topology``: ``EmulatedCluster`` (namespaces, links, shaping, faults, running ranks in it);
 - ``inventory``: what exists for a prefix (``status``), removing it (``down``), ``attach``;
 - ``ownership``: the marks and records that say which namespaces are zepp's and whose;
-- ``processes``: starting, waiting for and ending rank processes (one wait-and-kill loop for
-  every launcher in zepp), temp folders, and what is guaranteed when a launcher is killed;
-- ``watchdog``: the helper process that cleans up after a launcher killed with ``kill -9``;
 - ``counters``: the links' byte counters;
-- ``cli``: ``zepp cluster up|down|status|check|calibrate``;
-- ``runner`` + ``rankrun``: ``zepp run --emulate`` (the runtime worker in every rank, with
-  per-layer interface counters through the worker's hooks);
-- ``linkcal``, ``jobs``, ``rankmain``, ``simcheck``: measuring the links, small gloo jobs, the
-  entry point of ``EmulatedCluster.call``, and the simulator against the emulated cluster;
+- ``launcher``: ``--emulate`` of ``zepp run`` and ``zepp generate`` (the cluster's options checked,
+  brought up, the command's ranks run in it through ``zepp.launch.ranks``, torn down);
+  ``nic_bytes``: the NIC bytes per system of ``zepp run --emulate`` against the planner's;
+- rank entry points (``python -m``): ``worker_rank`` (the runtime worker with per-layer interface
+  counters through the worker's hooks), ``serve_rank`` (the serving rank with its NIC counters as
+  probe), ``call_rank`` (runs ``module:function`` for ``EmulatedCluster.call``);
+- ``a2a_jobs``, ``linkcal``, ``simcheck``: small gloo all-to-all jobs, measuring the links, and
+  the simulator against the emulated cluster;
 - ``glooexec``: the runtime's gloo executor as the simulator's layer builder sees it (its
   ``Mechanics``, its ``Net`` and cluster from the calibration, the measured GEMM cost).
+
+Processes, temp folders and the watchdog that cleans up after a killed launcher are
+``zepp.launch``'s; ``zepp cluster`` is ``zepp.cli.cluster``.
 """
 
 from zepp.emulate.counters import LinkCounters

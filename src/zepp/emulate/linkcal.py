@@ -29,83 +29,103 @@ from zepp.emulate.topology import EmulatedCluster
 DEFAULT_SIZES = (4096, 65536, 1 << 20, 8 << 20)
 
 
+class _PairBench:
+    """The measurements of one rank process (every rank runs the same calls; only the pair's
+    ranks move bytes, the others pass the barriers). Needs an initialised process group."""
+
+    def __init__(self, reps: int, trials: int):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank = int(os.environ["RANK"])
+        self.reps, self.trials = reps, trials
+        self.tiny = torch.zeros(1)
+
+    def stream(self, a: int, b: int, buf) -> float:
+        """``reps`` sends of ``buf`` from ``a`` to ``b``, closed by a tiny acknowledgement; seconds."""
+        dist, tiny = self.dist, self.tiny
+        t0 = time.perf_counter()
+        if self.rank == a:
+            for _ in range(self.reps):
+                dist.send(buf, b)
+            dist.recv(tiny, b)
+        elif self.rank == b:
+            for _ in range(self.reps):
+                dist.recv(buf, a)
+            dist.send(tiny, a)
+        return time.perf_counter() - t0
+
+    def latency(self, a: int, b: int) -> float:
+        """Half the median round trip of a 4-byte ping-pong (the first 5 of ``2 reps + 5`` dropped)."""
+        dist, tiny = self.dist, self.tiny
+        rtts = []
+        for _ in range(2 * self.reps + 5):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if self.rank == a:
+                dist.send(tiny, b)
+                dist.recv(tiny, b)
+            elif self.rank == b:
+                dist.recv(tiny, a)
+                dist.send(tiny, a)
+            rtts.append(time.perf_counter() - t0)
+        return statistics.median(rtts[5:]) / 2
+
+    def bandwidth(self, a: int, b: int, size: int) -> float:
+        """Median over ``trials`` (after one warm-up trial) of the stream's bytes/s."""
+        buf = self.torch.zeros(size // 4)
+        samples = []
+        for t in range(self.trials + 1):
+            self.dist.barrier()
+            dt = self.stream(a, b, buf)
+            if t > 0:  # the first trial warms the connection up
+                samples.append(size * self.reps / dt)
+        return statistics.median(samples)
+
+    def concurrent(self, pairs: list, size: int) -> list[float]:
+        """Every pair ``[a, b]`` streams at once; per pair the median bytes/s over the trials."""
+        torch, dist = self.torch, self.dist
+        buf = torch.zeros(size // 4)
+        mine = [(a, b) for a, b in pairs if self.rank in (a, b)]
+        idx = [i for i, (a, b) in enumerate(pairs) if a == self.rank]
+        per_trial = []
+        for t in range(self.trials + 1):
+            dist.barrier()
+            dt = self.stream(*mine[0], buf) if mine else 0.0
+            rates = [None] * len(pairs)
+            # (pair index, rate) of every sender as plain float64 tensors (pair -1: not a sender)
+            mine_rate = torch.tensor([idx[0] if idx else -1, size * self.reps / dt if idx else 0.0],
+                                     dtype=torch.float64)
+            gathered = [torch.empty(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, mine_rate)
+            for g in gathered:
+                if g[0] >= 0:
+                    rates[int(g[0])] = float(g[1])
+            if t > 0:
+                per_trial.append(rates)
+        return [statistics.median(tr[i] for tr in per_trial) for i in range(len(pairs))]
+
+
 def _pair_worker(pairs: list, sizes: list, reps: int, trials: int, concurrent: list | None = None) -> dict:
     """Runs in every rank (via ``EmulatedCluster.call``). Rank 0 returns the measurements.
 
     pairs: [[name, a, b], ...]; sizes: bytes; concurrent: [[a, b], ...] streamed at once.
     Returns {name: {"latency_s": float, "bw": {size: bytes/s}}, "concurrent": {size: [bytes/s per pair]}}.
     """
-    import torch
-    import torch.distributed as dist
+    from zepp.runtime.rank_process import init_group
 
-    from zepp.runtime.worker import init_group
-
-    rank = int(os.environ["RANK"])
     init_group("gloo", 60.0)
-    tiny = torch.zeros(1)
+    bench = _PairBench(reps, trials)
     out: dict = {}
-
-    def stream(a: int, b: int, buf: torch.Tensor) -> float:
-        t0 = time.perf_counter()
-        if rank == a:
-            for _ in range(reps):
-                dist.send(buf, b)
-            dist.recv(tiny, b)
-        elif rank == b:
-            for _ in range(reps):
-                dist.recv(buf, a)
-            dist.send(tiny, a)
-        return time.perf_counter() - t0
-
     for name, a, b in pairs:
-        rtts = []
-        for _ in range(2 * reps + 5):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if rank == a:
-                dist.send(tiny, b)
-                dist.recv(tiny, b)
-            elif rank == b:
-                dist.recv(tiny, a)
-                dist.send(tiny, a)
-            rtts.append(time.perf_counter() - t0)
-        bws = {}
-        for size in sizes:
-            buf = torch.zeros(size // 4)
-            samples = []
-            for t in range(trials + 1):
-                dist.barrier()
-                dt = stream(a, b, buf)
-                if t > 0:  # the first trial warms the connection up
-                    samples.append(size * reps / dt)
-            bws[int(size)] = statistics.median(samples)
-        out[name] = {"latency_s": statistics.median(rtts[5:]) / 2, "bw": bws}
+        lat = bench.latency(a, b)
+        out[name] = {"latency_s": lat, "bw": {int(size): bench.bandwidth(a, b, size) for size in sizes}}
     if concurrent:
-        conc = {}
-        for size in sizes:
-            buf = torch.zeros(size // 4)
-            mine = [(a, b) for a, b in concurrent if rank in (a, b)]
-            per_trial = []
-            for t in range(trials + 1):
-                dist.barrier()
-                dt = stream(*mine[0], buf) if mine else 0.0
-                rates = [None] * len(concurrent)
-                idx = [i for i, (a, b) in enumerate(concurrent) if a == rank]
-                # (pair index, rate) of every sender as plain float64 tensors (pair -1: not a sender)
-                mine_rate = torch.tensor([idx[0] if idx else -1, size * reps / dt if idx else 0.0],
-                                         dtype=torch.float64)
-                gathered = [torch.empty(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
-                dist.all_gather(gathered, mine_rate)
-                for g in gathered:
-                    if g[0] >= 0:
-                        rates[int(g[0])] = float(g[1])
-                if t > 0:
-                    per_trial.append(rates)
-            conc[int(size)] = [statistics.median(tr[i] for tr in per_trial) for i in range(len(concurrent))]
-        out["concurrent"] = conc
-    dist.barrier()
-    dist.destroy_process_group()
-    return out if rank == 0 else {}
+        out["concurrent"] = {int(size): bench.concurrent(concurrent, size) for size in sizes}
+    bench.dist.barrier()
+    bench.dist.destroy_process_group()
+    return out if bench.rank == 0 else {}
 
 
 @dataclass
@@ -158,6 +178,7 @@ def calibrate_links(cluster: EmulatedCluster, sizes=DEFAULT_SIZES, reps: int = 8
     res = cluster.call("zepp.emulate.linkcal:_pair_worker",
                        {"pairs": pairs, "sizes": [int(s) for s in sizes], "reps": reps, "trials": trials,
                         "concurrent": conc}, timeout=timeout)[0]
+
     def table(name):
         return {int(k): v for k, v in res[name]["bw"].items()} if name in res else {}
     return LinkCalibration(
@@ -182,7 +203,7 @@ def measure_loopback(cluster: EmulatedCluster, sizes=DEFAULT_SIZES, reps: int = 
     ns = cluster.netns(0)
     kwargs = {"pairs": [["loopback", 0, 1]], "sizes": [int(s) for s in sizes], "reps": reps, "trials": trials}
     with temp_folder("zepp-loopback-") as d:
-        cmd = [tool("ip"), "netns", "exec", ns, sys.executable, "-m", "zepp.emulate.rankmain",
+        cmd = [tool("ip"), "netns", "exec", ns, sys.executable, "-m", "zepp.emulate.call_rank",
                "zepp.emulate.linkcal:_pair_worker", json.dumps(kwargs), d]
         envs = [dict(os.environ, RANK=str(r), WORLD_SIZE="2", ZEPP_STORE_FILE=os.path.join(d, "store"),
                      GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

@@ -6,7 +6,7 @@ Three parts:
    traces, placement, batches, routing), recomputed outside the ranks.
 2. Calibration of the emulated cluster: links with ``zepp.emulate.linkcal`` (gloo send/recv
    between rank processes); the fixed cost of one empty ``all_to_all_single`` over all ranks
-   (``zepp.emulate.jobs.a2a_time``, 4 bytes per peer: scheduling and wake-up latency of R
+   (``zepp.emulate.a2a_jobs.a2a_time``, 4 bytes per peer: scheduling and wake-up latency of R
    processes on this machine's cores, charged once per collective beyond the per-message
    costs); expert compute with ``compute_worker`` run in *every* rank at once
    (so the CPU contention of R processes on this machine's cores is in the figure), timing the
@@ -14,7 +14,7 @@ Three parts:
    fitted by least squares to ``t = c_group * groups + c_row * rows``.
 3. ``layer_graph`` / ``simulate_system``: the simulator's one layer builder,
    ``zepp.sim.layer.build_layer`` (the one every system's simulation uses), fed the FlowPlan
-   through ``LayerWork.of`` and the executor's record from ``zepp.emulate.glooexec``:
+   through ``LayerPlan.of`` and the executor's record from ``zepp.emulate.glooexec``:
 
    - per rank: metadata all-gather + planning as the prologue (a fixed task: the worker's own
      measured median ``plan`` time of that system in the same run: planning is CPU time the
@@ -46,11 +46,11 @@ Three parts:
    What it leaves out: CPU contention between communication (TCP copies through the kernel
    cost CPU on this 2-core machine) and compute, beyond the two parameters; ranks drifting
    out of step between stages when a loaded scheduler runs them late; TCP window dynamics;
-   the gloo IO thread. Measured consequence (``benchmarks/results/emulate_bench_quiet.md``, a
+   the gloo IO thread. Measured consequence (``benchmarks/results/emulate_bench_1712.md``, a
    quiet machine): the 2-call systems (a2av, eplb, zepp-a2av) are predicted to within ~10%,
    and the systems with 4-9 calls (relay, zepp-sync, zepp-direct, zepp-overlap) 24-46% too
    fast (median), because a cost per call shows only there and an a2av-only fit cannot see
-   it; on a heavily loaded machine (``emulate_bench_loaded.md``) the a2av fit does see a per-call
+   it; on a heavily loaded machine (``emulate_bench.md``) the a2av fit does see a per-call
    cost (23 ms) and every system's median error is 4-17%.
 """
 
@@ -68,10 +68,10 @@ def worker_plans(cfg: dict) -> dict:
     from dataclasses import replace
 
     from zepp.model import model_preset
+    from zepp.planner import plan_batch
     from zepp.planner.placement import make_placement
-    from zepp.runtime.dispatcher import build_plan
+    from zepp.runtime.inputs import DTYPES, load_traces
     from zepp.runtime.systems import SYSTEMS
-    from zepp.runtime.worker import DTYPES, load_traces
     from zepp.traces import node_demand, sample_batches
 
     import torch
@@ -94,8 +94,8 @@ def worker_plans(cfg: dict) -> dict:
         if sysd.swaps:
             raise ValueError(f"worker_plans: system {name!r} swaps weights between iterations; not modelled here")
         placement = make_placement(sysd.placement, hist, spec.num_experts, R, L, extra=cfg["extra"])
-        plans[name] = [build_plan(batches[it].astype(np.int64), placement, sysd.routing, cfg["relaxation"],
-                                  sysd.dispatch, row, sysd.combine) for it in range(warmup, warmup + iters)]
+        plans[name] = [plan_batch(batches[it].astype(np.int64), placement, sysd, row, cfg["relaxation"])
+                       for it in range(warmup, warmup + iters)]
     return {"spec": spec, "tokens": T, "row_bytes": row, "plans": plans}
 
 
@@ -116,7 +116,7 @@ def compute_worker(hidden: int, ffn: int, points: list, reps: int = 5, seed: int
     from zepp.runtime.experts import grouped_down, grouped_up
 
     torch.set_num_threads(int(os.environ.get("ZEPP_THREADS", "1")))
-    from zepp.runtime.worker import init_group
+    from zepp.runtime.rank_process import init_group
 
     init_group("gloo", 120.0)
     g = torch.Generator().manual_seed(seed)
@@ -171,7 +171,8 @@ def calibrate(cl, hidden: int, ffn: int, points=None, link_kwargs=None) -> dict:
     raw = cl.call("zepp.emulate.simcheck:compute_worker", {"hidden": hidden, "ffn": ffn, "points": points},
                   timeout=300)
     # the fixed cost of one all_to_all_single with (almost) nothing to move, slowest rank
-    empty = cl.call("zepp.emulate.jobs:a2a_time", {"bytes_per_peer": 4, "iters": 20, "warmup": 3}, timeout=120)[0]
+    empty = cl.call("zepp.emulate.a2a_jobs:a2a_time", {"bytes_per_peer": 4, "iters": 20, "warmup": 3},
+                    timeout=120)[0]
     import os
 
     return {"links": links.as_dict(), "cluster_fields": links.cluster_fields(), "cores": os.cpu_count(),
@@ -193,7 +194,7 @@ def layer_graph(plan, spec, cal: dict, mech, plan_s: float, params: dict):
     Returns ``(graph, cluster, net)``."""
     from zepp.emulate.glooexec import emulated_cluster, emulated_gemm, emulated_net
     from zepp.sim.engine import TaskGraph
-    from zepp.sim.layer import LayerWork, build_layer
+    from zepp.sim.layer import LayerPlan, build_layer
 
     if spec.row_bytes != plan.row_bytes:
         raise ValueError(f"spec rows of {spec.row_bytes} B, plan rows of {plan.row_bytes} B")
@@ -201,7 +202,7 @@ def layer_graph(plan, spec, cal: dict, mech, plan_s: float, params: dict):
     cl = emulated_cluster(cal, R // L, L, params.get("bw_scale", 1.0))
     net = emulated_net(cal, R, L, params["stage_overhead"], params.get("cpu_per_byte", 0.0))
     g = TaskGraph(cl)
-    build_layer(g, cl, spec, LayerWork.of(plan), mech, net, np.full(R, plan_s),
+    build_layer(g, cl, spec, LayerPlan.of(plan), mech, net, np.full(R, plan_s),
                 planning=np.full(R, plan_s), gemm_cost=emulated_gemm(cal))
     return g, cl, net
 

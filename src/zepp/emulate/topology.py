@@ -44,7 +44,7 @@ Running ranks (the interface the runtime launcher uses)::
 
     with EmulatedCluster(nodes=2, gpus_per_node=2) as cl:      # up on enter, down on exit
         before = cl.counters()
-        res = cl.run([sys.executable, "-m", "zepp.emulate.rankmain", ...], timeout=120)
+        res = cl.run([sys.executable, "-m", "zepp.emulate.call_rank", ...], timeout=120)
         res.check()                                           # raises RankFailure on failure
         moved = cl.counters() - before                        # LinkCounters, bytes
 
@@ -52,7 +52,7 @@ Each rank process runs via ``ip netns exec zepp-n{n}r{i}`` with the caller's env
 ``rank_env`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
 ``MASTER_ADDR`` = rank 0's NIC address, ``ZEPP_STORE_FILE``, ``GLOO_SOCKET_IFNAME=nic``,
 ``ZEPP_EMULATE_PREFIX``) and ``OMP_NUM_THREADS=1`` unless given; a worker joins with
-``zepp.runtime.worker.init_group``. ``cl.spawn`` is the non-blocking form (a
+``zepp.runtime.rank_process.init_group``. ``cl.spawn`` is the non-blocking form (a
 ``zepp.launch.processes.RankGroup``); ``cl.call("module:function", kwargs)`` runs a Python
 function in every rank and returns its JSON results per rank.
 """
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import signal
 import sys
@@ -75,8 +74,9 @@ from typing import Callable, Mapping, Sequence
 import zepp.emulate.ownership as own
 from zepp.emulate.counters import NIC_IF, LinkCounters, read_link_counters
 from zepp.emulate.iproute import sh, tool
+from zepp.launch.checks import check_number, check_ranks
 from zepp.launch.processes import WATCHDOG, RankGroup, RunResult, temp_folder
-from zepp.errors import EmulationError, EmulationUnavailable, ZeppInputError
+from zepp.errors import EmulationError, EmulationUnavailable
 
 SUBNET = "10.213"  # the project's own range; exists only inside the emulated namespaces
 DEFAULT_PREFIX = "zepp"
@@ -196,16 +196,6 @@ def _install_handlers() -> None:
 # the cluster
 
 
-def _check_number(name: str, v, lo: float, hi: float, integer: bool = False):
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
-    if ok and integer and int(v) != v:
-        ok = False
-    if not ok:
-        kind = "an integer" if integer else "a finite number"
-        raise ZeppInputError(f"emulated cluster {name}={v!r}: use {kind} in {lo:g}..{hi:g}")
-    return int(v) if integer else float(v)
-
-
 @dataclass(eq=False)
 class EmulatedCluster:
     """``nodes`` x ``gpus_per_node`` ranks in network namespaces; see the module docstring.
@@ -231,20 +221,23 @@ class EmulatedCluster:
     _spawns: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # the command-line options' rules and messages (zepp.launch.checks), whoever builds it
         own.check_prefix(self.prefix)
-        self.nodes = _check_number("nodes", self.nodes, 1, 200, integer=True)
-        self.gpus_per_node = _check_number("gpus_per_node", self.gpus_per_node, 1, 64, integer=True)
-        self.rate_mbit = _check_number("rate_mbit", self.rate_mbit, 0.001, MAX_RATE_MBIT)
-        self.delay_ms = _check_number("delay_ms", self.delay_ms, 0, MAX_DELAY_MS)
-        self.nic_mtu = _check_number("nic_mtu", self.nic_mtu, 576, 65535, integer=True)
-        self.nvlink_mtu = _check_number("nvlink_mtu", self.nvlink_mtu, 576, 65535, integer=True)
-        if self.nodes * self.gpus_per_node > 256:
-            raise ZeppInputError(f"emulated cluster of {self.nodes}x{self.gpus_per_node} ranks: at most 256 ranks")
+        self.nodes, self.gpus_per_node = check_ranks(self.nodes, self.gpus_per_node)
+        self.rate_mbit = float(check_number("--rate-mbit", self.rate_mbit, 0.001, MAX_RATE_MBIT))
+        self.delay_ms = float(check_number("--delay-ms", self.delay_ms, 0, MAX_DELAY_MS))
+        self.nic_mtu = check_number("--nic-mtu", self.nic_mtu, 576, 65535, integer=True)
+        self.nvlink_mtu = check_number("--nvlink-mtu", self.nvlink_mtu, 576, 65535, integer=True)
 
     # -- names ---------------------------------------------------------------------------------
     @property
     def ranks(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def is_up(self) -> bool:
+        """Whether this object's cluster is up (``up`` ran, or ``inventory.attach`` found it) and not down."""
+        return self._is_up
 
     @property
     def switch_ns(self) -> str:
@@ -470,10 +463,10 @@ class EmulatedCluster:
 
     def call(self, target: str, kwargs: Mapping | None = None, timeout: float = 120.0,
              grace: float = 5.0) -> list:
-        """Run ``module:function(**kwargs)`` in every rank (``zepp.emulate.rankmain``); returns the
+        """Run ``module:function(**kwargs)`` in every rank (``zepp.emulate.call_rank``); returns the
         JSON-serialisable return values, one per rank. Raises RankFailure when a rank fails."""
         with temp_folder("zepp-emulate-call-") as d:
-            argv = [sys.executable, "-m", "zepp.emulate.rankmain", target, json.dumps(dict(kwargs or {})), d]
+            argv = [sys.executable, "-m", "zepp.emulate.call_rank", target, json.dumps(dict(kwargs or {})), d]
             self.run(argv, timeout=timeout, grace=grace).check()
             out = []
             for r in range(self.ranks):

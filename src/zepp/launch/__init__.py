@@ -1,9 +1,11 @@
-"""Launching ranks: processes, temp folders, signals, the one wait loop, option checks.
+"""Launching ranks: where they run, processes, temp folders, signals, the one wait loop, option checks.
 
-- ``processes``: rank processes (``RankGroup``), temp folders removed on every exit path, launcher signals;
+- ``ranks``: the one launch path of ``zepp run`` and ``zepp generate`` (local processes, torchrun,
+  an emulated cluster handed in), ``RankRun`` (a run's temp folder, config and report);
+- ``processes``: rank processes (``RankGroup`` and its wait-and-kill loop), temp folders removed on
+  every exit path, launcher signals, how failures are reported (``RankFailure``);
 - ``watchdog``: a stdlib-only script that cleans up after a launcher killed with ``kill -9``;
-- ``checks``: option checks shared by every command (numbers, input files, output paths);
-- ``generate``: local ranks of ``zepp generate``.
+- ``checks``: option checks shared by every command (numbers, ranks, devices, faults, files).
 
 Nothing here imports an executor: a launcher names the module its ranks run.
 """

@@ -1,9 +1,10 @@
 """Rank processes: start them, wait for them, end them, and leave nothing behind.
 
-Used by every launcher in zepp: ``zepp run`` (local gloo ranks, ``zepp.cli.run``),
-``zepp run --emulate`` (``zepp.emulate.runner``) and ``EmulatedCluster.spawn/run/call``
-(ranks inside network namespaces). There is one wait-and-kill loop, ``RankGroup.wait``, and
-one way a failure is reported, ``RunResult.failure`` -> ``zepp.errors.RankFailure``.
+Used by every launcher in zepp: ``zepp run`` and ``zepp generate`` (``zepp.launch.ranks``: local
+ranks, or ranks in the emulated cluster through ``zepp.emulate.launcher``) and
+``EmulatedCluster.spawn/run/call`` (ranks inside network namespaces). There is one wait-and-kill
+loop, ``RankGroup.wait``, and one way a failure is reported, ``RunResult.failure`` ->
+``zepp.errors.RankFailure``.
 
 What is guaranteed, by exit path of the launcher (the process that calls ``RankGroup``):
 
@@ -47,8 +48,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from zepp.errors import RankFailure
+from zepp.launch.watchdog import proc_start  # stdlib only: the watchdog script's own
 
-# what the exit codes of zepp's rank programs (zepp.runtime.worker, zepp.emulate.jobs) mean
+# what the exit codes of zepp's rank programs (zepp.runtime.rank_process, zepp.emulate.a2a_jobs) mean
 EXIT_MEANING = {3: "saw a communication failure", 4: "rejected its input", 5: "hit an internal error",
                 17: "died (fault injection)"}
 # codes of ranks that only noticed another rank failing (not culprits themselves)
@@ -109,15 +111,6 @@ class _Watchdog:
 
 
 WATCHDOG = _Watchdog()
-
-
-def proc_start(pid: int) -> str | None:
-    """Start time of ``pid`` (``/proc/PID/stat`` field 22): tells a process from a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 @contextlib.contextmanager

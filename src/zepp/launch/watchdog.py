@@ -1,10 +1,10 @@
 """Cleans up after a launcher that died without cleaning up itself (``kill -9``, a crash).
 
-A launcher (``zepp run``, ``zepp run --emulate``, anything that spawns ranks through
-``zepp.launch.processes``) starts this script once, as its own session, with a pipe on its
-stdin::
+A launcher (``zepp run``, ``zepp generate``, with or without ``--emulate``: anything that spawns
+ranks through ``zepp.launch.processes``) starts this script once, as its own session, with a pipe
+on its stdin::
 
-    python -I -S .../zepp/emulate/watchdog.py
+    python -I -S .../zepp/launch/watchdog.py
 
 and tells it, one JSON object per line, what it would have to clean up if it died now, and
 what it has cleaned up itself since::
@@ -23,7 +23,8 @@ its processes get SIGKILL, then it is deleted), files, folders. A launcher that 
 after itself has nothing left listed, and the watchdog just exits.
 
 Standard library only and no zepp imports, so it starts in a few milliseconds and cannot be
-broken by the package it cleans up after.
+broken by the package it cleans up after; ``zepp.launch.processes`` imports ``proc_start`` from
+here, so the two agree on what identifies a process.
 """
 
 from __future__ import annotations

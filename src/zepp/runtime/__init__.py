@@ -7,7 +7,11 @@
   intra-node weight swaps.
 - ``program.py``: compiles one rank's part of a FlowPlan into index arrays (pure numpy).
 - ``reference.py``: the single-process reference MoE and an in-process executor.
-- ``launch.py`` (``zepp run``) and ``worker.py`` (``python -m zepp.runtime.worker CONFIG``).
+- ``worker.py``: one rank of ``zepp run`` (``python -m zepp.runtime.worker CONFIG``): ``case.py`` runs
+  and measures every system's layer, ``inputs.py`` its traces and inputs, ``report.py`` rank 0's
+  report; ``rank_process.py`` the life of a rank process (rendezvous, exit codes, JSON exchange),
+  shared with ``zepp.serve.rank``. ``zepp run`` itself (``zepp.cli.run``) starts the ranks through
+  ``zepp.launch``; nothing here imports ``zepp.launch``, ``zepp.emulate`` or ``zepp.cli``.
 
 Importing this package does not import torch.distributed modules beyond torch itself; the
 submodules are imported on use.

@@ -355,63 +355,40 @@ class Dispatcher:
         flight: own tokens (while stage 0 is on the wire), then per stage the rows from the own
         node (while the remote ones arrive) and the rows from remote nodes (while the next stage
         is on the wire). Groups and wait order are fixed by the plan, never by arrival timing."""
-        prog, held, rows = h.prog, h._held, h.inputs.rows
-        L, N = self.gpus_per_node, self.world // self.gpus_per_node
-
-        def copy(idx):
-            if idx.size:
-                rows[self._idx(idx)] = held[self._idx(prog.e_pos[idx])]
-            return idx
-
-        released = np.zeros(0 if prog.group_need is None else prog.group_need.size, bool)
-
-        def ready(ev):
-            """The groups that events up to ``ev`` complete: the event's own rows, or (with a
-            granularity) every coarse group whose last needed event is in, in group order."""
-            if prog.group_need is None:
-                return [copy(np.flatnonzero(np.isin(prog.e_event, ev)))]
-            now = np.flatnonzero(~released & (prog.group_need <= int(np.max(ev))))
-            released[now] = True
-            return [copy(np.flatnonzero(prog.e_group == gi)) for gi in now.tolist()]
-
-        pending = [0]  # groups complete but not yet handed out
+        prog, held = h.prog, h._held
+        groups = _ArrivalGroups(self, h)
+        pending = [0]  # events whose groups are complete but not yet handed out
         for s, st in enumerate(prog.dispatch):
             send = self._gather_rows("send", held, st.send_idx)
             recv = held[st.recv_off: st.recv_off + st.n_recv]
             if not self.p2p:  # one asynchronous all-to-all per stage
                 work = self._a2a(recv, send, st, "dispatch", wave=0, async_op=True)
-                for ev in pending:
-                    for idx in ready(ev):
-                        if idx.size:
-                            yield idx
+                yield from groups.ready(pending)
                 work.wait()
                 pending = [(1 + 2 * s, 2 + 2 * s)]
                 continue
-            works, send_works = self._p2p(recv, send, st, "dispatch", tag=s, wave=0)
-            for ev in pending:
-                for idx in ready(ev):
-                    if idx.size:
-                        yield idx
-            order = [q for stage, q in prog.events if stage == s]
-            for remote in (False, True):
-                for q in order:
-                    if q in works and ((q // L - self.rank // L) % N != 0) == remote:
-                        works[q].wait()
-                if not remote:  # own-node rows are in: compute them while remote rows arrive
-                    for idx in ready(1 + 2 * s):
-                        if idx.size:
-                            yield idx
+            yield from self._p2p_stage(prog, s, st, send, recv, groups, pending)
             pending = [2 + 2 * s]
-            for w in send_works:
-                w.wait()
-        for ev in pending:
-            for idx in ready(ev):
-                if idx.size:
-                    yield idx
+        yield from groups.ready(pending)
         if prog.group_need is not None:  # groups whose rows need no event beyond the last (empty plans)
-            for idx in ready(np.iinfo(np.int64).max):
-                if idx.size:
-                    yield idx
+            yield from groups.ready([np.iinfo(np.int64).max])
+
+    def _p2p_stage(self, prog: RankProgram, s: int, st: Stage, send, recv, groups: "_ArrivalGroups", pending):
+        """Dispatch stage ``s`` point to point: post every chunk, hand out the groups ``pending``
+        completed, wait for the own node's sources and hand out their rows while the remote ones
+        arrive, then wait for those (in the plan's fixed order) and for the sends."""
+        L, N = self.gpus_per_node, self.world // self.gpus_per_node
+        works, send_works = self._p2p(recv, send, st, "dispatch", tag=s, wave=0)
+        yield from groups.ready(pending)
+        order = [q for stage, q in prog.events if stage == s]
+        for remote in (False, True):
+            for q in order:
+                if q in works and ((q // L - self.rank // L) % N != 0) == remote:
+                    works[q].wait()
+            if not remote:  # own-node rows are in: compute them while remote rows arrive
+                yield from groups.ready([1 + 2 * s])
+        for w in send_works:
+            w.wait()
 
     # ------------------------------------------------------------------ combine
     def combine(self, expert_outputs: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
@@ -545,6 +522,37 @@ class Dispatcher:
             done = _AllOf(works)
             recv_w = {q: done for kind, q, _ in kinds if kind == "r"}
         return recv_w, send_w
+
+
+class _ArrivalGroups:
+    """The expert-input rows of an overlapped dispatch, handed out in groups: the rows of each
+    arrival event, or (with a granularity) each coarse group once the last event it needs is in,
+    in group order. A group's rows are copied from the held buffer when it is handed out."""
+
+    def __init__(self, d: "Dispatcher", h: DispatchHandle):
+        self.d, self.prog, self.held, self.rows = d, h.prog, h._held, h.inputs.rows
+        self.released = np.zeros(0 if h.prog.group_need is None else h.prog.group_need.size, bool)
+
+    def _copy(self, idx: np.ndarray) -> np.ndarray:
+        if idx.size:
+            self.rows[self.d._idx(idx)] = self.held[self.d._idx(self.prog.e_pos[idx])]
+        return idx
+
+    def _complete(self, ev) -> list[np.ndarray]:
+        """The groups that events up to ``ev`` complete (an event number or a tuple of them)."""
+        prog = self.prog
+        if prog.group_need is None:
+            return [self._copy(np.flatnonzero(np.isin(prog.e_event, ev)))]
+        now = np.flatnonzero(~self.released & (prog.group_need <= int(np.max(ev))))
+        self.released[now] = True
+        return [self._copy(np.flatnonzero(prog.e_group == gi)) for gi in now.tolist()]
+
+    def ready(self, events):
+        """Yield ``idx [m]`` of every non-empty group the ``events`` complete, in order."""
+        for ev in events:
+            for idx in self._complete(ev):
+                if idx.size:
+                    yield idx
 
 
 class _HostStaged:

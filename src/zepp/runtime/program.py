@@ -159,6 +159,48 @@ def present_tokens(topk_ids: np.ndarray, rank: int) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """The plan's shape as rank ``r`` sees it: ``R`` ranks, ``T`` token rows per rank, top-``k``,
+    ``S`` slots per rank, ``L`` ranks per node, ``N`` nodes."""
+
+    r: int
+    R: int
+    T: int
+    k: int
+    S: int
+    L: int
+    N: int
+
+    def node_rank(self, x) -> np.ndarray:
+        """Ring distance of the node of rank(s) ``x`` from this rank's node."""
+        return (np.asarray(x) // self.L - self.r // self.L) % self.N
+
+
+@dataclass
+class _Held:
+    """The dispatch side of a program: its stages, the fixed wait order, and per held row its
+    key ``owner * T + token`` and arrival event."""
+
+    stages: list[Stage]
+    events: list[tuple[int, int]]
+    keys: np.ndarray
+    event: np.ndarray
+    size: int
+
+
+@dataclass
+class _Entries:
+    """The entries rank ``r`` computes, sorted by (slot, owner, token, j): ``[n]`` each."""
+
+    owner: np.ndarray
+    token: np.ndarray
+    j: np.ndarray
+    slot: np.ndarray
+    key: np.ndarray  # token row key owner * T + token
+    pos: np.ndarray  # held-buffer position of the token row's first arrival
+
+
 def compile_rank(plan: FlowPlan, rank: int, waves: bool = False, granularity: Granularity | None = None) -> RankProgram:
     """This rank's program for ``plan``; ``waves`` groups combine stage 0 into per-node waves.
     ``granularity`` (with ``waves``): merge adjacent waves to ``granularity.waves`` and group the
@@ -168,23 +210,44 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False, granularity: Gr
     Padded entries (``topk_ids == -1``, slot ``-1``) are skipped; ``tokens`` of the program is
     this rank's present-token count ``T_r`` (see the module docstring)."""
     routing = plan.routing
-    p = routing.placement
     R, T, k = routing.topk_ids.shape
-    S, L = p.slots_per_rank, plan.gpus_per_node
-    N = R // L
-    r = rank
-    node_rank = lambda x: (np.asarray(x) // L - r // L) % N  # noqa: E731  ring distance of a node
-    T_own = present_tokens(routing.topk_ids, r) if routing.topk_ids.size else 0
+    L = plan.gpus_per_node
+    sh = _Shape(rank, R, T, k, routing.placement.slots_per_rank, L, R // L)
+    T_own = present_tokens(routing.topk_ids, rank) if routing.topk_ids.size else 0
+    held = _compile_dispatch(plan, sh, T_own)
+    ent = _entries(plan, sh, held)
+    counts = np.bincount(ent.slot, minlength=sh.S)
+    store_keys, ukey_hop, e_unit = _units(plan, sh, ent)
+    gran = granularity if waves else None
+    wmap = gran.wave_map() if gran is not None else np.arange(sh.N)
+    e_wave = wmap[wave_of(ent.owner, np.full_like(ent.owner, rank), L, sh.N)] if waves else \
+        np.zeros(ent.owner.size, np.int64)
+    n_w = (gran.waves if gran is not None else sh.N) if waves else 1
+    e_group = group_need = None
+    if gran is not None:
+        e_group = gran.group_map()[dispatch_group(ent.owner, np.full_like(ent.owner, rank), L, sh.N)]
+        group_need = np.full(gran.groups, -1, np.int64)
+        np.maximum.at(group_need, e_group, held.event[ent.pos])
+    cstages = _compile_combine(plan, sh, store_keys, ukey_hop, wmap if waves else None, n_w)
+    return RankProgram(
+        rank=rank, ranks=R, gpus_per_node=L, tokens=T_own, top_k=k, slots=sh.S, dispatch=held.stages,
+        held_size=held.size, held_event=held.event, events=held.events, e_owner=ent.owner, e_token=ent.token,
+        e_j=ent.j, e_slot=ent.slot, e_pos=ent.pos.astype(np.int64), e_event=held.event[ent.pos], e_wave=e_wave,
+        e_unit=e_unit.astype(np.int64), counts=counts, combine=cstages, store_size=int(store_keys.size),
+        final_rounds=_final_rounds(store_keys, sh), num_waves=n_w, e_group=e_group, group_need=group_need,
+    )
 
-    # ---------------------------------------------------------------- dispatch
-    d = plan.dispatch
-    n_d = d.num_stages
+
+def _compile_dispatch(plan: FlowPlan, sh: _Shape, T_own: int) -> _Held:
+    """Per dispatch stage: the rows this rank sends (positions in the held buffer, by destination)
+    and receives (by source), the wait order, and every held row's key and arrival event."""
+    d, r, T, R = plan.dispatch, sh.r, sh.T, sh.R
     held_keys = [np.arange(T_own, dtype=np.int64) + r * T]
     held_event = [np.zeros(T_own, np.int64)]
     events: list[tuple[int, int]] = []
     stages: list[Stage] = []
     off = T_own
-    for s in range(n_d):
+    for s in range(d.num_stages):
         keys_so_far = np.concatenate(held_keys)
         order = np.argsort(keys_so_far, kind="stable")
         sk = keys_so_far[order]
@@ -199,68 +262,69 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False, granularity: Gr
         stages.append(Stage(send_idx.astype(np.int64), send_counts, recv_counts, recv_off=off))
         # wait order: sources of this stage on the own node first, then remote nodes in ring order
         src_r = d.src[rcv]
-        for src in sorted(np.unique(src_r).tolist(), key=lambda q: (int(node_rank(q)), q)):
+        for src in sorted(np.unique(src_r).tolist(), key=lambda q: (int(sh.node_rank(q)), q)):
             events.append((s, src))
-        ev = arrival_event(s, node_rank(src_r) != 0)
+        ev = arrival_event(s, sh.node_rank(src_r) != 0)
         held_keys.append(d.owner[rcv].astype(np.int64) * T + d.token[rcv])
         held_event.append(ev)
         off += rcv.size
-    keys = np.concatenate(held_keys)
-    held_ev = np.concatenate(held_event)
+    return _Held(stages, events, np.concatenate(held_keys), np.concatenate(held_event), int(off))
 
-    # entries computed here, sorted by (slot, owner, token, j); padded entries (slot -1) never are
-    cr = np.where(routing.slot >= 0, routing.slot // S, -1)
+
+def _entries(plan: FlowPlan, sh: _Shape, held: _Held) -> _Entries:
+    """The entries computed here, sorted by (slot, owner, token, j), and where each one's token
+    row first arrives; padded entries (slot -1) never are."""
+    routing, r = plan.routing, sh.r
+    cr = np.where(routing.slot >= 0, routing.slot // sh.S, -1)
     o_idx, t_idx, j_idx = np.nonzero(cr == r)
-    slot = (routing.slot[o_idx, t_idx, j_idx] - r * S).astype(np.int64)
+    slot = (routing.slot[o_idx, t_idx, j_idx] - r * sh.S).astype(np.int64)
     srt = np.lexsort((j_idx, t_idx, o_idx, slot))
     o_idx, t_idx, j_idx, slot = o_idx[srt], t_idx[srt], j_idx[srt], slot[srt]
-    ekey = o_idx.astype(np.int64) * T + t_idx
+    ekey = o_idx.astype(np.int64) * sh.T + t_idx
     # first arrival of each token row in wait order (event, then position)
-    order = np.lexsort((np.arange(keys.size), held_ev, keys))
+    keys = held.keys
+    order = np.lexsort((np.arange(keys.size), held.event, keys))
     sk = keys[order]
     first = np.r_[True, sk[1:] != sk[:-1]] if sk.size else np.zeros(0, bool)
     e_pos = _lookup(sk[first], order[first], ekey, "token row to compute", r)
-    counts = np.bincount(slot, minlength=S)
+    return _Entries(o_idx, t_idx, j_idx, slot, ekey, e_pos)
 
-    # ---------------------------------------------------------------- combine
-    c = plan.combine
-    K1 = k + 1
-    tok_c = c.owner.astype(np.int64) * T + c.token
+
+def _units(plan: FlowPlan, sh: _Shape, ent: _Entries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(store_keys [U], ukey_hop [hops], e_unit [n])``: the sorted keys of every unit living on
+    this rank, each combine hop's unit key, and the store index each entry's output joins."""
+    c, r, K1 = plan.combine, sh.r, sh.k + 1
+    tok_c = c.owner.astype(np.int64) * sh.T + c.token
     ukey_hop = tok_c * K1 + (c.entry.astype(np.int64) + 1)
     # units that travel as single entries; such a unit first moves from the rank computing it
     solo = _unique(ukey_hop[(c.entry >= 0) & (c.src == r)])
-    e_ukey = ekey * K1 + (j_idx + 1)
+    e_ukey = ent.key * K1 + (ent.j + 1)
     i = np.minimum(np.searchsorted(solo, e_ukey), max(solo.size - 1, 0))
     is_solo = solo[i] == e_ukey if solo.size else np.zeros(e_ukey.size, bool)
-    e_ukey = np.where(is_solo, e_ukey, ekey * K1)
+    e_ukey = np.where(is_solo, e_ukey, ent.key * K1)
     recv_keys_all = ukey_hop[c.dst == r]
     store_keys = _unique(np.concatenate([e_ukey, recv_keys_all]))
+    e_unit = _lookup(store_keys, np.arange(store_keys.size), e_ukey, "unit", r)
+    return store_keys, ukey_hop, e_unit
+
+
+def _compile_combine(plan: FlowPlan, sh: _Shape, store_keys: np.ndarray, ukey_hop: np.ndarray,
+                     wmap: np.ndarray | None, n_w: int) -> list[Stage]:
+    """Per combine stage: the units this rank sends (by wave, then destination), the layout of
+    what it receives (by wave, then source) and the accumulation rounds in increasing hop index.
+    ``wmap``: fine wave -> wave (None: no waves); waves apply to stage 0 only."""
+    c, r, R, L, N = plan.combine, sh.r, sh.R, sh.L, sh.N
     store_order = np.arange(store_keys.size)
-
-    def sidx(want, what):
-        return _lookup(store_keys, store_order, want, what, r)
-
-    e_unit = sidx(e_ukey, "unit")
-    gran = granularity if waves else None
-    wmap = gran.wave_map() if gran is not None else np.arange(N)
-    wave_of_ = lambda o, at: wmap[wave_of(o, at, L, N)]  # noqa: E731
-    e_wave = wave_of_(o_idx, np.full_like(o_idx, r)) if waves else np.zeros(o_idx.size, np.int64)
-    n_w = (gran.waves if gran is not None else N) if waves else 1
-    e_group = group_need = None
-    if gran is not None:
-        e_group = gran.group_map()[dispatch_group(o_idx, np.full_like(o_idx, r), L, N)]
-        group_need = np.full(gran.groups, -1, np.int64)
-        np.maximum.at(group_need, e_group, held_ev[e_pos])
     cstages: list[Stage] = []
     for s in range(c.num_stages):
-        wv = waves and s == 0
+        wv = wmap is not None and s == 0
         snd = np.flatnonzero((c.stage == s) & (c.src == r))
-        sw = wave_of_(c.owner[snd], c.src[snd]) if wv else np.zeros(snd.size, np.int64)
+        sw = wmap[wave_of(c.owner[snd], c.src[snd], L, N)] if wv else np.zeros(snd.size, np.int64)
         o = np.lexsort((c.dst[snd], sw))
         snd, sw = snd[o], sw[o]
-        send_idx = sidx(ukey_hop[snd], "combine unit")
+        send_idx = _lookup(store_keys, store_order, ukey_hop[snd], "combine unit", r)
         rcv = np.flatnonzero((c.stage == s) & (c.dst == r))
-        rw = wave_of_(c.owner[rcv], c.src[rcv]) if wv else np.zeros(rcv.size, np.int64)
+        rw = wmap[wave_of(c.owner[rcv], c.src[rcv], L, N)] if wv else np.zeros(rcv.size, np.int64)
         o = np.lexsort((c.src[rcv], rw))
         rcv, rw = rcv[o], rw[o]
         w = n_w if wv else 1
@@ -268,21 +332,17 @@ def compile_rank(plan: FlowPlan, rank: int, waves: bool = False, granularity: Gr
         recv_counts = np.bincount(c.src[rcv].astype(np.int64) * w + rw, minlength=R * w).reshape(R, w)
         # accumulate in increasing hop index: positions in the receive buffer sorted by hop id
         by_hop = np.argsort(rcv, kind="stable")
-        ridx = sidx(ukey_hop[rcv], "combine unit")
+        ridx = _lookup(store_keys, store_order, ukey_hop[rcv], "combine unit", r)
         rounds = [(by_hop[m], ridx[by_hop[m]]) for m in _rounds(ridx[by_hop])]
         cstages.append(Stage(send_idx.astype(np.int64), send_counts, recv_counts, rounds=rounds))
+    return cstages
 
-    # final sum at the owner, unit order -1, 0..k-1
-    mine = (store_keys // K1) // T == r
+
+def _final_rounds(store_keys: np.ndarray, sh: _Shape) -> list:
+    """The final sum at the owner: ``[(token [m], store index [m])]`` in unit order -1, 0..k-1."""
+    K1, T = sh.k + 1, sh.T
+    mine = (store_keys // K1) // T == sh.r
     fk = store_keys[mine]
     fidx = np.flatnonzero(mine)
     unit = fk % K1
-    final_rounds = [((fk[unit == u] // K1) % T, fidx[unit == u]) for u in range(K1) if np.any(unit == u)]
-    return RankProgram(
-        rank=r, ranks=R, gpus_per_node=L, tokens=T_own, top_k=k, slots=S, dispatch=stages, held_size=int(off),
-        held_event=held_ev, events=events, e_owner=o_idx, e_token=t_idx, e_j=j_idx, e_slot=slot,
-        e_pos=e_pos.astype(np.int64), e_event=held_ev[e_pos], e_wave=e_wave, e_unit=e_unit.astype(np.int64),
-        counts=counts, combine=cstages, store_size=int(store_keys.size), final_rounds=final_rounds, num_waves=n_w,
-        e_group=e_group, group_need=group_need,
-    )
-
+    return [((fk[unit == u] // K1) % T, fidx[unit == u]) for u in range(K1) if np.any(unit == u)]

@@ -56,65 +56,91 @@ def execute_local(plan: FlowPlan, x: torch.Tensor, topk_weights: torch.Tensor, s
     dict memoising expert weights across calls.
     """
     R, T, H = x.shape
-    dev, dt = x.device, x.dtype
     progs: list[RankProgram] = [compile_rank(plan, r, waves=waves, granularity=granularity) for r in range(R)]
     row = H * x.element_size()
     sent_d = np.zeros((R, R), np.int64)
     sent_c = np.zeros((R, R), np.int64)
-    t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.int64, device=dev)  # noqa: E731
+    held = _dispatch_local(progs, x, sent_d, row)
+    outs = [_experts_local(p, held[r], plan.routing.placement.slot_expert[r], seed, ffn, cache)
+            for r, p in enumerate(progs)]
+    stores = [_entries_into_units(p, outs[r], topk_weights) for r, p in enumerate(progs)]
+    _combine_local(progs, stores, x.dtype, H, sent_c, row)
+    y = torch.zeros(R, T, H, dtype=torch.float32, device=x.device)
+    for r, p in enumerate(progs):
+        for tok, sidx in p.final_rounds:
+            y[r].index_add_(0, _t(tok, x.device), stores[r][_t(sidx, x.device)])
+    return y.to(x.dtype), sent_d, sent_c
 
-    held = [torch.empty(p.held_size, H, dtype=dt, device=dev) for p in progs]
+
+def _t(a: np.ndarray, device) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.int64, device=device)
+
+
+def _dispatch_local(progs: list[RankProgram], x: torch.Tensor, sent: np.ndarray, row: int) -> list[torch.Tensor]:
+    """Every rank's held buffer ``[held_size, H]`` after the dispatch stages (own rows first)."""
+    R, T, H = x.shape
+    held = [torch.empty(p.held_size, H, dtype=x.dtype, device=x.device) for p in progs]
     for r in range(R):
         held[r][:T] = x[r]
     for s in range(len(progs[0].dispatch)):
-        sends = [held[r][t(p.dispatch[s].send_idx)] for r, p in enumerate(progs)]
-        _exchange(progs, s, "dispatch", sends, lambda r, p: held[r][p.dispatch[s].recv_off:], sent_d, row)
-    outs = []
-    for r, p in enumerate(progs):
-        w1, w2 = slot_weights(plan.routing.placement.slot_expert[r], seed, H, ffn, dtype=dt, device=dev, cache=cache)
-        rows = held[r][t(p.e_pos)]
-        if p.e_group is None:
-            outs.append(grouped_down(grouped_up(rows, p.e_slot, w1), p.e_slot, w2))
-            continue
-        mid = None
-        for gi in range(p.group_need.size):  # GEMM 1 per coarse dispatch group
-            m = np.flatnonzero(p.e_group == gi)
-            if m.size:
-                part = grouped_up(rows[t(m)], p.e_slot[m], w1)
-                mid = torch.empty(rows.shape[0], part.shape[1], dtype=part.dtype, device=dev) if mid is None else mid
-                mid[t(m)] = part
-        out = torch.zeros(rows.shape[0], H, dtype=dt, device=dev)
-        for wi in range(p.num_waves):  # GEMM 2 per coarse combine wave
-            m = np.flatnonzero(p.e_wave == wi)
-            if m.size:
-                out[t(m)] = grouped_down(mid[t(m)], p.e_slot[m], w2)
-        outs.append(out)
-    stores = []
-    for r, p in enumerate(progs):
-        st = torch.zeros(p.store_size, H, dtype=torch.float32, device=dev)
-        w = topk_weights[t(p.e_owner), t(p.e_token), t(p.e_j)].to(torch.float32)
-        contrib = outs[r].to(torch.float32) * w[:, None]
-        for j in range(p.top_k):
-            m = np.flatnonzero(p.e_j == j)
-            st.index_add_(0, t(p.e_unit[m]), contrib[t(m)])
-        stores.append(st)
+        sends = [held[r][_t(p.dispatch[s].send_idx, x.device)] for r, p in enumerate(progs)]
+        _exchange(progs, s, "dispatch", sends, lambda r, p: held[r][p.dispatch[s].recv_off:], sent, row)
+    return held
+
+
+def _experts_local(p: RankProgram, held: torch.Tensor, slot_expert: np.ndarray, seed: int, ffn: int,
+                   cache: dict | None) -> torch.Tensor:
+    """One rank's expert outputs ``[n, H]`` in expert-input order: one GEMM per phase, or (with a
+    granularity) GEMM 1 per coarse dispatch group and GEMM 2 per coarse combine wave."""
+    dev, dt, H = held.device, held.dtype, held.shape[1]
+    w1, w2 = slot_weights(slot_expert, seed, H, ffn, dtype=dt, device=dev, cache=cache)
+    rows = held[_t(p.e_pos, dev)]
+    if p.e_group is None:
+        return grouped_down(grouped_up(rows, p.e_slot, w1), p.e_slot, w2)
+    mid = None
+    for gi in range(p.group_need.size):  # GEMM 1 per coarse dispatch group
+        m = np.flatnonzero(p.e_group == gi)
+        if m.size:
+            part = grouped_up(rows[_t(m, dev)], p.e_slot[m], w1)
+            mid = torch.empty(rows.shape[0], part.shape[1], dtype=part.dtype, device=dev) if mid is None else mid
+            mid[_t(m, dev)] = part
+    out = torch.zeros(rows.shape[0], H, dtype=dt, device=dev)
+    for wi in range(p.num_waves):  # GEMM 2 per coarse combine wave
+        m = np.flatnonzero(p.e_wave == wi)
+        if m.size:
+            out[_t(m, dev)] = grouped_down(mid[_t(m, dev)], p.e_slot[m], w2)
+    return out
+
+
+def _entries_into_units(p: RankProgram, out: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """One rank's combine store ``[U, H]`` fp32: gate-weighted outputs summed into their units in
+    increasing ``j``."""
+    dev = out.device
+    st = torch.zeros(p.store_size, out.shape[1], dtype=torch.float32, device=dev)
+    w = topk_weights[_t(p.e_owner, dev), _t(p.e_token, dev), _t(p.e_j, dev)].to(torch.float32)
+    contrib = out.to(torch.float32) * w[:, None]
+    for j in range(p.top_k):
+        m = np.flatnonzero(p.e_j == j)
+        st.index_add_(0, _t(p.e_unit[m], dev), contrib[_t(m, dev)])
+    return st
+
+
+def _combine_local(progs: list[RankProgram], stores: list[torch.Tensor], dt: torch.dtype, H: int,
+                   sent: np.ndarray, row: int) -> None:
+    """The combine stages: units move (in the wire dtype ``dt``) and add into the receivers' stores."""
+    dev = stores[0].device
     for s in range(len(progs[0].combine)):
         sends = []
         for r, p in enumerate(progs):
-            idx = t(p.combine[s].send_idx)
+            idx = _t(p.combine[s].send_idx, dev)
             sends.append(stores[r][idx].to(dt))
             stores[r][idx] = 0.0
         recvs = [torch.empty(p.combine[s].n_recv, H, dtype=dt, device=dev) for p in progs]
-        _exchange(progs, s, "combine", sends, lambda r, p: recvs[r], sent_c, row)
+        _exchange(progs, s, "combine", sends, lambda r, p: recvs[r], sent, row)
         for r, p in enumerate(progs):
             r32 = recvs[r].to(torch.float32)
             for pos, sidx in p.combine[s].rounds:
-                stores[r].index_add_(0, t(sidx), r32[t(pos)])
-    y = torch.zeros(R, T, H, dtype=torch.float32, device=dev)
-    for r, p in enumerate(progs):
-        for tok, sidx in p.final_rounds:
-            y[r].index_add_(0, t(tok), stores[r][t(sidx)])
-    return y.to(dt), sent_d, sent_c
+                stores[r].index_add_(0, _t(sidx, dev), r32[_t(pos, dev)])
 
 
 def _exchange(progs, s, phase, sends, recv_of, sent, row) -> None:

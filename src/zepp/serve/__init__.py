@@ -5,12 +5,12 @@ expert weights of its own slots, runs its own requests, and every sparse MoE blo
 rows with a zepp system (any registry row the runtime supports).
 
 - ``checkpoint.py``: tensor-by-tensor safetensors reading (a rank reads only what it needs);
-- ``blocks.py``: module surgery, ``ExpertParallelMoE`` replacing each sparse MoE block;
+- ``moe_blocks.py``: module surgery, ``ExpertParallelMoE`` replacing each sparse MoE block;
 - ``comm.py``: ``ExpertParallel``, the one communication object of the process (one Dispatcher);
 - ``loader.py``: ``load_expert_parallel`` builds a rank's model;
 - ``engine.py``: dealing requests, prefill and greedy decode with the model's KV cache, swaps;
-- ``rank.py``: one rank (``python -m zepp.serve.rank CONFIG``); ``launch.py``: local ranks;
-- ``cli.py``: ``zepp generate``; ``reference.py``: plain ``transformers`` generate;
+- ``rank.py``: one rank (``python -m zepp.serve.rank CONFIG``; started by ``zepp generate``,
+  ``zepp.cli.generate``, through ``zepp.launch.ranks``); ``reference.py``: plain ``transformers`` generate;
 - ``tiny.py``: random-init checkpoints for tests and benchmarks.
 
 Needs the ``serve`` extra (``pip install -e '.[serve]'``: transformers 5, safetensors).

@@ -62,6 +62,65 @@ def _eos_set(config) -> set[int]:
     return {int(gc)} if isinstance(gc, int) else {int(x) for x in gc}
 
 
+class RankBatch:
+    """This rank's requests as one batch: left-padded ids, attention mask and position ids as
+    ``generate`` builds them, the model's ``DynamicCache``, and per request the new tokens, the
+    kept logits and whether it is done (``max_new`` tokens, or an end-of-sequence id)."""
+
+    def __init__(self, model, prompts: list[list[int]], max_new: list[int], device, keep_logits: bool):
+        from transformers import DynamicCache
+
+        n = len(prompts)
+        self.n, self.max_new, self.device, self.keep_logits = n, max_new, device, keep_logits
+        self.out: list[list[int]] = [[] for _ in range(n)]
+        self.logits_out: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self.done = np.array([m <= 0 for m in max_new], bool)
+        if not n:
+            return
+        Lmax = max(len(p) for p in prompts)
+        ids = torch.zeros(n, Lmax, dtype=torch.int64)
+        mask = torch.zeros(n, Lmax, dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            ids[i, Lmax - len(p):] = torch.as_tensor(p, dtype=torch.int64)
+            mask[i, Lmax - len(p):] = 1
+        self.ids, self.mask = ids.to(device), mask.to(device)
+        self.pos = (self.mask.cumsum(-1) - 1).clamp_min(0)
+        self.cache = DynamicCache(config=model.config)
+        self.live = self.mask.reshape(-1).bool()
+
+    def rows(self, step: int) -> torch.Tensor:
+        """``[T_r]`` live rows of the flattened hidden states: every prompt token at step 0, then
+        one per unfinished request."""
+        if step == 0 and self.n:
+            return torch.nonzero(self.live).squeeze(1)
+        if self.n:
+            return torch.nonzero(torch.as_tensor(~self.done, device=self.device)).squeeze(1)
+        return torch.zeros(0, dtype=torch.int64, device=self.device)
+
+    def advance(self, model, eos: set[int]) -> None:
+        """One forward over the batch; the greedy next token of every unfinished request."""
+        res = model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, cache=self.cache,
+                    use_cache=True)
+        last = res.logits[:, -1, :].float()
+        nxt = last.argmax(-1)
+        for i in np.flatnonzero(~self.done).tolist():
+            tok = int(nxt[i])
+            self.out[i].append(tok)
+            if self.keep_logits:
+                self.logits_out[i].append(last[i].cpu())
+            if tok in eos or len(self.out[i]) >= self.max_new[i]:
+                self.done[i] = True
+        self.ids = nxt[:, None]
+        self.mask = torch.cat([self.mask, torch.ones(self.n, 1, dtype=self.mask.dtype, device=self.device)], dim=1)
+        self.pos = self.pos[:, -1:] + 1
+
+    def logits(self) -> list[torch.Tensor] | None:
+        """``[n][steps, V]`` logits of every request (``None`` unless ``keep_logits``)."""
+        if not self.keep_logits:
+            return None
+        return [torch.stack(x) if x else torch.zeros(0) for x in self.logits_out]
+
+
 @torch.no_grad()
 def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos: set[int] | None = None,
                   keep_logits: bool = False, adapt=None, fault=None, probe=None):
@@ -73,27 +132,10 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
     (``log.probes``; e.g. the emulated NIC counters).
     Returns ``(new_tokens [n][...], logits [n][steps, V] or None, StepLog)``.
     """
-    from transformers import DynamicCache
-
-    dev = comm.device
     eos = _eos_set(model.config) if eos is None else set(eos)
     blocks = ep_blocks(model)
-    n = len(prompts)
-    out: list[list[int]] = [[] for _ in range(n)]
-    logits_out: list[list[torch.Tensor]] = [[] for _ in range(n)]
-    done = np.array([m <= 0 for m in max_new], bool)
+    batch = RankBatch(model, prompts, max_new, comm.device, keep_logits)
     log = StepLog()
-    if n:
-        Lmax = max(len(p) for p in prompts)
-        ids = torch.zeros(n, Lmax, dtype=torch.int64)
-        mask = torch.zeros(n, Lmax, dtype=torch.int64)
-        for i, p in enumerate(prompts):
-            ids[i, Lmax - len(p):] = torch.as_tensor(p, dtype=torch.int64)
-            mask[i, Lmax - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = DynamicCache(config=model.config)
-        live = mask.reshape(-1).bool()
     if probe is not None:
         log.probes.append(probe())
     step = 0
@@ -101,29 +143,12 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
         t0 = time.perf_counter()
         if fault and fault.get("step") == step:
             _inject(fault)
-        if step == 0 and n:
-            rows = torch.nonzero(live).squeeze(1)
-        elif n:
-            rows = torch.nonzero(torch.as_tensor(~done, device=dev)).squeeze(1)
-        else:
-            rows = torch.zeros(0, dtype=torch.int64, device=dev)
+        rows = batch.rows(step)
         counts = comm.begin_step(rows, int(rows.numel()))
-        if int(counts.sum()) == 0:
+        if int(counts.sum()) == 0:  # every rank is done
             break
         if rows.numel():
-            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-            last = res.logits[:, -1, :].float()
-            nxt = last.argmax(-1)
-            for i in np.flatnonzero(~done).tolist():
-                tok = int(nxt[i])
-                out[i].append(tok)
-                if keep_logits:
-                    logits_out[i].append(last[i].cpu())
-                if tok in eos or len(out[i]) >= max_new[i]:
-                    done[i] = True
-            ids = nxt[:, None]
-            mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype, device=dev)], dim=1)
-            pos = pos[:, -1:] + 1
+            batch.advance(model, eos)
         else:
             for b in blocks:
                 b.idle()
@@ -139,8 +164,7 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
         step += 1
     if probe is not None:
         log.probes.append(probe())
-    logits = [torch.stack(x) if x else torch.zeros(0) for x in logits_out] if keep_logits else None
-    return out, logits, log
+    return batch.out, batch.logits(), log
 
 
 def _inject(fault: dict) -> None:
@@ -151,26 +175,31 @@ def _inject(fault: dict) -> None:
     time.sleep(3600)
 
 
-def make_swapper(model, comm):
-    """``adapt(log)`` for ``zepp-swap``: per layer, plan intra-node swaps from its recent slot loads
-    and move the weights (inside nodes only); appends swaps and bytes to the step log."""
-    from zepp.runtime.moe import swap_slot_weights
-    from zepp.planner.swaps import plan_swaps
+class Swapper:
+    """``zepp-swap`` between steps: per layer, plan intra-node swaps from its recent slot loads and
+    move the weights (inside nodes only); ``swapper(log)`` appends the swaps, bytes and seconds
+    of the step to the step log. ``sent_to [R]``: swap weight bytes this rank sent, per rank."""
 
-    blocks = ep_blocks(model)
-    adapt_sent = np.zeros(comm.world, np.int64)  # swap weight bytes this rank sent, per destination rank
+    def __init__(self, model, comm):
+        self.comm = comm
+        self.blocks = ep_blocks(model)
+        self.sent_to = np.zeros(comm.world, np.int64)
 
-    def adapt(log: StepLog) -> None:
+    def __call__(self, log: StepLog) -> None:
+        from zepp.planner.swaps import plan_swaps
+        from zepp.runtime.moe import swap_slot_weights
+
+        comm = self.comm
         t0 = time.perf_counter()
         slots, sent = 0, 0
-        for b in blocks:
+        for b in self.blocks:
             old = comm.placements[b.layer]
             sp = plan_swaps(old, comm.recent_loads(b.layer), comm.relaxation)
             if not sp.num_swapped_slots:
                 continue
             comm.dispatcher.set_placement(old)
             sent += swap_slot_weights([b.gate_up, b.down], sp.copies, old.slot_expert, sp.placement.slot_expert,
-                                      comm.dispatcher, sent_to=adapt_sent)
+                                      comm.dispatcher, sent_to=self.sent_to)
             comm.placements[b.layer] = sp.placement
             comm.recent[b.layer] = [np.asarray(sp.slot_load, np.int64)]
             slots += sp.num_swapped_slots
@@ -178,5 +207,3 @@ def make_swapper(model, comm):
         log.swap_bytes.append(sent)
         log.swap_seconds.append(time.perf_counter() - t0)
 
-    adapt.sent_to = adapt_sent
-    return adapt

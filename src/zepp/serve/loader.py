@@ -3,7 +3,7 @@
 Steps (``load_expert_parallel``):
 
 1. the config (``AutoConfig``) and the model skeleton on the ``meta`` device (no memory);
-2. module surgery: every sparse MoE block (``zepp.serve.blocks.find_moe_blocks``) is replaced by
+2. module surgery: every sparse MoE block (``zepp.serve.moe_blocks.find_moe_blocks``) is replaced by
    an ``ExpertParallelMoE`` sized for this rank's slots (``model.set_submodule``);
 3. ``to_empty`` on the target device, then every remaining parameter and persistent buffer is
    read from the checkpoint by name (non-expert weights: attention, norms, embeddings, routers,
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from zepp.errors import ZeppInputError
-from zepp.serve.blocks import ExpertParallelMoE, UnsupportedBlock, find_moe_blocks
+from zepp.serve.moe_blocks import ExpertParallelMoE, UnsupportedBlock, find_moe_blocks
 from zepp.serve.checkpoint import Checkpoint
 
 
@@ -88,6 +88,7 @@ def load_expert_parallel(folder, comm, rank: int, device=None, dtype=torch.float
     device = torch.device(device or "cpu")
     ckpt = Checkpoint(folder)
     config = read_config(folder)
+    # 1. the skeleton on the meta device; 2. every sparse MoE block replaced
     model = skeleton(config, dtype)
     blocks = find_moe_blocks(model)
     if len(blocks) != comm.layers:
@@ -95,15 +96,35 @@ def load_expert_parallel(folder, comm, rank: int, device=None, dtype=torch.float
     S = comm.placements[0].slots_per_rank
     for i, (path, blk) in enumerate(blocks):
         model.set_submodule(path, ExpertParallelMoE(blk, i, comm, S))
+    # 3. memory on the device, non-expert tensors by name; 4. rotary buffers rebuilt, embeddings tied
     model.to_empty(device=device)
     _rebuild_nonpersistent(model, device)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    _load_dense(model, ckpt, folder, tied)
+    if tied:
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    for i, (path, _) in enumerate(blocks):
+        _load_slots(model.get_submodule(path), ckpt, path, comm.placements[i].slot_expert[rank])
+    model.eval()
+    model.zepp_bytes_read = ckpt.bytes_read
+    model.zepp_checkpoint_bytes = ckpt.total_bytes()
+    return model
+
+
+def _persistent_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and persistent buffer by its checkpoint name."""
     persistent = dict(model.named_parameters())
     for mname, m in model.named_modules():
         for bname, b in m.named_buffers(recurse=False):
             if b is not None and bname not in m._non_persistent_buffers_set:
                 persistent[f"{mname}.{bname}" if mname else bname] = b
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    for name, t in persistent.items():
+    return persistent
+
+
+def _load_dense(model: nn.Module, ckpt: Checkpoint, folder, tied: bool) -> None:
+    """Read every tensor but the expert-parallel blocks' slot weights from the checkpoint, by name
+    (a tied output embedding is tied afterwards)."""
+    for name, t in _persistent_tensors(model).items():
         if name.endswith(".gate_up") or name.endswith(".down"):
             owner = model.get_submodule(name.rsplit(".", 1)[0])
             if isinstance(owner, ExpertParallelMoE):
@@ -117,22 +138,18 @@ def load_expert_parallel(folder, comm, rank: int, device=None, dtype=torch.float
         if tuple(src.shape) != tuple(t.shape):
             raise ZeppInputError(f"{folder}: {key} has shape {tuple(src.shape)}, the model wants {tuple(t.shape)}")
         t.copy_(src.to(t.dtype))
-    if tied:
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
-    for i, (path, _) in enumerate(blocks):
-        blk = model.get_submodule(path)
-        se = comm.placements[i].slot_expert[rank]
-        blk.gate_up.zero_()
-        blk.down.zero_()
-        for s, e in enumerate(np.asarray(se).tolist()):
-            if e >= 0:
-                gu, dn = ckpt.expert_weights(path, e)
-                blk.gate_up[s].copy_(gu.to(blk.gate_up.dtype))
-                blk.down[s].copy_(dn.to(blk.down.dtype))
-    model.eval()
-    model.zepp_bytes_read = ckpt.bytes_read
-    model.zepp_checkpoint_bytes = ckpt.total_bytes()
-    return model
+
+
+def _load_slots(blk: ExpertParallelMoE, ckpt: Checkpoint, path: str, slot_expert) -> None:
+    """The weights of each local slot's expert (``slot_expert [S]``, -1 = empty: zeros) from the
+    checkpoint's block at ``path``."""
+    blk.gate_up.zero_()
+    blk.down.zero_()
+    for s, e in enumerate(np.asarray(slot_expert).tolist()):
+        if e >= 0:
+            gu, dn = ckpt.expert_weights(path, e)
+            blk.gate_up[s].copy_(gu.to(blk.gate_up.dtype))
+            blk.down[s].copy_(dn.to(blk.down.dtype))
 
 
 def ep_blocks(model: nn.Module) -> list[ExpertParallelMoE]:

@@ -8,11 +8,13 @@ process group), ``requests`` (token-id lists), ``max_new`` (per request), ``eos`
 for the config's), ``history`` (folder of ``layer_{i:03d}.txt`` traces, or null: home placement),
 ``record`` (folder: rank 0 writes the first system's per-layer traces and ``load.json``),
 ``relaxation``, ``extra`` slots, ``device``, ``backend``, ``timeout`` seconds, ``keep_logits``,
-``fault`` (tests: ``{"rank", "system", "step", "mode": "die"|"hang"}``), ``out`` (report JSON
-written by rank 0).
+``fault`` (tests: ``{"rank", "system", "step", "mode": "die"|"hang"}``; no ``system``: every
+system), ``emulate`` (informational: the ranks run in the emulated cluster), ``out`` (report JSON
+written by rank 0). In the emulated cluster the ranks run ``zepp.emulate.serve_rank``, this
+module's ``run_in_process`` with the NIC counters as ``probe``.
 
-Exit codes as ``zepp.runtime.worker``: 0 fine; 3 a collective failed or timed out (a peer died or
-hung); 4 bad input; 5 internal error.
+Exit codes as ``zepp.runtime.rank_process``: 0 fine; 3 a collective failed or timed out (a peer
+died or hung); 4 bad input; 5 internal error.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
-from zepp.runtime.worker import gather_json
+from zepp.runtime.rank_process import gather_json, read_config, run_rank_process
+
+MODULE = "zepp.serve.rank"
 
 
 def default_config() -> dict:
@@ -78,66 +82,83 @@ def _param_bytes(model) -> int:
     return total
 
 
-def run_system(cfg: dict, name: str, shape: dict) -> dict | None:
-    """Load the model for system ``name``, generate, and (rank 0) return its report."""
-    from zepp.model import MoESpec
-    from zepp.registry import system as lookup
-    from zepp.serve.comm import ExpertParallel
-    from zepp.serve.engine import deal, generate_rank, make_swapper
-    from zepp.serve.loader import load_expert_parallel
+class ServedSystem:
+    """System ``name``'s model on this rank: its ``ExpertParallel`` (one placement per layer), the
+    expert-parallel model loaded from the checkpoint, and how long loading took (``load_s``)."""
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    L = cfg["gpus_per_node"]
-    sysd = lookup(name)
-    spec = MoESpec("served", shape["experts"], shape["top_k"], shape["hidden"], shape["ffn"], 4)
-    device = torch.device(cfg["device"])
-    record = bool(cfg.get("record")) and name == cfg["systems"][0]
-    comm = ExpertParallel(sysd, layer_placements(cfg, sysd, shape, world), spec, cfg["relaxation"], device,
-                          record=record)
-    layer_placements_at_load = list(comm.placements)
-    t_load = time.perf_counter()
-    model = load_expert_parallel(cfg["checkpoint"], comm, rank, device)
-    t_load = time.perf_counter() - t_load
-    reqs = cfg["requests"]
-    mine = deal([len(p) for p in reqs], world)[rank]
-    fault = cfg.get("fault") or {}
-    my_fault = fault if fault.get("rank") == rank and fault.get("system", name) == name else None
-    adapt = make_swapper(model, comm) if sysd.swaps else None
-    comm.dispatcher.counter.reset()
-    dist.barrier()
-    t0 = time.perf_counter()
-    probe = None
-    if cfg.get("emulate"):
-        from zepp.emulate.counters import read_own_counters
+    def __init__(self, cfg: dict, name: str, shape: dict):
+        from zepp.model import MoESpec
+        from zepp.registry import system as lookup
+        from zepp.serve.comm import ExpertParallel
+        from zepp.serve.loader import load_expert_parallel
 
-        probe = read_own_counters
-    new, logits, log = generate_rank(model, comm, [reqs[i] for i in mine], [cfg["max_new"][i] for i in mine],
-                                     eos=cfg.get("eos"), keep_logits=cfg.get("keep_logits", False), adapt=adapt,
-                                     fault=my_fault, probe=probe)
-    wall = time.perf_counter() - t0
-    counter = comm.dispatcher.counter
-    same = (np.arange(world) // L) == rank // L
-    pre = log.bytes_after_prefill or {p: np.zeros(world, np.int64) for p in counter.by_dst}
-    nbytes = {}
-    for phase, b in counter.by_dst.items():
-        for part, v in (("prefill", pre[phase]), ("decode", b - pre[phase])):
-            nbytes[f"{part}_{phase}_nic"] = int(v[~same].sum())
-            nbytes[f"{part}_{phase}_nvlink"] = int(v[same].sum())
-    mine_rec = {"mine": mine, "new": new, "logits": [x.tolist() for x in logits] if logits is not None else None,
-                "seconds": log.seconds, "rows": log.rows, "all_rows": log.all_rows, "bytes": nbytes,
+        self.cfg, self.name = cfg, name
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.system = lookup(name)
+        spec = MoESpec("served", shape["experts"], shape["top_k"], shape["hidden"], shape["ffn"], 4)
+        self.device = torch.device(cfg["device"])
+        self.record = bool(cfg.get("record")) and name == cfg["systems"][0]
+        self.comm = ExpertParallel(self.system, layer_placements(cfg, self.system, shape, self.world), spec,
+                                   cfg["relaxation"], self.device, record=self.record)
+        self.placements_at_load = list(self.comm.placements)
+        t_load = time.perf_counter()
+        self.model = load_expert_parallel(cfg["checkpoint"], self.comm, self.rank, self.device)
+        self.load_s = time.perf_counter() - t_load
+
+    def generate(self, probe=None) -> dict:
+        """Generate this rank's share of the requests; returns its JSON record (``summarize``)."""
+        from zepp.serve.engine import Swapper, deal, generate_rank
+
+        cfg, comm = self.cfg, self.comm
+        reqs = cfg["requests"]
+        mine = deal([len(p) for p in reqs], self.world)[self.rank]
+        fault = cfg.get("fault") or {}
+        my_fault = fault if fault.get("rank") == self.rank and fault.get("system", self.name) == self.name else None
+        adapt = Swapper(self.model, comm) if self.system.swaps else None
+        comm.dispatcher.counter.reset()
+        dist.barrier()
+        t0 = time.perf_counter()
+        new, logits, log = generate_rank(self.model, comm, [reqs[i] for i in mine], [cfg["max_new"][i] for i in mine],
+                                         eos=cfg.get("eos"), keep_logits=cfg.get("keep_logits", False), adapt=adapt,
+                                         fault=my_fault, probe=probe)
+        wall = time.perf_counter() - t0
+        same = (np.arange(self.world) // cfg["gpus_per_node"]) == self.rank // cfg["gpus_per_node"]
+        return {"mine": mine, "new": new, "logits": [x.tolist() for x in logits] if logits is not None else None,
+                "seconds": log.seconds, "rows": log.rows, "all_rows": log.all_rows,
+                "bytes": self._phase_bytes(log, same),
                 "swapped_slots": log.swapped_slots, "swap_bytes": log.swap_bytes, "swap_seconds": log.swap_seconds,
-                "param_bytes": _param_bytes(model), "bytes_read": model.zepp_bytes_read,
-                "local_experts": int(sum(int((p.slot_expert[rank] >= 0).sum()) for p in layer_placements_at_load)),
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": t_load,
+                "param_bytes": _param_bytes(self.model), "bytes_read": self.model.zepp_bytes_read,
+                "local_experts": int(sum(int((p.slot_expert[self.rank] >= 0).sum()) for p in self.placements_at_load)),
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": self.load_s,
                 "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes,
                 "swap_bytes_cross_node": int(adapt.sent_to[~same].sum()) if adapt is not None else 0}
-    everything = gather_json(mine_rec, device if dist.get_backend() == "nccl" else None)  # JSON, never pickles
-    if rank == 0 and record:
-        write_record(cfg["record"], comm.recorded, comm.expert_load,
+
+    def _phase_bytes(self, log, same: np.ndarray) -> dict:
+        """``{"{prefill|decode}_{phase}_{nic|nvlink}": bytes}`` this rank sent (``same [R]``: own node)."""
+        counter = self.comm.dispatcher.counter
+        pre = log.bytes_after_prefill or {p: np.zeros(self.world, np.int64) for p in counter.by_dst}
+        nbytes = {}
+        for phase, b in counter.by_dst.items():
+            for part, v in (("prefill", pre[phase]), ("decode", b - pre[phase])):
+                nbytes[f"{part}_{phase}_nic"] = int(v[~same].sum())
+                nbytes[f"{part}_{phase}_nvlink"] = int(v[same].sum())
+        return nbytes
+
+
+def run_system(cfg: dict, name: str, shape: dict, probe=None) -> dict | None:
+    """Load the model for system ``name``, generate, and (rank 0) return its report. ``probe``:
+    see ``zepp.serve.engine.generate_rank``."""
+    served = ServedSystem(cfg, name, shape)
+    mine = served.generate(probe)
+    device = served.device if dist.get_backend() == "nccl" else None
+    everything = gather_json(mine, device)  # JSON, never pickles
+    if served.rank == 0 and served.record:
+        write_record(cfg["record"], served.comm.recorded, served.comm.expert_load,
                      {"experts": shape["experts"], "top_k": shape["top_k"], "layers": shape["layers"],
-                      "system": name, "nodes": cfg["nodes"], "gpus_per_node": L})
-    rep = summarize(cfg, name, shape, everything, comm.expert_load, model.zepp_checkpoint_bytes)
-    del model, comm
+                      "system": name, "nodes": cfg["nodes"], "gpus_per_node": cfg["gpus_per_node"]})
+    rep = summarize(cfg, name, shape, everything, served.comm.expert_load, served.model.zepp_checkpoint_bytes)
+    rank = served.rank
+    del served
     gc.collect()
     return rep if rank == 0 else None
 
@@ -201,7 +222,7 @@ def _wire(per_rank: list[dict]) -> dict | None:
     return {"prefill": pre, "decode": dec, "total": int(sum(pre) + sum(dec))}
 
 
-def run_rank(cfg: dict) -> dict | None:
+def run_rank(cfg: dict, probe=None) -> dict | None:
     """Every system of ``cfg`` on this rank; rank 0 returns ``{"systems": {name: report}, ...}``."""
     from transformers.utils import logging as hf_logging
 
@@ -215,31 +236,24 @@ def run_rank(cfg: dict) -> dict | None:
     shape = moe_shape(read_config(cfg["checkpoint"]))
     reports = {}
     for name in cfg["systems"]:
-        reports[name] = run_system(cfg, name, shape)
+        reports[name] = run_system(cfg, name, shape, probe)
     if dist.get_rank() != 0:
         return None
     return {"systems": reports, "model": {k: v for k, v in shape.items() if k != "paths"},
             "config": {k: v for k, v in cfg.items() if k not in ("requests", "out")}}
 
 
-def run_in_process(cfg: dict) -> int:
+def run_in_process(cfg: dict, probe=None) -> int:
     """Join the process group named by the environment, run, write ``cfg["out"]`` on rank 0
-    (``zepp.runtime.worker.run_rank_process``: the same exit codes as ``zepp run``'s ranks)."""
-    from zepp.runtime.worker import run_rank_process
+    (``zepp.runtime.rank_process``: the same exit codes as ``zepp run``'s ranks). ``probe``: a
+    reading kept at the start, after prefill and at the end of each system's generation (the
+    emulated cluster's rank entry ``zepp.emulate.serve_rank`` passes its NIC counters)."""
+    return run_rank_process(cfg, lambda: run_rank(cfg, probe), "zepp generate")
 
-    return run_rank_process(cfg, lambda: run_rank(cfg), "zepp generate")
 
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m zepp.serve.rank CONFIG.json  (env RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
-              file=sys.stderr)
-        return 2
-    cfg = default_config()
-    with open(argv[0]) as f:
-        cfg.update(json.load(f))
-    return run_in_process(cfg)
+def main(argv: list[str] | None = None, probe=None) -> int:
+    cfg = read_config(sys.argv[1:] if argv is None else argv, default_config(), MODULE)
+    return 2 if cfg is None else run_in_process(cfg, probe)
 
 
 if __name__ == "__main__":

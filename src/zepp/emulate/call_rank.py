@@ -1,6 +1,6 @@
 """Entry point of a rank process started by ``EmulatedCluster.call``.
 
-``python -m zepp.emulate.rankmain module:function '<json kwargs>' OUTDIR`` imports the function,
+``python -m zepp.emulate.call_rank module:function '<json kwargs>' OUTDIR`` imports the function,
 calls it with the keyword arguments (the rank's identity is in the environment: RANK,
 WORLD_SIZE, ...), and writes its JSON-serialisable return value to ``OUTDIR/result{RANK}.json``.
 Any exception ends the process with exit code 1 and the traceback on stderr.

@@ -17,7 +17,7 @@ import time
 def _init(timeout_s: float):
     import torch.distributed as dist
 
-    from zepp.runtime.worker import init_group
+    from zepp.runtime.rank_process import init_group
 
     init_group("gloo", timeout_s)
     return dist, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])

@@ -1,6 +1,6 @@
 """Entry point of a ``zepp run --emulate`` rank: the runtime worker plus interface counters.
 
-``python -m zepp.emulate.rankrun CONFIG.json OUTDIR`` runs ``zepp.runtime.worker`` (same
+``python -m zepp.emulate.worker_rank CONFIG.json OUTDIR`` runs ``zepp.runtime.worker`` (same
 config, same exit codes) inside the rank's network namespace with ``CounterHooks``, which
 record the kernel byte counters of this rank's own interfaces
 (``/sys/class/net/{nic,nv*}/statistics``: the namespace sees only its own) before every MoE
@@ -34,7 +34,9 @@ import sys
 import time
 
 from zepp.emulate.counters import read_own_counters
-from zepp.runtime.worker import RunHooks, default_config, run_in_process
+from zepp.runtime.case import RunHooks
+from zepp.runtime.rank_process import read_config
+from zepp.runtime.worker import default_config, run_in_process
 
 
 class CounterHooks(RunHooks):
@@ -71,13 +73,13 @@ class CounterHooks(RunHooks):
 
 
 def main(argv: list[str]) -> int:
-    cfg_path, outdir = argv
+    if len(argv) != 2:
+        print("usage: python -m zepp.emulate.worker_rank CONFIG.json OUTDIR", file=sys.stderr)
+        return 2
+    cfg = read_config(argv[:1], default_config(), "zepp.emulate.worker_rank")
     fault = os.environ.get("ZEPP_EMULATE_NIC_FAULT")
-    hooks = CounterHooks(int(os.environ.get("RANK", "0")), outdir,
+    hooks = CounterHooks(int(os.environ.get("RANK", "0")), argv[1],
                          tuple(int(v) for v in fault.split(":")) if fault else None)
-    cfg = default_config()
-    with open(cfg_path) as f:
-        cfg.update(json.load(f))
     code = run_in_process(cfg, hooks)
     hooks.write()
     return code
