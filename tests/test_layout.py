@@ -172,3 +172,11 @@ def test_the_readme_planner_snippet_runs(tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), scope)
     scope["plan"].validate()
     assert scope["plan"].transport == "zepp/reduce"
+
+
+def test_the_package_and_its_planner_load_no_torch():
+    """``import zepp`` (every launcher and ``zepp plan``) does not pay for torch; the numpy planner needs none."""
+    code = "import sys, zepp, zepp.planner, zepp.traces, zepp.cli\nprint('torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -2,17 +2,23 @@
 section 6) and the placements built on it: ``eplb`` (its global policy on the summed history)
 and ``eplb-distinct`` (its counts and packing, never two replicas of one expert on one GPU).
 
-EPLB and its variants compare float32 loads, because EPLB does.
+EPLB and its variants compare float32 loads, because EPLB does. ``rebalance_experts`` speaks
+torch tensors (DeepSeek's interface); torch is imported when it is called, so importing the
+planner does not load torch.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from zepp.errors import ZeppInputError
 from zepp.planner.placement.base_placement import summed_load
 from zepp.planner.types import Placement
+
+if TYPE_CHECKING:
+    import torch
 
 # --------------------------------------------------------------------------- DeepSeek EPLB
 
@@ -38,6 +44,8 @@ def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, 
 
     Known flaw kept on purpose (faithful): two replicas of one expert can share a GPU.
     """
+    import torch
+
     w = torch.as_tensor(weight)
     groups, nodes = _check_rebalance(w, num_replicas, num_groups, num_nodes, num_gpus)
     wf = w.detach().to("cpu", torch.float32).numpy()
@@ -49,6 +57,8 @@ def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, 
 def _check_rebalance(w: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
                      num_gpus: int) -> tuple[int, int]:
     """Check ``rebalance_experts``' arguments; returns the ``(groups, nodes)`` of the policy it runs."""
+    import torch
+
     if w.ndim != 2:
         raise ZeppInputError(f"weight must be [layers, num_logical_experts], got shape {tuple(w.shape)}")
     e_num = w.shape[1]
@@ -186,6 +196,8 @@ def place_eplb(hist, ranks: int, gpus_per_node: int, extra: int = 2) -> Placemen
     (``num_groups = num_nodes = 1``, ``num_gpus = ranks``); physical slot ``p`` is local slot
     ``p % S`` of rank ``p // S``. Two replicas of one expert may share a GPU (EPLB's flaw).
     """
+    import torch
+
     load, S, e_num = summed_load(hist, ranks, gpus_per_node, extra)
     weight = torch.from_numpy(load.astype(np.float32))[None, :]
     phy2log, _, _ = rebalance_experts(weight, ranks * S, 1, 1, ranks)
