@@ -239,7 +239,7 @@ def summarize(out: dict, systems: list[str]) -> dict:
 def markdown(report: dict) -> str:
     """The results note: per shape, prefill tokens/s and decode ms/step per system and batch."""
     a = report["args"]
-    out = [f"# Serving benchmark (benchmarks/serve_bench.py)", "",
+    out = ["# Serving benchmark (benchmarks/serve_bench.py)", "",
            f"Emulated cluster, NICs {a['rate_mbit']:g} Mbit/s; DeepSeek-V3-shaped model, hidden {a['hidden']}, "
            f"128 experts (FFN {a['ffn']}), top-8, {a['layers']} MoE layers, fp32 rows on the wire; median of "
            f"{a['reps']} interleaved repetitions; times are the slowest rank's.", "",

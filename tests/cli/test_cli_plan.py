@@ -1,4 +1,5 @@
-"""``zepp plan`` end to end: the table, --json, --dump, and one clear error per bad input."""
+"""``zepp plan`` end to end: the table, --json, --dump, and one clear error per bad trace file (bad options:
+``tests/cli/test_cli_options.py``)."""
 
 import json
 
@@ -75,35 +76,6 @@ def test_bad_trace_gives_one_clear_error(tmp_path, capsys, rows, extra_args, mes
     assert "t.txt" in err
     import re
     assert re.search(message, err), err
-
-
-def test_budget_too_small(tmp_path, capsys):
-    trace = small_trace(tmp_path)
-    code, _, err = run_cli(["plan", *SMALL, "--budget-mb", "0.0001", "--trace", trace], capsys)
-    assert code == 2 and "too small for one token" in err
-
-
-def test_experts_not_divisible_by_gpus(tmp_path, capsys):
-    trace = small_trace(tmp_path, experts=15)
-    args = [a if a != "16" else "15" for a in SMALL]
-    code, _, err = run_cli(["plan", *args, "--trace", trace], capsys)
-    assert code == 2 and "15" in err and "4" in err, err
-
-
-def test_unknown_system(tmp_path, capsys):
-    code, _, err = run_cli(["plan", *SMALL, "--trace", small_trace(tmp_path), "--systems", "zepp,deepep"], capsys)
-    assert code == 2 and "deepep" in err
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--iters", "0"], "--iters must be an integer at least 1"),
-    (["--relaxation", "nan"], "--relaxation must be a finite number"),
-    (["--json", "/nonexistent-folder/p.json"], "does not exist"),
-])
-def test_bad_options_one_line_before_any_work(tmp_path, capsys, args, message):
-    code, out, err = run_cli(["plan", *SMALL, "--trace", small_trace(tmp_path), *args], capsys)
-    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    assert out == ""
 
 
 def test_simulated_time_where_the_cluster_has_network_figures(tmp_path, capsys):

@@ -1,8 +1,7 @@
 """``zepp timeline``: the drawn batch is the benchmark table's (the same latency as ``zepp
 bench``'s configuration, third batch), the PNG draws the ranks asked for, and one clear line
-per bad option before any work."""
+per bad option before any work (the bad-option table: ``tests/cli/test_cli_options.py``)."""
 
-import pytest
 
 from clirun import run_cli
 from zepp.sim.bench_table import make_config, make_jobs
@@ -20,16 +19,3 @@ def test_timeline_draws_the_tables_third_batch(tmp_path, capsys):
     assert f"a2av: {want * 1e3:.3f} ms" in out and f"wrote {png}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-
-@pytest.mark.parametrize("args, message", [
-    (["--out", "/nonexistent-folder/t.png"], "does not exist"),
-    (["--compare", "a2av,eplb,fast"], "give two systems"),
-    (["--traces", "/nonexistent-folder"], "not a directory"),
-    (["--cluster", "tpu"], "unknown cluster preset 'tpu'"),
-    (["--ranks", "0,x"], "--ranks: expected a comma-separated list"),
-])
-def test_bad_options_one_line_before_any_work(tmp_path, capsys, monkeypatch, args, message):
-    monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli([*ARGS, *args], capsys)
-    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    assert out == "" and not (tmp_path / "timeline.png").exists()

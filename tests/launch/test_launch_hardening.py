@@ -133,7 +133,7 @@ def test_down_leaves_a_namespace_zepp_did_not_make(netns_prefix):
         assert res.exit_code == 0, res.output
         res = runner.invoke(cluster, ["down", "--prefix", prefix])
         assert res.exit_code == 0, res.output
-        assert "removed 2 namespaces" in res.output and f"skipped 1 namespaces" in res.output, res.output
+        assert "removed 2 namespaces" in res.output and "skipped 1 namespaces" in res.output, res.output
         assert foreign in res.output
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert foreign in names and sleeper.poll() is None

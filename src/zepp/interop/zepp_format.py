@@ -17,8 +17,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
-
 from zepp.errors import ZeppInputError
 from zepp.files import read_json
 from zepp.interop.base_history import HistoryRequest

@@ -601,7 +601,7 @@ class CombineStream:
             yield idx
 
     def submit(self, idx: np.ndarray, out: torch.Tensor) -> None:
-        d, h, prog = self.d, self.h, self.h.prog
+        d, h = self.d, self.h
         if self.store is None:
             self.store = d._new_store(h, out.shape[1])
             st = self._stage0

@@ -445,7 +445,7 @@ class _LayerTasks:
     def add_gemms(self) -> None:
         """GEMM 1 per (class, rank) holding entries, GEMM 2 (in column splits for COMET: ``tab2``
         the first split, ``tab2_end`` the last), and what each waits for."""
-        b, g, mech, w, N = self.b, self.g, self.mech, self.work, self.N
+        b, mech, w, N = self.b, self.mech, self.work, self.N
         self.n_dispatch = w.dispatch.num_stages
         G = self.G = (max(N, self.n_dispatch) if mech.gemm1 == "stage" else N) + 1
         swapped = w.swapped[w.slot].astype(np.int64) if w.swapped is not None else np.zeros(w.comp.size, np.int64)
