@@ -14,7 +14,7 @@ Three parts:
    fitted by least squares to ``t = c_group * groups + c_row * rows``.
 3. ``layer_graph`` / ``simulate_system``: the simulator's one layer builder,
    ``zepp.sim.layer.build_layer`` (the one every system's simulation uses), fed the FlowPlan
-   through ``LayerPlan.of`` and the executor's record from ``zepp.emulate.glooexec``:
+   through ``LayerWork.of`` and the executor's record from ``zepp.emulate.glooexec``:
 
    - per rank: metadata all-gather + planning as the prologue (a fixed task: the worker's own
      measured median ``plan`` time of that system in the same run: planning is CPU time the
@@ -194,7 +194,7 @@ def layer_graph(plan, spec, cal: dict, mech, plan_s: float, params: dict):
     Returns ``(graph, cluster, net)``."""
     from zepp.emulate.glooexec import emulated_cluster, emulated_gemm, emulated_net
     from zepp.sim.engine import TaskGraph
-    from zepp.sim.layer import LayerPlan, build_layer
+    from zepp.sim.layer import LayerWork, build_layer
 
     if spec.row_bytes != plan.row_bytes:
         raise ValueError(f"spec rows of {spec.row_bytes} B, plan rows of {plan.row_bytes} B")
@@ -202,7 +202,7 @@ def layer_graph(plan, spec, cal: dict, mech, plan_s: float, params: dict):
     cl = emulated_cluster(cal, R // L, L, params.get("bw_scale", 1.0))
     net = emulated_net(cal, R, L, params["stage_overhead"], params.get("cpu_per_byte", 0.0))
     g = TaskGraph(cl)
-    build_layer(g, cl, spec, LayerPlan.of(plan), mech, net, np.full(R, plan_s),
+    build_layer(g, cl, spec, LayerWork.of(plan), mech, net, np.full(R, plan_s),
                 planning=np.full(R, plan_s), gemm_cost=emulated_gemm(cal))
     return g, cl, net
 
