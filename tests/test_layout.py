@@ -180,3 +180,10 @@ def test_the_package_and_its_planner_load_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_every_results_file_is_named_in_the_benchmarks_index():
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    index = (root / "README.md").read_text()
+    missing = sorted(p.name for p in (root / "results").iterdir() if p.is_file() and f"`{p.name}`" not in index)
+    assert not missing, f"benchmarks/README.md does not name {missing}"
