@@ -43,6 +43,24 @@ def rank_demand(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
     return np.bincount(key.ravel(), minlength=r * num_experts).astype(np.int64).reshape(r, num_experts)
 
 
+def _deal_shuffle(n: int, ranks: int) -> np.ndarray:
+    rank_of_row = np.empty(n, dtype=np.int64)
+    rank_of_row[np.random.default_rng(0).permutation(n)] = np.arange(n) % ranks
+    return rank_of_row
+
+
+def _deal_round_robin(n: int, ranks: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64) % ranks
+
+
+def _deal_blocks(n: int, ranks: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64) * ranks // max(1, n)
+
+
+# how history rows are dealt to ranks: name -> (rows, ranks) -> rank of each row [rows]
+DEALS = {"shuffle": _deal_shuffle, "round-robin": _deal_round_robin, "blocks": _deal_blocks}
+
+
 def node_demand(trace: Trace, nodes: int, gpus_per_node: int, deal: str = "shuffle") -> np.ndarray:
     """Per-node demand histogram ``[N, E]`` int64 from a history window.
 
@@ -64,17 +82,9 @@ def node_demand(trace: Trace, nodes: int, gpus_per_node: int, deal: str = "shuff
     for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         if isinstance(v, bool) or int(v) != v or v < 1:
             raise ZeppInputError(f"node_demand: {name} must be a positive integer, got {v!r}")
-    ranks = nodes * gpus_per_node
-    n = len(trace)
-    if deal == "shuffle":
-        rank_of_row = np.empty(n, dtype=np.int64)
-        rank_of_row[np.random.default_rng(0).permutation(n)] = np.arange(n) % ranks
-    elif deal == "round-robin":
-        rank_of_row = np.arange(n, dtype=np.int64) % ranks
-    elif deal == "blocks":
-        rank_of_row = np.arange(n, dtype=np.int64) * ranks // max(1, n)
-    else:
-        raise ZeppInputError(f"node_demand: deal must be 'shuffle', 'round-robin' or 'blocks', got {deal!r}")
+    if deal not in DEALS:
+        raise ZeppInputError(f"node_demand: deal must be one of {', '.join(map(repr, DEALS))}, got {deal!r}")
+    rank_of_row = DEALS[deal](len(trace), nodes * gpus_per_node)
     node_of_row = rank_of_row // gpus_per_node
     e = trace.num_experts
     key = node_of_row[:, None] * e + trace.topk_ids
