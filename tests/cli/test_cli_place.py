@@ -8,21 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from clirun import run_cli
 from engine_recordings import E, MODEL, SPEC, copies_per_node, sglang_stat_dump, trtllm_stats, vllm_window
-from zepp.cli import main
 
 BASE = ["place", "--history", "synthetic", "--model", "olmoe", "--nodes", "2", "--gpus-per-node", "2",
         "--redundant", "4", "--format", "zepp"]
-
-
-def run_cli(argv, capsys):
-    code = 0
-    try:
-        main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_report_figures_and_json(tmp_path, capsys):

@@ -20,18 +20,11 @@ from zepp.emulate import inventory as inv
 from zepp.emulate import topology as nx
 from zepp.emulate.topology import EmulatedCluster
 from zepp.errors import EmulationUnavailable
+from procs import alive as _alive
 
 OK, REASON = nx.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
 pytestmark = pytest.mark.netns
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _default_sigint() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from zepp.emulate import inventory as inv
 from zepp.emulate import topology as nx
+from procs import alive as _alive
 
 OK, REASON = nx.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
@@ -143,11 +144,3 @@ def test_ctrl_c_tears_the_cluster_down(netns_prefix):
     assert inv.list_namespaces(prefix) == []
     while [pid for pid in pids if _alive(pid)]:  # the launcher reaped them; pytest's timeout bounds this
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False

@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from zepp.emulate import inventory as inv
 from zepp.emulate import topology as topo
 from zepp.cli.cluster import cluster
+from procs import alive as _alive, wait_until as _wait_until
 
 OK, REASON = topo.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
@@ -36,14 +37,6 @@ needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (ip
 SRC = Path(__file__).resolve().parents[2] / "src" / "zepp"
 TINY = ["--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--experts", "8", "--topk", "2",
         "--hidden", "16", "--ffn", "8", "--tokens", "8", "--warmup", "0", "--systems", "a2av"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _descendants(pid: int) -> list[int]:
@@ -105,12 +98,6 @@ def _wait_ranks(p: subprocess.Popen, world: int, module: str = "zepp.runtime.wor
         ranks = _ranks_of(p.pid, module)
         if len(ranks) == world:
             return ranks
-        time.sleep(0.1)
-
-
-def _wait_until(cond) -> None:
-    """Poll ``cond`` until true (the test's pytest timeout bounds it)."""
-    while not cond():
         time.sleep(0.1)
 
 

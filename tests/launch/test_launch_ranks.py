@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ import pytest
 from zepp.errors import RankFailure
 from zepp.launch import ranks
 from zepp.launch.processes import RankGroup
+from procs import alive as _alive, wait_until as _wait_until
 
 # A rank program: ``python -m zepp_fake_rank CONFIG.json``; ``cfg["behaviour"][RANK]``:
 #   ok     rank 0 writes its environment as the report; exit 0
@@ -77,20 +77,6 @@ def fake_rank(tmp_path, monkeypatch):
 
 def _cfg(*behaviour: str, timeout: float = 60.0) -> dict:
     return {"nodes": len(behaviour), "gpus_per_node": 1, "timeout": timeout, "behaviour": list(behaviour)}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _wait_until(cond) -> None:
-    """Poll ``cond`` until true (the test's pytest timeout bounds it)."""
-    while not cond():
-        time.sleep(0.05)
 
 
 def test_report_of_rank_zero_and_the_ranks_environment(fake_rank):
