@@ -143,12 +143,12 @@ def _check_report_numbers(o: PlaceOptions, spec) -> float:
 
 def _check_outputs(o: PlaceOptions) -> None:
     from zepp.interop import check_suffix
-    from zepp.interop.common import writable
+    from zepp.launch.checks import check_output_path
 
     check_suffix(o.fmt, o.out)
-    writable(o.out)
+    check_output_path(o.out, "--out")
     if o.report_path:
-        writable(o.report_path)
+        check_output_path(o.report_path, "--report")
 
 
 def checked(o: PlaceOptions) -> PlaceJob:

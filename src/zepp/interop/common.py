@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from zepp.errors import ZeppInputError
 from zepp.files import input_file, read_bytes, read_json
 from zepp.traces.formats.arrays import int_array, to_numpy, torch_load
 
-__all__ = ["check_rows", "load_obj", "save_json", "writable"]
+__all__ = ["check_rows", "load_obj", "save_json"]
 
 
 def check_rows(m, source: str, what: str, num_experts: int, ep_size: int, layer_names=None) -> np.ndarray:
@@ -57,19 +56,6 @@ def load_obj(path, kinds: tuple[str, ...]):
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ZeppInputError(f"{p}: not valid YAML ({first})") from None
     raise ZeppInputError(f"{p}: unknown suffix {suffix!r}; this format is read from {', '.join(kinds)}")
-
-
-def writable(path) -> Path:
-    """Check an output path before any work: its folder exists and can be written."""
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ZeppInputError(f"--out {p}: folder {parent} does not exist; create it first")
-    if p.is_dir():
-        raise ZeppInputError(f"--out {p}: is a directory; give a file name")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ZeppInputError(f"--out {p}: not writable by this user")
-    return p
 
 
 def save_json(p: Path, obj) -> None:
