@@ -100,7 +100,7 @@ def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str
     cfg.update(over)
     t0 = time.time()
     try:
-        rep = spawn_local(cfg, quiet=True, grace=20)
+        rep = spawn_local(cfg, grace=20)
     except RankFailure as exc:
         return {"systems": systems, "ok": False, "error": str(exc)[-3000:], "wall_s": time.time() - t0}
     res = {n: {k: s[k] for k in ("correct", "max_rel_err", "bytes_match", "inputs_ok", "median_layer_ms",

@@ -124,7 +124,7 @@ def main() -> None:
         cfg.update(c, systems=SYSTEMS, iters=iters, warmup=3, check=True, interleave=True, timeout=300)
         load0 = os.getloadavg()[0]
         t0 = time.time()
-        rep = spawn_local(cfg, quiet=True)
+        rep = spawn_local(cfg)
         rep["wall_s"] = time.time() - t0
         rep["loadavg_before"] = load0
         raw.append(rep)

@@ -55,13 +55,12 @@ __all__ = ["RankFailure", "spawn_local", "validate_run_options", "format_report"
 RANK_MODULE = "zepp.runtime.worker"  # what every rank of ``zepp run`` runs
 
 
-def spawn_local(cfg: dict, threads: int = 1, quiet: bool = False, grace: float | None = None,
-                timeout: float | None = None) -> dict:
+def spawn_local(cfg: dict, threads: int = 1, grace: float | None = None, timeout: float | None = None) -> dict:
     """Run ``cfg`` (a ``zepp.runtime.worker`` config) on ``nodes * gpus_per_node`` local
     processes and return rank 0's report (``zepp.launch.ranks.spawn_local``). Raises
     ``RankFailure``; once a rank has failed the others get ``grace`` seconds (default
     ``timeout + 15``) to end before they are killed (and reported as hung). ``timeout``: an
-    overall limit in seconds (None: none). ``quiet`` is accepted for older callers."""
+    overall limit in seconds (None: none)."""
     return ranks.spawn_local(RANK_MODULE, cfg, threads=threads, grace=grace, timeout=timeout)
 
 
