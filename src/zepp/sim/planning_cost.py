@@ -84,15 +84,6 @@ def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw
     return total
 
 
-def zepp_rounds(dispatch: str, combine: str, swaps: bool) -> float:
-    """Op-mix rounds of Zepp's planner: routing, the flows of ``dispatch/combine``, swaps."""
-    r = cost_data()["rounds"]
-    key = f"flows:{dispatch}/{combine}"
-    if key not in r:
-        raise ZeppInputError(f"no recorded planning cost for flows {dispatch}/{combine}; rerun benchmarks/fit/planner_cost.py")
-    return r["route:zepp"] + r[key] + (r["swap"] if swaps else 0.0)
-
-
 # ----------------------------------------------------------------------------- the models
 # Each: ``(system, cluster, rank_entries) -> planning seconds`` of one rank's batch of
 # ``rank_entries`` entries (PAPER.md section 7's measured planners; Zepp's counted rounds).
