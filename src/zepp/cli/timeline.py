@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from zepp import registry
-from zepp.cli.bench import csv_option
+from zepp.cli.bench import csv_option, schedule_option
 from zepp.errors import ZeppInputError
 
 
@@ -47,29 +47,35 @@ def _ranks(ranks: str | None, nodes: int, gpus_per_node: int) -> list[int]:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--ranks", default=None, help="Comma-separated ranks to draw (default: the GPUs of node 0).")
 @click.option("--out", "out_path", default="timeline.png", show_default=True, type=click.Path())
+@schedule_option
 def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compare, traces_dir, seed, ranks,
-             out_path):
+             out_path, schedule):
     """Draw one configuration's per-resource Gantt chart (PNG) for one system and one batch."""
     from zepp.launch.checks import check_output_path
     from zepp.sim import bench_table as table
     from zepp.sim.calibrate import calibrated
     from zepp.sim.plots import gantt
     from zepp.sim.run import run_system
+    from zepp.traces.schedules import check_schedule
 
+    check_schedule(schedule)
     names = _systems(system, compare)
     check_output_path(out_path, "--out")
     calibrated(cluster_name, 1, gpus_per_node=gpus_per_node)
     table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
     table.check_traces(traces_dir, [model], seed)
     rk = _ranks(ranks, nodes, gpus_per_node)
-    cfg = table.make_config(table.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
-                                            iters=1, warmup=2, seed=seed, traces=traces_dir)[0])
+    cfg, wl = table.make_config(table.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
+                                                iters=1, warmup=2, seed=seed, traces=traces_dir, schedule=schedule)[0],
+                                with_workload=True)
     drawn = []
     for name in names:
         res = run_system(name, cfg, keep_timeline=True)
         drawn.append((name if not res.variant else f"{name} ({res.variant})", res.timeline))
     gantt(drawn, out_path, ranks=rk, title=f"{cluster_name} {nodes}x{gpus_per_node}, {model} {budget_mb:g} MB, "
-                                           f"third batch")
+                                           f"third batch" + (f", {schedule} demand" if wl else ""))
     for label, tl in drawn:
         click.echo(f"{label}: {tl.latency * 1e3:.3f} ms")
+    if wl is not None:
+        click.echo(f"{wl.describe()}; drawn: the last batch, topic mix {wl.mix_names(2)}")
     click.echo(f"wrote {out_path}")
