@@ -48,3 +48,26 @@ def test_default_schedule_adds_nothing(tmp_path, capsys):
     assert code == 0, err
     row = json.loads(js.read_text())["rows"][0]
     assert "schedule" not in row and "topic_mix" not in row
+
+
+def test_case_study_timeline_draws_swap_copies_on_nvlink_only(tmp_path, capsys):
+    """Under unseen demand the second batch of zepp-swap carries the swaps planned from the first:
+    its weight copies are tasks of their own on NVLink links, none on a NIC, and the chart draws
+    the node that receives them."""
+    from zepp.sim.bench_table import make_config, make_jobs
+    from zepp.sim.run import run_system
+
+    png = tmp_path / "t.png"
+    code, out, err = run_cli(["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5", "--schedule",
+                              "unseen", "--compare", "zepp-overlap,zepp-swap", "--out", str(png)], capsys)
+    assert code == 0, err
+    job = make_jobs(["a100"], [2], 4, ["qwen"], [0.5], [], iters=1, warmup=1, seed=0, traces=None,
+                    schedule="unseen")[0]
+    res = run_system("zepp-swap", make_config(job), keep_timeline=True)
+    tl = res.timeline
+    copies = [r for r, k in zip(tl.resource, tl.kind) if k == "copy"]
+    assert res.swapped_slots == [len(copies)] and copies
+    assert all(r.startswith("nvl") for r in copies)
+    assert f"zepp-swap: {tl.latency * 1e3:.3f} ms, weight copies: {len(copies)} on NVLink, 0 on NICs" in out
+    assert "zepp-overlap: " in out and "weight copies" not in out.splitlines()[0]
+    assert "drawn: batch 1, topic mix" in out and png.is_file()

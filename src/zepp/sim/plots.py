@@ -98,7 +98,8 @@ def ablation_bars(result: dict, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def _rank_of(resource: str) -> int:
+def rank_of(resource: str) -> int:
+    """The rank a resource belongs to: a GPU stream's or NIC's rank, an NVLink link's sender."""
     if resource.startswith("gpu") or resource.startswith("nic"):
         return int(resource[3:].split(".")[0])
     return int(resource[3:].split(">")[0])
@@ -106,7 +107,7 @@ def _rank_of(resource: str) -> int:
 
 def _sort_key(res: str):
     kind = 0 if res.startswith("gpu") else (1 if res.startswith("nic") else 2)
-    return (_rank_of(res), kind, res)
+    return (rank_of(res), kind, res)
 
 
 def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None, max_rows: int = 48) -> list[list[str]]:
@@ -122,7 +123,7 @@ def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None,
     panels = []
     for label, tl in timelines:
         keep = [i for i, res in enumerate(tl.resource)
-                if res != "-" and tl.end[i] > tl.start[i] and (ranks is None or _rank_of(res) in ranks)]
+                if res != "-" and tl.end[i] > tl.start[i] and (ranks is None or rank_of(res) in ranks)]
         names = sorted({tl.resource[i] for i in keep}, key=_sort_key)[:max_rows]
         panels.append((label, tl, keep, names))
     heights = [max(2.0, 0.26 * len(p[3]) + 0.8) for p in panels]
