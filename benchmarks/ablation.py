@@ -28,8 +28,11 @@ def _case_study(traces: str, out: str) -> str:
     cmd = [sys.executable, "-m", "zepp.cli", "timeline", "--schedule", "unseen", "--compare",
            "zepp-overlap,zepp-swap", "--traces", traces, "--out", out]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    shown = " ".join(["zepp"] + cmd[3:]).replace(str(RESULTS), "benchmarks/results")
-    return f"`{shown}`\n\n```\n{done.stdout.strip()}\n```"
+    def local(text: str) -> str:  # the paths as the repository names them
+        return text.replace(str(RESULTS), "benchmarks/results").replace(traces, "../shared/traces")
+
+    shown = local(" ".join(["zepp"] + cmd[3:]))
+    return f"`{shown}`\n\n```\n{local(done.stdout.strip())}\n```"
 
 
 def _markdown(res: dict, topics_text: str, case: str, load: tuple) -> str:
@@ -72,7 +75,8 @@ def main() -> None:
     (RESULTS / "ablation.json").write_text(json.dumps(res, indent=1) + "\n")
     ablation_bars(res, str(RESULTS / "ablation.png"), title=f"k2, 4x4 a100, {args.budget_mb:g} MB, recorded traces")
     case = _case_study(traces, str(RESULTS / "ablation_case_study.png"))
-    text = _markdown(res, format_statistics(model_topics("k2", traces)), case, (load0, os.getloadavg()[0]))
+    topics = format_statistics(model_topics("k2", traces)).replace(traces, "../shared/traces")
+    text = _markdown(res, topics, case, (load0, os.getloadavg()[0]))
     (RESULTS / "ablation.md").write_text(text)
     print(text)
 
