@@ -28,8 +28,9 @@ PLAN = ["plan", "--model", "olmoe", "--experts", "16", "--topk", "2", "--hidden"
 PLACE = ["place", "--history", "synthetic", "--model", "olmoe", "--nodes", "2", "--gpus-per-node", "2",
          "--redundant", "4", "--format", "zepp", "--out", "{out}/p.json"]
 TIMELINE = ["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5", "--out", "{out}/t.png"]
+ABLATION = ["ablation", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5", "--iters", "2"]
 BASE = {"run": RUN, "generate": GENERATE, "cluster up": CLUSTER_UP, "bench": BENCH, "plan": PLAN, "place": PLACE,
-        "timeline": TIMELINE}
+        "timeline": TIMELINE, "ablation": ABLATION}
 
 # (options, what the line must name, the commands that have them): every command, one message
 SHARED = [
@@ -107,6 +108,17 @@ OWN = [
     (["--traces", "/nonexistent-folder"], "not a directory", "timeline"),
     (["--cluster", "tpu"], "unknown cluster preset 'tpu'", "timeline"),
     (["--ranks", "0,x"], "--ranks: expected a comma-separated list", "timeline"),
+    (["--schedule", "drift"], "--schedule 'drift': unknown schedule; choose from stationary", "timeline"),
+    (["--schedule", "drift"], "--schedule 'drift': unknown schedule; choose from stationary", "bench"),
+    (["--schedule", "drift"], "--schedule 'drift': unknown schedule; choose from stationary", "plan"),
+    (["--schedules", "rotating,drift"], "--schedules 'drift': unknown schedule", "ablation"),
+    (["--schedules", "rotating,rotating"], "named twice", "ablation"),
+    (["--period", "0"], "--period must be an integer at least 1", "ablation"),
+    (["--iters", "0"], "--iters must be an integer at least 1", "ablation"),
+    (["--budget-mb", "nan"], "--budget-mb must be a finite number above 0", "ablation"),
+    (["--nodes", "3"], "divide", "ablation"),
+    (["--json", "/nonexistent-folder/a.json"], "does not exist", "ablation"),
+    (["--traces", "/nonexistent-folder"], "not a directory", "ablation"),
 ]
 PREFIX_ONLY = [["cluster", "status", "--prefix", "Bad-Prefix"], ["cluster", "down", "--prefix", "Bad-Prefix"],
                ["cluster", "check", "--prefix", "Bad-Prefix"], ["cluster", "calibrate", "--prefix", "Bad-Prefix"]]

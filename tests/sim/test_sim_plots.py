@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from zepp.sim.plots import _rank_of, bars, gantt
+from zepp.sim.plots import rank_of, bars, gantt
 from zepp.sim.run import run_system
 from simcases import skewed_config
 
@@ -68,11 +68,11 @@ def test_gantt_draws_the_ranks_asked_for(tmp_path, timeline):
     drawn = gantt(timeline, str(path), ranks=[1, 6])
     assert len(drawn) == 1
     names = drawn[0]
-    assert names and {_rank_of(n) for n in names} == {1, 6}
+    assert names and {rank_of(n) for n in names} == {1, 6}
     assert {"gpu1.compute", "gpu6.compute"} <= set(names)
     # every resource of those ranks that holds a task of some length is a row
     busy = {r for r, s, e in zip(timeline.resource, timeline.start, timeline.end) if r != "-" and e > s}
-    assert set(names) == {r for r in busy if _rank_of(r) in (1, 6)}
+    assert set(names) == {r for r in busy if rank_of(r) in (1, 6)}
     w, h = png_size(path)
     assert w == 13 * DPI and h == round((max(2.0, 0.26 * len(names) + 0.8) + 0.8) * DPI)
 
@@ -81,7 +81,7 @@ def test_gantt_stacks_compared_timelines_and_caps_rows(tmp_path, timeline):
     path = tmp_path / "cmp.png"
     drawn = gantt([("a", timeline), ("b", timeline)], str(path), title="two", max_rows=3)
     assert [len(d) for d in drawn] == [3, 3] and drawn[0] == drawn[1]
-    ranks = [_rank_of(n) for n in drawn[0]]
+    ranks = [rank_of(n) for n in drawn[0]]
     assert ranks == sorted(ranks)  # rank-major order, rank 0 first
     w, h = png_size(path)
     assert w == 13 * DPI and h == round((2 * max(2.0, 0.26 * 3 + 0.8) + 0.8) * DPI)

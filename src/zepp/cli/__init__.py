@@ -14,6 +14,7 @@ from zepp.errors import EmulationError, ZeppInputError
 _COMMANDS = {
     "plan": ("zepp.cli.plan", "plan"),
     "bench": ("zepp.cli.bench", "bench"),
+    "ablation": ("zepp.cli.ablation", "ablation"),
     "timeline": ("zepp.cli.timeline", "timeline"),
     "run": ("zepp.cli.run", "run"),
     "generate": ("zepp.cli.generate", "generate"),

@@ -15,6 +15,13 @@ import click
 
 from zepp import registry
 from zepp.errors import ZeppInputError
+from zepp.traces.schedules import DEFAULT_SCHEDULE, SCHEDULES, check_schedule
+
+
+def schedule_option(f):
+    """``--schedule``, with the same help wherever it appears (``SCHEDULES``)."""
+    return click.option("--schedule", default=DEFAULT_SCHEDULE, show_default=True,
+                        help="Demand schedule: " + "; ".join(f"{k}: {v}" for k, v in SCHEDULES.items()) + ".")(f)
 
 
 def csv_option(option: str, value, cast) -> tuple | None:
@@ -30,12 +37,14 @@ def csv_option(option: str, value, cast) -> tuple | None:
     return out
 
 
-def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed, traces_dir):
+def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed, traces_dir,
+          schedule=DEFAULT_SCHEDULE):
     """``(names shown, jobs)`` from the options, every option checked before any work."""
     from zepp.launch.checks import check_number
     from zepp.sim import bench_table as table
     from zepp.sim.calibrate import calibrated
 
+    check_schedule(schedule)
     check_number("--iters", iters, 1, integer=True)
     check_number("--warmup", warmup, 0, integer=True)
     check_number("--gpus-per-node", gpus_per_node, 1, integer=True)
@@ -50,7 +59,7 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
     table.check_shapes(models, nodes, gpus_per_node, budgets)
     table.check_traces(traces_dir, models, seed)
     jobs = table.make_jobs(clusters, nodes, gpus_per_node, models, budgets, table.systems_to_run(names), iters,
-                           warmup, seed, traces_dir)
+                           warmup, seed, traces_dir, schedule)
     return names, jobs
 
 
@@ -76,8 +85,9 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
 @click.option("--warmup", default=5, show_default=True, type=int, help="Warm-up iterations.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--jobs", "workers", default=None, type=int, help="Worker processes (default: min(2, CPUs)).")
+@schedule_option
 def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node, models, budgets, clusters, systems,
-          iters, warmup, seed, workers):
+          iters, warmup, seed, workers, schedule):
     """Simulate Zepp and the baselines; print the table of PAPER.md section 4."""
     from zepp.launch.checks import check_number, check_output_path
     from zepp.sim import bench_table as table
@@ -90,7 +100,7 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
     if resume and json_file is None:
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")
     names, jobs = _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed,
-                        traces_dir)
+                        traces_dir, schedule)
     baselines = [s for s in names if s in registry.PAPER_BASELINES]
     if plot_path and not baselines:
         raise ZeppInputError(f"--plot draws each system against the fastest of the paper's baselines: add one of "
@@ -116,6 +126,9 @@ def _report(rows: list[dict], names: list[str], how: str, json_file: Path | None
     from zepp.sim import bench_table as table
 
     click.echo(table.format_table(rows, names))
+    for r in rows:
+        if r.get("topic_mix"):
+            click.echo(f"{table.config_key(r)}: {r['topic_mix']['describe']}")
     gm = table.geomean(table.speedup(r) for r in rows)
     if gm:
         click.echo(f"geomean speedup of zepp over the fastest simulated baseline per row: {gm:.2f}x "

@@ -20,7 +20,9 @@ from zepp.model import MoESpec, model_preset
 from zepp.planner.placement import make_placement
 from zepp.planner.routing import route
 from zepp import registry
+from zepp.cli.bench import schedule_option
 from zepp.traces import Trace, node_demand, read_trace, sample_batches
+from zepp.traces.schedules import DEFAULT_SCHEDULE, check_schedule, drift_workload
 
 
 def default_relaxation(nodes: int) -> float:
@@ -84,14 +86,18 @@ def _figures(plan, routing_s: float, flows_s: float) -> dict:
 
 def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, pool: Trace, evaluation: Trace,
                systems: list[str], iters: int, seed: int, relaxation: float, extra: int,
-               validate: bool | str = True, dump: Path | None = None, cluster=None) -> list[dict]:
+               validate: bool | str = True, dump: Path | None = None, cluster=None, workload=None) -> list[dict]:
     """Plan ``iters`` sampled batches with each system; one summary dict per system (means over
     iterations of bytes, rows and planning seconds; ``sim_ms``: the first batch simulated on
     ``cluster`` where the simulator can). ``validate``: every plan (``True``), the first batch's
-    only (``"first"``) or none (``False``)."""
+    only (``"first"``) or none (``False``). ``workload``: a ``zepp.traces.DriftWorkload`` whose
+    history and batches replace ``pool`` / ``evaluation``'s."""
     ranks = nodes * gpus_per_node
-    hist = node_demand(pool, nodes, gpus_per_node)
-    batches = sample_batches(evaluation, ranks, spec.tokens_for_budget(budget_mb), iters, seed)
+    if workload is None:
+        hist = node_demand(pool, nodes, gpus_per_node)
+        batches = sample_batches(evaluation, ranks, spec.tokens_for_budget(budget_mb), iters, seed)
+    else:
+        hist, batches = workload.hist(nodes, gpus_per_node), workload.batches
     rows = []
     for name in systems:
         system = registry.system(name)
@@ -149,6 +155,18 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _workload(spec: MoESpec, schedule: str, pool: Trace, evaluation: Trace, files, cluster, tokens: int, iters: int,
+              seed: int, profile: str | None):
+    """The drift schedule's workload (``None`` under the default): topics of the given trace
+    files, or of the built-in generator's prompt-structured windows."""
+    if schedule == DEFAULT_SCHEDULE:
+        return None
+    from zepp.traces.topics import synthetic_topics
+
+    source = (pool, evaluation) if files else synthetic_topics(spec.name, seed, profile=profile)
+    return drift_workload(source, schedule, cluster.ranks, tokens, iters, seed)
+
+
 @click.command("plan")
 @click.option("--model", default="k2", show_default=True, type=click.Choice(MODEL_NAMES), help="Model preset.")
 @click.option("--experts", type=int, default=None, help="Override the preset's expert count.")
@@ -180,13 +198,15 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the table as JSON.")
 @click.option("--dump", type=click.Path(file_okay=False), default=None,
               help="Write DIR/<system>_iter<i>.npz with topk_ids, slot and slot_expert per batch.")
+@schedule_option
 def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, gpus_per_node, budget_mb, history, trace,
-         profile, allow_duplicate_ids, systems, iters, seed, relaxation, extra, no_validate, json_path, dump):
+         profile, allow_duplicate_ids, systems, iters, seed, relaxation, extra, no_validate, json_path, dump, schedule):
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
     from zepp.cluster import load_cluster_file
     from zepp.launch.checks import check_number, check_output_path
 
+    check_schedule(schedule)
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
     cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
         cluster_preset(cluster_name, nodes, gpus_per_node)
@@ -205,16 +225,24 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
     pool, evaluation = load_windows(spec, history, trace, seed, profile, allow_duplicate_ids)
+    wl = _workload(spec, schedule, pool, evaluation, history or trace, cluster, tokens, iters, seed, profile)
     rows = plan_table(spec, cluster.nodes, cluster.gpus_per_node, budget_mb, pool, evaluation, names, iters, seed,
-                      relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None, cluster=cluster)
+                      relaxation, extra, validate=not no_validate, dump=Path(dump) if dump else None, cluster=cluster,
+                      workload=wl)
+    if wl is not None:  # what the rows were planned from and drawn from
+        pool, evaluation = wl.history, wl.topics.eval
     click.echo(f"{spec.name} on {cluster.name} {nodes}x{gpus_per_node}, {budget_mb:g} MB = {tokens} tokens/GPU, "
                f"C={relaxation:g}, {iters} batch(es), history {pool.source}, batches from {evaluation.source}"
                + ("" if no_validate else "; every plan validated"))
+    if wl is not None:
+        click.echo(wl.describe())
     click.echo(format_table(rows))
     if json_path:
         payload = dict(model=spec.name, cluster=cluster.name, nodes=nodes, gpus_per_node=gpus_per_node,
                        budget_mb=budget_mb, tokens_per_gpu=tokens, relaxation=relaxation, iters=iters, seed=seed,
                        history=pool.source, trace=evaluation.source, systems=rows)
+        if wl is not None:
+            payload.update(schedule=schedule, topic_mix=dict(wl.report(), describe=wl.describe()))
         Path(json_path).write_text(json.dumps(payload, indent=2))
         click.echo(f"wrote {json_path}")
     if dump:

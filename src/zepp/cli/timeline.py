@@ -4,10 +4,12 @@ a per-resource Gantt chart (``zepp.sim.plots.gantt``) for one or two systems and
 from __future__ import annotations
 
 import click
+import numpy as np
 
 from zepp import registry
-from zepp.cli.bench import csv_option
+from zepp.cli.bench import csv_option, schedule_option
 from zepp.errors import ZeppInputError
+from zepp.traces.schedules import DEFAULT_SCHEDULE
 
 
 def _systems(system: str, compare: str | None) -> list[str]:
@@ -45,31 +47,52 @@ def _ranks(ranks: str | None, nodes: int, gpus_per_node: int) -> list[int]:
               help="B: draw system B below --system on the same time axis; A,B: draw A and B (instead of --system).")
 @click.option("--traces", "traces_dir", type=click.Path(), default=None)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--ranks", default=None, help="Comma-separated ranks to draw (default: the GPUs of node 0).")
+@click.option("--ranks", default=None, help="Comma-separated ranks to draw (default: the GPUs of node 0; under a "
+                                           "drift schedule those of the node with the most weight copies).")
 @click.option("--out", "out_path", default="timeline.png", show_default=True, type=click.Path())
+@schedule_option
 def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compare, traces_dir, seed, ranks,
-             out_path):
+             out_path, schedule):
     """Draw one configuration's per-resource Gantt chart (PNG) for one system and one batch."""
     from zepp.launch.checks import check_output_path
     from zepp.sim import bench_table as table
     from zepp.sim.calibrate import calibrated
     from zepp.sim.plots import gantt
     from zepp.sim.run import run_system
+    from zepp.traces.schedules import check_schedule
 
+    check_schedule(schedule)
     names = _systems(system, compare)
     check_output_path(out_path, "--out")
     calibrated(cluster_name, 1, gpus_per_node=gpus_per_node)
     table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
     table.check_traces(traces_dir, [model], seed)
     rk = _ranks(ranks, nodes, gpus_per_node)
-    cfg = table.make_config(table.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
-                                            iters=1, warmup=2, seed=seed, traces=traces_dir)[0])
+    # under drift the second batch: the first whose swaps are planned from a batch of the schedule
+    warmup = 2 if schedule == DEFAULT_SCHEDULE else 1
+    cfg, wl = table.make_config(table.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
+                                                iters=1, warmup=warmup, seed=seed, traces=traces_dir,
+                                                schedule=schedule)[0], with_workload=True)
     drawn = []
     for name in names:
         res = run_system(name, cfg, keep_timeline=True)
         drawn.append((name if not res.variant else f"{name} ({res.variant})", res.timeline))
-    gantt(drawn, out_path, ranks=rk, title=f"{cluster_name} {nodes}x{gpus_per_node}, {model} {budget_mb:g} MB, "
-                                           f"third batch")
+    if wl is not None and ranks is None:
+        rk = [_copy_node(drawn, nodes, gpus_per_node) * gpus_per_node + i for i in range(gpus_per_node)]
+    which = "third batch" if wl is None else f"second batch, {schedule} demand"
+    gantt(drawn, out_path, ranks=rk, title=f"{cluster_name} {nodes}x{gpus_per_node}, {model} {budget_mb:g} MB, {which}")
     for label, tl in drawn:
-        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms")
+        links = [r[:3] for r, k in zip(tl.resource, tl.kind) if k == "copy"]
+        copies = f", weight copies: {links.count('nvl')} on NVLink, {links.count('nic')} on NICs" if links else ""
+        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms{copies}")
+    if wl is not None:
+        click.echo(f"{wl.describe()}; drawn: batch {warmup}, topic mix {wl.mix_names(warmup)}, ranks {rk}")
     click.echo(f"wrote {out_path}")
+
+
+def _copy_node(drawn, nodes: int, gpus_per_node: int) -> int:
+    """The node whose GPUs receive the most weight copies in the drawn timelines (0 if none)."""
+    from zepp.sim.plots import rank_of
+
+    dst = [rank_of(r) // gpus_per_node for _, tl in drawn for r, k in zip(tl.resource, tl.kind) if k == "copy"]
+    return int(np.argmax(np.bincount(dst, minlength=nodes))) if dst else 0

@@ -41,6 +41,7 @@ ADAPTATIONS = {
     "none": "the placement stays as planned",
     "moonep": "per-batch redundant experts whose weights are pulled from their home GPU before the GEMM",
     "zepp-swap": "intra-node expert swaps between batches, weights over NVLink only (PAPER.md 2.6)",
+    "zepp-swap-once": "one round of zepp-swap's swaps: planned from the first batch's loads, then kept",
 }
 
 

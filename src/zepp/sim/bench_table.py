@@ -30,6 +30,7 @@ import numpy as np
 from zepp import registry
 from zepp.errors import ZeppInputError
 from zepp.sim.mechanics import mechanics
+from zepp.traces.schedules import DEFAULT_SCHEDULE
 
 # the configurations a run covers by default, per --sweep (None: the paper's section-4 table)
 SWEEPS = {
@@ -96,19 +97,35 @@ def systems_to_run(names) -> list[str]:
 
 
 def make_jobs(clusters, nodes, gpus_per_node: int, models, budgets, systems, iters: int, warmup: int, seed: int,
-              traces: str | None) -> list[dict]:
-    """One job per (cluster, nodes, model, budget), in that nesting order."""
+              traces: str | None, schedule: str = DEFAULT_SCHEDULE) -> list[dict]:
+    """One job per (cluster, nodes, model, budget), in that nesting order. A ``schedule``
+    other than the default is stored in the job (the default's jobs stay as they were)."""
+    extra = {} if schedule == DEFAULT_SCHEDULE else dict(schedule=schedule)
     return [dict(cluster=c, nodes=n, gpus_per_node=gpus_per_node, model=m, budget_mb=b, systems=systems,
-                 iters=iters, warmup=warmup, seed=seed, traces=traces)
+                 iters=iters, warmup=warmup, seed=seed, traces=traces, **extra)
             for c in clusters for n in nodes for m in models for b in budgets]
 
 
 def config_key(job: dict) -> str:
-    return f"{job['cluster']} {job['nodes']}x{job.get('gpus_per_node', 4)} {job['model']} {job['budget_mb']:g}MB"
+    sched = job.get("schedule", DEFAULT_SCHEDULE)
+    return (f"{job['cluster']} {job['nodes']}x{job.get('gpus_per_node', 4)} {job['model']} {job['budget_mb']:g}MB"
+            + ("" if sched == DEFAULT_SCHEDULE else f" {sched}"))
 
 
-def make_config(job: dict):
-    """The ``zepp.sim.run.Config`` of one configuration ``job``."""
+def job_workload(job: dict, pool, ev, ranks: int, tokens_per_rank: int):
+    """The ``zepp.traces.DriftWorkload`` of a job with a drift schedule: topics of the recorded
+    windows (``pool``, ``ev``), or of the preset's built-in generator."""
+    from zepp.traces import drift_workload
+    from zepp.traces.topics import find_topics, synthetic_topics
+
+    topics = find_topics(pool, ev) if job.get("traces") else synthetic_topics(job["model"], job["seed"])
+    return drift_workload(topics, job["schedule"], ranks, tokens_per_rank, job["warmup"] + job["iters"], job["seed"],
+                          job.get("period"))
+
+
+def make_config(job: dict, with_workload: bool = False):
+    """The ``zepp.sim.run.Config`` of one configuration ``job`` (``with_workload``: and its
+    ``DriftWorkload``, ``None`` under the default schedule)."""
     from zepp.model import model_preset
     from zepp.sim.calibrate import calibrated
     from zepp.sim.run import Config
@@ -118,9 +135,15 @@ def make_config(job: dict):
     spec = model_preset(job["model"])
     pool, ev = traces_for(job["model"], job.get("traces"), job["seed"])
     T = spec.tokens_for_budget(job["budget_mb"])
-    hist = node_demand(pool, cl.nodes, cl.gpus_per_node)
-    batches = sample_batches(ev, cl.ranks, T, job["warmup"] + job["iters"], job["seed"])
-    return Config(cl, spec, net, hist, batches, warmup=job["warmup"])
+    wl = None
+    if job.get("schedule", DEFAULT_SCHEDULE) == DEFAULT_SCHEDULE:
+        hist = node_demand(pool, cl.nodes, cl.gpus_per_node)
+        batches = sample_batches(ev, cl.ranks, T, job["warmup"] + job["iters"], job["seed"])
+    else:
+        wl = job_workload(job, pool, ev, cl.ranks, T)
+        hist, batches = wl.hist(cl.nodes, cl.gpus_per_node), wl.batches
+    cfg = Config(cl, spec, net, hist, batches, warmup=job["warmup"])
+    return (cfg, wl) if with_workload else cfg
 
 
 # ----------------------------------------------------------------------------- units of work
@@ -139,7 +162,7 @@ def run_unit(unit: dict) -> dict:
     from zepp.sim.run import Shared, run_system
 
     t0 = time.process_time()
-    cfg = make_config(unit["job"])
+    cfg, wl = make_config(unit["job"], with_workload=True)
     shared = Shared()
     out = {}
     plain = [s for s in unit["systems"] if not registry.SYSTEMS[s].best_of]
@@ -149,7 +172,10 @@ def run_unit(unit: dict) -> dict:
         if s not in plain:  # a meta-system: the variant zepp.sim.run.run_system picks
             best = registry.pick_variant(s, cfg.batches.shape[2], {v: out[v]["median_ms"] for v in plain})
             out[s] = dict(out[best], variant=best)
-    return dict(key=unit["key"], unit=list(unit["systems"]), systems=out, cpu_s=time.process_time() - t0)
+    res = dict(key=unit["key"], unit=list(unit["systems"]), systems=out, cpu_s=time.process_time() - t0)
+    if wl is not None:
+        res["schedule"] = dict(wl.report(cfg.warmup), describe=wl.describe(cfg.warmup))
+    return res
 
 
 def unit_weight(job: dict, systems: list[str]) -> float:
@@ -190,14 +216,17 @@ def all_units(jobs: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------------- rows
 
 
-def assemble_row(job: dict, results: dict) -> dict:
-    """One configuration's JSON row from its systems' results."""
+def assemble_row(job: dict, results: dict, schedule: dict | None = None) -> dict:
+    """One configuration's JSON row from its systems' results (``schedule``: a drift schedule's
+    report, its timed batches' topic mix, stored as ``topic_mix`` beside the schedule's name;
+    the default schedule's rows hold neither)."""
     from zepp.sim.measured import measured_ms
 
     lat = {s: r["median_ms"] for s, r in results.items()}
     floor = {s: r["floor_ms"] for s, r in results.items()}
     variant = {s: r["variant"] for s, r in results.items() if r.get("variant")}
-    return dict(cluster=job["cluster"], nodes=job["nodes"], gpus_per_node=job.get("gpus_per_node", 4),
+    extra = {} if schedule is None else dict(schedule=job["schedule"], topic_mix=schedule)
+    return dict(**extra, cluster=job["cluster"], nodes=job["nodes"], gpus_per_node=job.get("gpus_per_node", 4),
                 model=job["model"], budget_mb=job["budget_mb"], latency_ms=lat,
                 lower_bound_ms=min(floor.values()) if floor else None,
                 measured_ms=measured_ms(job["cluster"], job["nodes"], job["model"], job["budget_mb"]),
@@ -287,8 +316,8 @@ def write_json(path: Path, rows: list[dict]) -> None:
     """Rows so far as ``{"rows", "geomean_speedup"}`` (+ ``detail_path`` with per-iteration
     figures), replaced atomically so the file is valid JSON after every configuration."""
     gm = geomean(speedup(r) for r in rows)
-    payload = dict(rows=[dict({k: r[k] for k in ROW_KEYS + ("run",)}, best_baseline=best_baseline(r),
-                              zepp_best=zepp_best(r)) for r in rows],
+    payload = dict(rows=[dict({k: r[k] for k in ROW_KEYS + ("run", "schedule", "topic_mix") if k in r},
+                              best_baseline=best_baseline(r), zepp_best=zepp_best(r)) for r in rows],
                    geomean_speedup=gm, geomean_speedup_paper=geomean(speedup(r, paper=True) for r in rows))
     for p, data in ((path, payload), (detail_path(path), rows)):
         tmp = p.with_name(p.name + ".tmp")
@@ -356,6 +385,7 @@ class _Rows:
             self.jobs.setdefault(config_key(j), j)
         self.pending = {k: {s for u in units if u["key"] == k for s in u["systems"]} for k in self.jobs}
         self.results: dict[str, dict] = {k: {} for k in self.pending}
+        self.schedules: dict[str, dict] = {}
         self.rows: dict[str, dict] = {}
         self.weight = {(u["key"], tuple(u["systems"])): u["weight"] for u in units}
         self.bar, self.on_row, self.n_jobs = bar, on_row, len(jobs)
@@ -367,10 +397,13 @@ class _Rows:
     def add(self, res: dict) -> None:
         key = res["key"]
         self.results[key].update(res["systems"])
+        if "schedule" in res:
+            self.schedules[key] = res["schedule"]
         self.bar.update(round(self.weight[(key, tuple(res["unit"]))]))
         if set(self.results[key]) == self.pending[key]:
             job = self.jobs[key]
-            self.rows[key] = assemble_row(job, {s: self.results[key][s] for s in job["systems"]})
+            self.rows[key] = assemble_row(job, {s: self.results[key][s] for s in job["systems"]},
+                                          self.schedules.get(key))
             if self.on_row is not None:
                 self.on_row(self.rows[key])
         self._describe()

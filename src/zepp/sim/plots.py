@@ -69,7 +69,37 @@ def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> No
     plt.close(fig)
 
 
-def _rank_of(resource: str) -> int:
+def ablation_bars(result: dict, path: str, title: str = "") -> None:
+    """``zepp ablation``'s figure: per schedule a group of bars, one per arm, the mean layer time
+    (ms), each labelled with its speedup over COMET."""
+    plt = _plt()
+    table = result["schedules"]
+    scheds = list(table)
+    arms = list(next(iter(table.values())))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(arms) * len(scheds)), 4.4))
+    cmap = plt.get_cmap("tab10")
+    width = 0.8 / len(arms)
+    x = np.arange(len(scheds))
+    for j, a in enumerate(arms):
+        vals = [table[s][a] for s in scheds]
+        pos = x + (j - (len(arms) - 1) / 2) * width
+        ax.bar(pos, vals, width, label=a, color=cmap(j % cmap.N))
+        for p, s, v in zip(pos, scheds, vals):
+            ax.text(p, v * 1.01, f"{result['speedup_over_comet'][s][a]:.2f}x", ha="center", va="bottom", fontsize=8,
+                    rotation=90)
+    ax.set_xticks(x)
+    ax.set_xticklabels(scheds)
+    ax.set_ylabel("mean layer time over the schedule (ms)")
+    ax.set_ylim(0, max(v for row in table.values() for v in row.values()) * 1.25)
+    ax.set_title("ablation" + (f": {title}" if title else "") + " (labels: speedup over comet)", fontsize=11)
+    ax.legend(fontsize=8, ncol=len(arms), loc="upper center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rank_of(resource: str) -> int:
+    """The rank a resource belongs to: a GPU stream's or NIC's rank, an NVLink link's sender."""
     if resource.startswith("gpu") or resource.startswith("nic"):
         return int(resource[3:].split(".")[0])
     return int(resource[3:].split(">")[0])
@@ -77,7 +107,7 @@ def _rank_of(resource: str) -> int:
 
 def _sort_key(res: str):
     kind = 0 if res.startswith("gpu") else (1 if res.startswith("nic") else 2)
-    return (_rank_of(res), kind, res)
+    return (rank_of(res), kind, res)
 
 
 def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None, max_rows: int = 48) -> list[list[str]]:
@@ -93,7 +123,7 @@ def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None,
     panels = []
     for label, tl in timelines:
         keep = [i for i, res in enumerate(tl.resource)
-                if res != "-" and tl.end[i] > tl.start[i] and (ranks is None or _rank_of(res) in ranks)]
+                if res != "-" and tl.end[i] > tl.start[i] and (ranks is None or rank_of(res) in ranks)]
         names = sorted({tl.resource[i] for i in keep}, key=_sort_key)[:max_rows]
         panels.append((label, tl, keep, names))
     heights = [max(2.0, 0.26 * len(p[3]) + 0.8) for p in panels]

@@ -186,13 +186,15 @@ def simulate_flowplan(plan: FlowPlan, cluster: Cluster, spec: MoESpec, system: s
     return simulate_plan(cfg, s, plan, keep)
 
 
-def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shared | None = None) -> SystemResult:
+def run_system(name: str | registry.System, cfg: Config, keep_timeline: bool = False,
+               shared: Shared | None = None) -> SystemResult:
     """Plan and simulate ``cfg.batches`` with system ``name`` (a registry name the simulator
-    supports); the first ``cfg.warmup`` batches are warm-up. Stateless systems skip them (a
-    deterministic simulator has nothing to warm up); ``zepp-swap`` plans them, since its
-    placement carries over. ``shared``: placements and plans shared with the configuration's
-    other systems."""
-    s = registry.system(name)
+    supports, or a row built from rows, as ``zepp.sim.ablation``'s arms); the first
+    ``cfg.warmup`` batches are warm-up. Stateless systems skip them (a deterministic simulator
+    has nothing to warm up); ``zepp-swap`` plans them, since its placement carries over.
+    ``shared``: placements and plans shared with the configuration's other systems."""
+    s = registry.system(name) if isinstance(name, str) else name
+    name = s.name
     if not s.supports("sim"):
         raise ZeppInputError(f"system {name!r} does not run in the simulator (runs in: {', '.join(s.executors)})")
     shared = Shared() if shared is None else shared
@@ -205,7 +207,7 @@ def run_system(name: str, cfg: Config, keep_timeline: bool = False, shared: Shar
                             variant=best.name, granularity=best.granularity)
     res = SystemResult(name)
     iters = cfg.batches.shape[0]
-    if s.adaptation == "zepp-swap":
+    if s.adaptation in ("zepp-swap", "zepp-swap-once"):
         return _run_swapping(s, cfg, keep_timeline, shared, res)
     for it in range(cfg.warmup, iters):
         keep = keep_timeline and it == iters - 1
@@ -229,7 +231,8 @@ def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep
 
 def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: Shared, res: SystemResult):
     """``zepp-swap``: before batch ``i``, swaps planned from batch ``i-1``'s slot loads (the
-    runtime's order); their copies run during batch ``i`` and its routing uses the new placement."""
+    runtime's order); their copies run during batch ``i`` and its routing uses the new placement.
+    ``zepp-swap-once``: only before batch 1 (from batch 0's loads); the placement then stays."""
     from zepp.planner.swaps import plan_swaps
 
     placement = shared.placement(s.placement, cfg)
@@ -239,7 +242,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
     for it in range(iters):
         copies = swapped = None
         n_swapped = 0
-        if prev_loads is not None:
+        if prev_loads is not None and (s.adaptation == "zepp-swap" or it == 1):
             sp = plan_swaps(placement, prev_loads, cfg.C)
             if sp.num_swapped_slots:
                 n_swapped = sp.num_swapped_slots
