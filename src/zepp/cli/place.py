@@ -95,9 +95,12 @@ def _check_deployment(o: PlaceOptions):
     from zepp.interop.layers import physical_experts
     from zepp.model import model_preset
 
+    from zepp.launch.checks import check_number, check_sim_numbers
+
+    check_sim_numbers(nodes=o.nodes, gpus_per_node=o.gpus_per_node, seed=o.seed)
+    if o.redundant is not None:
+        check_number("--redundant", o.redundant, 0, 1 << 20, integer=True)
     spec = model_preset(o.model, experts=o.experts, topk=o.topk)
-    if o.nodes is None or o.nodes < 1:
-        raise ZeppInputError(f"--nodes must be a positive integer, got {o.nodes!r}")
     cl = load_cluster_file(o.cluster_file, o.nodes, o.gpus_per_node) if o.cluster_file else \
         cluster_preset(o.cluster_name, o.nodes, o.gpus_per_node)
     ranks = o.nodes * cl.gpus_per_node
@@ -265,6 +268,10 @@ def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
         net = network_label(cl.name)
         click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {o.sim_layers} "
                    f"layer(s), no overlap for any configuration")
+        from zepp.sim.calibrate import unused_note
+
+        if unused_note(cl):
+            click.echo(f"  {unused_note(cl)}")
     return figs
 
 

@@ -185,22 +185,22 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
     from zepp.cluster import load_cluster_file
-    from zepp.launch.checks import check_number, check_output_path
+    from zepp.launch.checks import check_number, check_output_folder, check_output_path, check_sim_numbers
 
+    check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, iters=iters, seed=seed)
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
     cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
         cluster_preset(cluster_name, nodes, gpus_per_node)
     gpus_per_node = cluster.gpus_per_node
-    check_number("--iters", iters, 1, integer=True)
     if relaxation is not None:
-        check_number("--relaxation", relaxation, 0)
+        check_number("--relaxation", relaxation, 0, 1000)
     if not 0 <= extra <= spec.num_experts:
         raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
                              f"got {extra}")
     if json_path:
         check_output_path(json_path, "--json")
-    if dump is not None and Path(dump).exists() and not Path(dump).is_dir():
-        raise ZeppInputError(f"--dump {dump!r}: exists and is not a folder")
+    if dump is not None:
+        check_output_folder(dump, "--dump")
     names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
@@ -211,6 +211,10 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
                f"C={relaxation:g}, {iters} batch(es), history {pool.source}, batches from {evaluation.source}"
                + ("" if no_validate else "; every plan validated"))
     click.echo(format_table(rows))
+    from zepp.sim.calibrate import unused_note
+
+    if unused_note(cluster):
+        click.echo(unused_note(cluster))
     if json_path:
         payload = dict(model=spec.name, cluster=cluster.name, nodes=nodes, gpus_per_node=gpus_per_node,
                        budget_mb=budget_mb, tokens_per_gpu=tokens, relaxation=relaxation, iters=iters, seed=seed,
