@@ -124,8 +124,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Cluster) if f.name != "given"}
 # exponent), not hardware; an efficiency is a fraction of peak; a fixed cost is per message or
 # kernel, below 10 ms.
 FIELD_RANGES: dict[str, tuple[float, float, bool, str]] = {
-    "nodes": (1, 4096, False, "nodes (an integer)"),
-    "gpus_per_node": (1, 1024, False, "GPUs per node (an integer)"),
+    "nodes": (1, 4096, False, "nodes of the cluster"),
+    "gpus_per_node": (1, 1024, False, "GPUs per node"),
     "nvlink_bw": (1e6, 1e14, False, "bytes/s per direction per GPU pair"),
     "nic_bw": (1e5, 1e13, False, "bytes/s per direction per NIC"),
     "weight_copy_bw": (1e6, 1e14, False, "bytes/s of NVLink weight copies (null: nvlink_bw)"),
@@ -143,7 +143,7 @@ def field_ranges_text() -> str:
     """One line per cluster field: its range and meaning (the README's table and ``--help``)."""
     return "\n".join(f"{k}: {'(' if lo_open else '['}{lo:g}, {hi:g}], {what}"
                       for k, (lo, hi, lo_open, what) in FIELD_RANGES.items())
-_NUMBER = re.compile(r"[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def cluster_preset(name: str, nodes: int, gpus_per_node: int | None = None, **overrides) -> Cluster:

@@ -128,19 +128,17 @@ def _check_engine(o: PlaceOptions) -> str:
 
 def _check_report_numbers(o: PlaceOptions, spec) -> float:
     """The report's budget, batches, held-out share and layers; returns Zepp's relaxation ``C``."""
-    for name, v in (("--budget-mb", o.budget_mb), ("--heldout", o.heldout)):
-        if not math.isfinite(v):
-            raise ZeppInputError(f"{name} must be a finite number, got {v!r}")
-    if o.iters < 1:
-        raise ZeppInputError(f"--iters must be >= 1, got {o.iters}")
-    if o.sim_layers < 0:
-        raise ZeppInputError(f"--sim-layers must be >= 0, got {o.sim_layers}")
+    from zepp.launch.checks import check_number, check_sim_numbers
+
+    check_sim_numbers(budget_mb=o.budget_mb, iters=o.iters)
+    check_number("--sim-layers", o.sim_layers, 0, 10**4, integer=True)
+    if not math.isfinite(o.heldout):
+        raise ZeppInputError(f"--heldout must be a finite number, got {o.heldout!r}")
     if not 0 <= o.heldout < 1:
         raise ZeppInputError(f"--heldout must lie in [0, 1), got {o.heldout}")
     spec.tokens_for_budget(o.budget_mb)
     rel = (0.5 if o.nodes >= 16 else 0.25) if o.relaxation is None else o.relaxation
-    if not (math.isfinite(rel) and rel >= 0):
-        raise ZeppInputError(f"--relaxation must be a finite number >= 0, got {o.relaxation!r}")
+    check_number("--relaxation", rel, 0, 1000)
     return rel
 
 

@@ -197,7 +197,7 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     if not 0 <= extra <= spec.num_experts:
         raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
                              f"got {extra}")
-    if json_path:
+    if json_path is not None:
         check_output_path(json_path, "--json")
     if dump is not None:
         check_output_folder(dump, "--dump")

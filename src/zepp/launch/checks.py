@@ -39,7 +39,7 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-MAX_SEED = 2**32 - 1  # numpy's SeedSequence takes any non-negative integer; one bound for every command
+MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes any non-negative integer; one bound for every command
 
 
 def check_seed(seed, option: str = "--seed") -> int:
