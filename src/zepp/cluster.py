@@ -165,13 +165,16 @@ def preset_gpus_per_node(name: str) -> int:
     return int(_PRESETS[name].get("gpus_per_node", _DEFAULT_GPUS_PER_NODE))
 
 
-def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
+def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None = None,
+                      default_nodes: int | None = None) -> Cluster:
     """A :class:`Cluster` from a YAML or JSON file holding the preset's fields.
 
     Fields are those of :class:`Cluster` (``nvlink_bw``, ``nic_bw``, ``peak_flops``, ...; rates
     in bytes/s, times in seconds), plus optional ``base`` (a preset whose figures the file
-    overrides) and ``name``. ``nodes`` / ``gpus_per_node`` given here win over the file's.
-    An unknown field, a wrong type or a bad value is one error naming the field.
+    overrides) and ``name``. ``nodes`` / ``gpus_per_node`` given here fill in what the file
+    leaves out; one that disagrees with the file is refused (the same file means one cluster).
+    ``default_nodes``: the node count when neither gives one. An unknown field, a wrong type or
+    a value outside its range (``FIELD_RANGES``) is one error naming the field.
     """
     p = input_file(Path(path), "cluster file", ".yaml, .yml or .json")
     obj = _read_mapping(p)
@@ -182,10 +185,14 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
         if key != "base":
             fields[key] = _field_value(p, key, value)
             given.add(key)
-    if nodes is not None:
-        fields["nodes"] = nodes
-    if gpus_per_node is not None:
-        fields["gpus_per_node"] = gpus_per_node
+    for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if value is not None and key in given and fields[key] != value:
+            raise ZeppInputError(f"{p}: field {key!r} is {fields[key]}, but --{key.replace('_', '-')} says {value}; "
+                                 f"drop one of them")
+        if value is not None:
+            fields[key] = value
+    if "nodes" not in fields and default_nodes is not None:
+        fields["nodes"] = default_nodes
     if "nodes" not in fields:
         raise ZeppInputError(f"{p}: field 'nodes' is missing; add it or pass --nodes")
     fields.setdefault("name", str(base or p.stem))

@@ -79,7 +79,8 @@ OUTPUTS = [  # the folder exists and is writable, the path is not a folder, the 
     SMALL_PLAN + ["--json", "{out}"], SMALL_PLAN + ["--json", "/nonexistent-zepp/p.json"],
     SMALL_PLAN + ["--json", "/proc/zepp-p.json"], SMALL_PLAN + ["--json", "{afile}/p.json"],
     SMALL_PLAN + ["--dump", "{afile}"], SMALL_PLAN + ["--dump", "/nonexistent-zepp/a/b"],
-    SMALL_PLAN + ["--json", ""],
+    SMALL_PLAN + ["--json", ""], BENCH + ["--json", ""], BENCH + ["--plot", ""], PLACE + ["--report", ""],
+    RUN + ["--json", ""], GEN_CK + ["--json", ""], ["cluster", "calibrate", "--json", ""],
     BENCH + ["--json", "{out}"], BENCH + ["--json", "/proc/zepp-b.json"], BENCH + ["--plot", "{out}/b.xyz"],
     BENCH + ["--plot", "{out}/b"], BENCH + ["--plot", "{out}"], BENCH + ["--plot", "/nonexistent-zepp/b.png"],
     BENCH + ["--json", "{out}/b.json", "--plot", "{out}/b.docx"],
@@ -125,7 +126,10 @@ CLUSTER_FILES = ([SMALL_PLAN + ["--cluster-file", "{cluster:" + t + "}"] for t i
                  + [SMALL_PLAN + ["--cluster-file", "{cluster.json:{\"nic_bw\": NaN}}"],
                     SMALL_PLAN + ["--cluster-file", "{cluster.json:{\"nic_bw\": -1}}"],
                     SMALL_PLAN + ["--cluster-file", "{cluster.json:[1, 2]}"],
-                    SMALL_PLAN + ["--cluster-file", "{out}"], PLACE + ["--cluster-file", "/nonexistent-zepp.yaml"]])
+                    SMALL_PLAN + ["--cluster-file", "{out}"], PLACE + ["--cluster-file", "/nonexistent-zepp.yaml"],
+                    SMALL_PLAN + ["--cluster-file", "{cluster:nodes: 8}"],  # the file and --nodes 2 disagree
+                    PLACE + ["--cluster-file", "{cluster:gpus_per_node: 8}"],
+                    PLACE + ["--cluster-file", "{cluster:base: h100-8\nnodes: 3}"]])
 
 HISTORIES = [PLACE_H + [h] for h in (
     "{hist:zero}", "{hist:nosteps}", "{hist:overflow}", "{hist:uint64}", "{hist:negative}", "{hist:zero_layer}",

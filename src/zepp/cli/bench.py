@@ -86,10 +86,10 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
 
     if workers is not None:
         check_number("--jobs", workers, 1, 1024, integer=True)
-    json_file = Path(check_output_path(json_path, "--json")) if json_path else None
+    json_file = Path(check_output_path(json_path, "--json")) if json_path is not None else None
     if json_file is not None:
         check_output_path(str(table.detail_path(json_file)), "--json (its .detail.json)")
-    if plot_path:
+    if plot_path is not None:
         check_output_path(plot_path, "--plot", plot_suffixes())
     if resume and json_file is None:
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")

@@ -154,7 +154,7 @@ def calibrate_cmd(prefix, json_path) -> None:
     from zepp.launch.checks import check_output_path
 
     ownership.check_prefix(prefix)
-    if json_path:
+    if json_path is not None:
         check_output_path(json_path, "--json")
     _need_support()
     with _reported():

@@ -148,7 +148,7 @@ def _check_outputs(o: PlaceOptions) -> None:
 
     check_suffix(o.fmt, o.out)
     check_output_path(o.out, "--out")
-    if o.report_path:
+    if o.report_path is not None:
         check_output_path(o.report_path, "--report")
 
 

@@ -23,6 +23,9 @@ from zepp import registry
 from zepp.traces import Trace, node_demand, read_trace, sample_batches
 
 
+DEFAULT_NODES = 4
+
+
 def default_relaxation(nodes: int) -> float:
     """PAPER.md: C = 0.25, 0.5 at 16 nodes and more."""
     return 0.5 if nodes >= 16 else 0.25
@@ -159,7 +162,7 @@ def format_table(rows: list[dict]) -> str:
               help="Cluster preset (the simulated time needs a calibrated one: a100, h100).")
 @click.option("--cluster-file", type=click.Path(dir_okay=False), default=None,
               help="YAML/JSON file with a cluster's fields (overrides --cluster).")
-@click.option("--nodes", default=4, show_default=True, type=int)
+@click.option("--nodes", default=None, type=int, help=f"Nodes (default: the cluster file's, else {DEFAULT_NODES}).")
 @click.option("--gpus-per-node", default=None, type=int, help="GPUs per node (default: the preset's board).")
 @click.option("--budget-mb", default=16.0, show_default=True, type=float, help="Message budget per GPU (MB).")
 @click.option("--history", type=click.Path(dir_okay=False), default=None,
@@ -189,9 +192,9 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
 
     check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, iters=iters, seed=seed)
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
-    cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
-        cluster_preset(cluster_name, nodes, gpus_per_node)
-    gpus_per_node = cluster.gpus_per_node
+    cluster = load_cluster_file(cluster_file, nodes, gpus_per_node, default_nodes=DEFAULT_NODES) if cluster_file \
+        else cluster_preset(cluster_name, DEFAULT_NODES if nodes is None else nodes, gpus_per_node)
+    nodes, gpus_per_node = cluster.nodes, cluster.gpus_per_node
     if relaxation is not None:
         check_number("--relaxation", relaxation, 0, 1000)
     if not 0 <= extra <= spec.num_experts:

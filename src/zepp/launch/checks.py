@@ -193,7 +193,7 @@ def check_launch_options(o: dict) -> dict:
         raise ZeppInputError("--emulate runs gloo ranks on the CPU; drop --device")
     if not o["emulate"] and (o["rate_mbit"] is not None or o.get("delay_ms")):
         raise ZeppInputError("--rate-mbit/--delay-ms shape the emulated cluster's NICs; add --emulate")
-    if o["json_path"]:
+    if o["json_path"] is not None:
         check_output_path(o["json_path"], "--json")
     return dict(nodes=nodes, gpus_per_node=L, device=device, backend="nccl" if device.startswith("cuda") else "gloo",
                 timeout=timeout)
