@@ -137,12 +137,6 @@ FIELD_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "gemm_rows_half": (0.0, 1e6, True, "rows per expert at half the GEMM efficiency"),
     "kernel_launch": (0.0, 1e-2, False, "seconds per kernel launch"),
 }
-
-
-def field_ranges_text() -> str:
-    """One line per cluster field: its range and meaning (the README's table and ``--help``)."""
-    return "\n".join(f"{k}: {'(' if lo_open else '['}{lo:g}, {hi:g}], {what}"
-                      for k, (lo, hi, lo_open, what) in FIELD_RANGES.items())
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 

@@ -134,7 +134,8 @@ CLUSTER_FILES = ([SMALL_PLAN + ["--cluster-file", "{cluster:" + t + "}"] for t i
 HISTORIES = [PLACE_H + [h] for h in (
     "{hist:zero}", "{hist:nosteps}", "{hist:overflow}", "{hist:uint64}", "{hist:negative}", "{hist:zero_layer}",
     "{hist:empty.txt}", "{hist:comments.txt}", "{hist:float.npz}", "{hist:nan.npz}",
-)] + [PLAN_FILE[:-1] + ["{hist:empty.txt}"], PLAN_FILE[:-2] + ["--history", "{hist:empty.txt}", "--trace",
+)] + [GEN_CK + ["--history", "{genhist:" + bad + "}"] for bad in ("0 9", "", "0 1 2", "3 3", "x y")] + [
+    PLAN_FILE[:-1] + ["{hist:empty.txt}"], PLAN_FILE[:-2] + ["--history", "{hist:empty.txt}", "--trace",
                                                                   "{trace64}"]]
 
 RESUME = [BENCH + ["--json", "{resume:" + k + "}", "--resume"] for k in (
@@ -382,6 +383,12 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         return _history(spec, tmp)
     if kind == "resume":
         return _resume(spec, tmp)
+    if kind == "genhist":  # a --record folder of the tiny checkpoint (8 experts, top-2) whose layer 1 is bad
+        d = tmp / "rec"
+        d.mkdir()
+        (d / "layer_000.txt").write_text("0 1\n2 3\n")
+        (d / "layer_001.txt").write_text(spec + "\n" if spec else "")
+        return str(d)
     raise AssertionError(f"unknown fixture {kind}")
 
 

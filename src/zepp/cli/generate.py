@@ -92,11 +92,14 @@ def _check_model(o: dict, world: int):
                              f"--nodes or --gpus-per-node")
     check_number("--extra", o["extra"], 0, shape["experts"], integer=True)
     if o["history"]:
+        from zepp.traces import read_trace
+
         for i in range(shape["layers"]):
             p = os.path.join(o["history"], f"layer_{i:03d}.txt")
             if not os.path.isfile(p):
                 raise ZeppInputError(f"--history {o['history']!r}: no {os.path.basename(p)} (one trace per MoE layer, "
                                      f"{shape['layers']} layers; write them with --record)")
+            read_trace(p, num_experts=shape["experts"], top_k=shape["top_k"])  # as the ranks will read it
     return config
 
 
