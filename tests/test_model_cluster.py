@@ -107,3 +107,22 @@ def test_todays_presets_and_cluster_file(tmp_path):
         (tmp_path / "b.yaml").write_text(text)
         with pytest.raises(ZeppInputError, match=needle):
             load_cluster_file(tmp_path / "b.yaml")
+
+
+def test_a_cluster_file_means_the_same_to_every_command(tmp_path):
+    """The simulator keeps the hardware figures a cluster file sets (``plan`` and ``place`` both
+    simulate through ``on_network``); a preset keeps the calibration's; fields the simulator does
+    not read are named in a note; every numeric field has a stated range."""
+    from zepp.cluster import _FIELDS, FIELD_RANGES
+    from zepp.sim.calibrate import HARDWARE, on_network, unused_note
+
+    (tmp_path / "c.yaml").write_text("base: a100\nnodes: 2\ngemm_eff_max: 0.3\nnic_msg_cost: 5e-5\n")
+    cl = load_cluster_file(tmp_path / "c.yaml")
+    sim, _ = on_network(cl)
+    assert sim.gemm_eff_max == 0.3 and sim.gemm_rows_half == HARDWARE["gemm_rows_half"]
+    assert on_network(cluster_preset("a100", 2))[0].gemm_eff_max == HARDWARE["gemm_eff_max"]
+    assert "nic_msg_cost" in unused_note(cl) and unused_note(cluster_preset("a100", 2)) is None
+    assert set(FIELD_RANGES) == set(_FIELDS) - {"name"}
+    (tmp_path / "d.yaml").write_text("nodes: 2\nkernel_launch: -1e-6\n")
+    with pytest.raises(ZeppInputError, match=r"field 'kernel_launch' must be a finite number in \[0, 0.01\]"):
+        load_cluster_file(tmp_path / "d.yaml")

@@ -54,6 +54,9 @@ class Cluster:
     gemm_rows_half: float = 64.0  # rows per expert at which efficiency is half its max
     kernel_launch: float = 10e-6  # fixed seconds per kernel (GEMM, reduce)
     weight_copy_bw: float | None = None  # bytes/s for NVLink weight copies (None: nvlink_bw)
+    # the fields a cluster file set (``load_cluster_file``): the simulator keeps these as given
+    # instead of its calibration's figures (``zepp.sim.calibrate.on_network``)
+    given: frozenset = dataclasses.field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if int(self.nodes) != self.nodes or self.nodes < 1:
@@ -114,8 +117,27 @@ _DEFAULT_GPUS_PER_NODE = 4
 
 PRESET_NAMES = tuple(_PRESETS)
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Cluster)}
-_NUMBER = re.compile(r"[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_FIELDS = {f.name: f for f in dataclasses.fields(Cluster) if f.name != "given"}
+
+# What each number of a cluster file means and the range it must lie in: (low, high, low open,
+# unit and meaning). A bandwidth outside its range is a typo (bits for bytes, a missing
+# exponent), not hardware; an efficiency is a fraction of peak; a fixed cost is per message or
+# kernel, below 10 ms.
+FIELD_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "nodes": (1, 4096, False, "nodes of the cluster"),
+    "gpus_per_node": (1, 1024, False, "GPUs per node"),
+    "nvlink_bw": (1e6, 1e14, False, "bytes/s per direction per GPU pair"),
+    "nic_bw": (1e5, 1e13, False, "bytes/s per direction per NIC"),
+    "weight_copy_bw": (1e6, 1e14, False, "bytes/s of NVLink weight copies (null: nvlink_bw)"),
+    "nvlink_msg_cost": (0.0, 1e-2, False, "seconds per NVLink message"),
+    "nic_msg_cost": (0.0, 1e-2, False, "seconds per NIC message"),
+    "peak_flops": (1e9, 1e18, False, "dense FLOP/s per GPU"),
+    "hbm_bw": (1e9, 1e14, False, "bytes/s of GPU memory"),
+    "gemm_eff_max": (0.0, 1.0, True, "fraction of peak FLOP/s a grouped GEMM reaches"),
+    "gemm_rows_half": (0.0, 1e6, True, "rows per expert at half the GEMM efficiency"),
+    "kernel_launch": (0.0, 1e-2, False, "seconds per kernel launch"),
+}
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def cluster_preset(name: str, nodes: int, gpus_per_node: int | None = None, **overrides) -> Cluster:
@@ -137,32 +159,38 @@ def preset_gpus_per_node(name: str) -> int:
     return int(_PRESETS[name].get("gpus_per_node", _DEFAULT_GPUS_PER_NODE))
 
 
-def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
+def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None = None,
+                      default_nodes: int | None = None) -> Cluster:
     """A :class:`Cluster` from a YAML or JSON file holding the preset's fields.
 
     Fields are those of :class:`Cluster` (``nvlink_bw``, ``nic_bw``, ``peak_flops``, ...; rates
     in bytes/s, times in seconds), plus optional ``base`` (a preset whose figures the file
-    overrides) and ``name``. ``nodes`` / ``gpus_per_node`` given here win over the file's.
-    An unknown field, a wrong type or a bad value is one error naming the field.
+    overrides) and ``name``. ``nodes`` / ``gpus_per_node`` given here fill in what the file
+    leaves out; one that disagrees with the file is refused (the same file means one cluster).
+    ``default_nodes``: the node count when neither gives one. An unknown field, a wrong type or
+    a value outside its range (``FIELD_RANGES``) is one error naming the field.
     """
     p = input_file(Path(path), "cluster file", ".yaml, .yml or .json")
     obj = _read_mapping(p)
     base = obj.get("base")
     fields = _base_fields(p, base)
+    given = set()
     for key, value in obj.items():
         if key != "base":
             fields[key] = _field_value(p, key, value)
-    for key in _POSITIVE_FIELDS:
-        if key in fields and not fields[key] > 0:
-            raise ZeppInputError(f"{p}: field {key!r} must be positive, got {fields[key]!r}")
-    if nodes is not None:
-        fields["nodes"] = nodes
-    if gpus_per_node is not None:
-        fields["gpus_per_node"] = gpus_per_node
+            given.add(key)
+    for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if value is not None and key in given and fields[key] != value:
+            raise ZeppInputError(f"{p}: field {key!r} is {fields[key]}, but --{key.replace('_', '-')} says {value}; "
+                                 f"drop one of them")
+        if value is not None:
+            fields[key] = value
+    if "nodes" not in fields and default_nodes is not None:
+        fields["nodes"] = default_nodes
     if "nodes" not in fields:
-        raise ZeppInputError(f"{p}: field 'nodes' is missing (or pass --nodes)")
+        raise ZeppInputError(f"{p}: field 'nodes' is missing; add it or pass --nodes")
     fields.setdefault("name", str(base or p.stem))
-    return Cluster(**fields)
+    return Cluster(**fields, given=frozenset(given))
 
 
 def _read_mapping(p: Path) -> dict:
@@ -180,7 +208,8 @@ def _read_mapping(p: Path) -> dict:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ZeppInputError(f"{p}: not valid {'JSON' if is_json else 'YAML'} ({first})") from None
     if not isinstance(obj, dict):
-        raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}")
+        raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}; "
+                             f"write one field per line")
     return obj
 
 
@@ -200,17 +229,19 @@ def _field_value(p: Path, key: str, value):
     if key not in _FIELDS:
         raise ZeppInputError(f"{p}: unknown field {key!r}; cluster fields are {', '.join(_FIELDS)} (and base)")
     if key == "name":
-        if not isinstance(value, str) or not value:
-            raise ZeppInputError(f"{p}: field 'name' must be a non-empty string, got {value!r}")
-    elif key in ("nodes", "gpus_per_node"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ZeppInputError(f"{p}: field {key!r} must be a positive integer, got {value!r}")
-    elif value is None and key == "weight_copy_bw":
-        pass
-    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        if not isinstance(value, str) or not value.strip() or len(value) > 100 or "\n" in value:
+            raise ZeppInputError(f"{p}: field 'name' must be a non-empty one-line string, got {value!r}")
+        return value
+    if value is None and key == "weight_copy_bw":
+        return value
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 5.0e10 (no exponent sign) as a string
-        if not np.isfinite(value) or value < 0:
-            raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
-        raise ZeppInputError(f"{p}: field {key!r} must be a finite number >= 0, got {value!r}")
+    lo, hi, lo_open, what = FIELD_RANGES[key]
+    integer = key in ("nodes", "gpus_per_node")
+    good = not isinstance(value, bool) and isinstance(value, (int, float)) and bool(np.isfinite(value))
+    good = good and (not integer or isinstance(value, int)) and (value > lo if lo_open else value >= lo) and value <= hi
+    if not good:
+        kind = "a positive integer" if integer else "a finite number"
+        raise ZeppInputError(f"{p}: field {key!r} must be {kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}] "
+                             f"({what}), got {value!r}; fix the file")
     return value

@@ -71,6 +71,11 @@ def test_repeat_is_bit_identical_and_resume_skips_stored_rows(tmp_path):
     assert r3.exit_code == 0, r3.output
     assert "1 of 2 configurations already" in r3.output
     assert [r["latency_ms"] for r in json.loads(a.read_text())["rows"]] == la
+    # stored with another seed: not reused, and the run says it simulates it again
+    r4 = CliRunner().invoke(bench, [*args, "--json", str(a), "--jobs", "1", "--resume", "--seed", "1"])
+    assert r4.exit_code == 0, r4.output
+    assert "0 of 2 configurations already" in r4.output and "2 stored with other run settings" in r4.output
+    assert all(r["run"]["seed"] == 1 for r in json.loads(a.read_text())["rows"])
 
 
 def test_measured_cells_come_from_the_paper():

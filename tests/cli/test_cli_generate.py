@@ -120,6 +120,33 @@ def test_dead_rank_ends_the_run_naming_it(ckpt, reqs, capfd):
     assert not _my_ranks()
 
 
+def test_nan_weights_are_refused_by_the_rank_that_loads_them(ckpt, reqs, tmp_path, capfd, monkeypatch):
+    """NaN in an expert's weights: the rank that holds that expert refuses, the command prints
+    one line naming the tensor and the rank, exit code 2; no rank or temp folder is left."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "nan"
+    shutil.copytree(ckpt, bad)
+    t = load_file(str(bad / "model.safetensors"))
+    name = "model.layers.1.mlp.experts.5.down_proj.weight"  # expert 5 of 8: rank 1's at home placement
+    t[name][0, 0] = float("nan")
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # the launcher's temp folder goes to TMPDIR
+    code, out, err = _zepp(capfd, "--checkpoint", str(bad), "--nodes", "1", "--gpus-per-node", "2", "--system",
+                           "a2av", "--input-ids", reqs, "--max-new-tokens", "2")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("zepp: error: ") and f"tensor {name} holds NaN or Inf" in lines[0], lines[0]
+    assert lines[0].endswith("(found by rank 1)"), lines[0]
+    assert not _my_ranks() and not list(tmp.iterdir())
+
+
 def _my_ranks() -> list[int]:
     """Pids of rank processes this test process started that are still alive."""
     out = []

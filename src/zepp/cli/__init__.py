@@ -41,13 +41,30 @@ def cli() -> None:
     """Zepp: distributed MoE serving under relaxed balance constraints."""
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """click's usage error (bad value, unknown option or command, missing argument) as zepp's one
+    line: ``<what>, in `zepp CMD`; see `zepp CMD --help```."""
+    what = " ".join(exc.format_message().split()).rstrip(".")
+    where = exc.ctx.command_path if exc.ctx is not None else "zepp"
+    return f"{what}, in `{where}`; see `{where} --help`"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input ends with one line naming what is wrong, exit code 2 (also
-    when the emulated cluster cannot be built, as ``zepp run --emulate`` reports it)."""
+    when the emulated cluster cannot be built, as ``zepp run --emulate`` reports it, and for
+    click's own usage errors)."""
     try:
         cli.main(args=argv, prog_name="zepp", standalone_mode=False)
     except ZeppInputError as exc:
-        click.echo(f"zepp: error: {exc}", err=True)
+        click.echo(f"zepp: error: {' '.join(str(exc).split())}", err=True)
+        sys.exit(2)
+    except click.UsageError as exc:
+        click.echo(f"zepp: error: {usage_line(exc)}", err=True)
+        sys.exit(2)
+    except OSError as exc:  # a file that could be written when checked could not be at the end (disk full)
+        where = f", {exc.filename}" if exc.filename else ""
+        click.echo(f"zepp: error: {exc.strerror or type(exc).__name__}{where}; check the path and free space",
+                   err=True)
         sys.exit(2)
     except EmulationError as exc:  # the emulated cluster refused or failed (a prefix in use, no netns)
         click.echo(f"zepp: error: {exc}", err=True)

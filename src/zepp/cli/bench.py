@@ -40,18 +40,20 @@ def csv_option(option: str, value, cast) -> tuple | None:
 def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed, traces_dir,
           schedule=DEFAULT_SCHEDULE):
     """``(names shown, jobs)`` from the options, every option checked before any work."""
-    from zepp.launch.checks import check_number
+    from zepp.launch.checks import check_sim_numbers
     from zepp.sim import bench_table as table
     from zepp.sim.calibrate import calibrated
 
     check_schedule(schedule)
-    check_number("--iters", iters, 1, integer=True)
-    check_number("--warmup", warmup, 0, integer=True)
-    check_number("--gpus-per-node", gpus_per_node, 1, integer=True)
+    check_sim_numbers(gpus_per_node=gpus_per_node, iters=iters, warmup=warmup, seed=seed)
     d = table.SWEEPS[sweep]
     nodes = csv_option("--nodes", nodes, int) or d["nodes"]
     models = csv_option("--models", models, str) or d["models"]
     budgets = csv_option("--budgets", budgets, float) or d["budgets"]
+    for n in nodes:
+        check_sim_numbers(nodes=n)
+    for b in budgets:
+        check_sim_numbers(budget_mb=b)
     clusters = csv_option("--cluster", clusters, str) or d["clusters"]
     names = registry.parse_systems(systems, "sim", default_all=None) if systems else list(d["systems"])
     for c in clusters:
@@ -89,14 +91,16 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
 def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node, models, budgets, clusters, systems,
           iters, warmup, seed, workers, schedule):
     """Simulate Zepp and the baselines; print the table of PAPER.md section 4."""
-    from zepp.launch.checks import check_number, check_output_path
+    from zepp.launch.checks import check_number, check_output_path, plot_suffixes
     from zepp.sim import bench_table as table
 
     if workers is not None:
-        check_number("--jobs", workers, 1, integer=True)
-    json_file = Path(check_output_path(json_path, "--json")) if json_path else None
-    if plot_path:
-        check_output_path(plot_path, "--plot")
+        check_number("--jobs", workers, 1, 1024, integer=True)
+    json_file = Path(check_output_path(json_path, "--json")) if json_path is not None else None
+    if json_file is not None:
+        check_output_path(str(table.detail_path(json_file)), "--json (its .detail.json)")
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot", plot_suffixes())
     if resume and json_file is None:
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")
     names, jobs = _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed,
@@ -108,7 +112,11 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
     stored = []
     if resume and json_file.is_file():
         stored = table.stored_rows(jobs, json_file)
-        click.echo(f"--resume: {len(stored)} of {len(jobs)} configurations already in {json_file}", err=True)
+        keys = {table.config_key(j) for j in jobs}
+        redo = sum(table.config_key(r) in keys for r in table.load_resume(json_file)) - len(stored)
+        click.echo(f"--resume: {len(stored)} of {len(jobs)} configurations already in {json_file}"
+                   + (f"; {redo} stored with other run settings (systems, iters, warmup, seed, traces) are "
+                      f"simulated again and replaced" if redo else ""), err=True)
     t0 = time.time()
     rows = table.run_table(jobs, stored, workers or min(2, os.cpu_count() or 1), json_file)
     _report(rows, names, f"{iters} timed + {warmup} warm-up iterations, traces: {traces_dir or 'built-in synthetic'}, "

@@ -128,7 +128,10 @@ def status_cmd(prefix, as_json) -> None:
 @click.option("--timeout", type=float, default=90.0, show_default=True)
 def check_cmd(prefix, timeout) -> None:
     """Run a checked gloo all-to-all over a running cluster and show which links carried it."""
+    from zepp.launch.checks import check_number
+
     ownership.check_prefix(prefix)
+    check_number("--timeout", timeout, 0, 10**6, lo_open=True)
     _need_support()
     with _reported():
         cl = inventory.attach(prefix)
@@ -151,7 +154,7 @@ def calibrate_cmd(prefix, json_path) -> None:
     from zepp.launch.checks import check_output_path
 
     ownership.check_prefix(prefix)
-    if json_path:
+    if json_path is not None:
         check_output_path(json_path, "--json")
     _need_support()
     with _reported():

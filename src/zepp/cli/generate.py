@@ -61,25 +61,45 @@ def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]],
     return reqs, [min(int(m), max_new) for m in per]
 
 
+def check_positions(reqs: list[list[int]], per: list[int], positions: int | None, path: str) -> None:
+    """Every request's prompt plus its new tokens fits the model's ``max_position_embeddings``
+    (refused, never clipped: the fix is a shorter prompt or a smaller ``--max-new-tokens``)."""
+    if positions is None:
+        return
+    for i, (r, m) in enumerate(zip(reqs, per)):
+        if len(r) + m > positions:
+            room = positions - len(r)
+            fix = (f"lower --max-new-tokens (or its max_new_tokens) to {room}" if room >= 1
+                   else "shorten the prompt")
+            raise ZeppInputError(f"--input-ids {path!r}: request {i} has {len(r)} prompt tokens + {m} new tokens = "
+                                 f"{len(r) + m}, beyond the model's max_position_embeddings {positions}; {fix}")
+
+
 def _check_model(o: dict, world: int):
     """The checkpoint's config and MoE shape, its experts over ``world`` ranks, ``--extra`` and
     ``--history`` (one trace per MoE layer)."""
     from zepp.serve.checkpoint import check_folder
+    from zepp.serve.ckpt_check import check_tensors, read_config_json
     from zepp.serve.loader import moe_shape, read_config
 
     check_folder(o["checkpoint"])
+    read_config_json(o["checkpoint"])
     config = read_config(o["checkpoint"])
     shape = moe_shape(config)
+    check_tensors(o["checkpoint"], config)
     if shape["experts"] % world:
         raise ZeppInputError(f"the model's {shape['experts']} experts do not divide over {world} ranks; change "
                              f"--nodes or --gpus-per-node")
     check_number("--extra", o["extra"], 0, shape["experts"], integer=True)
     if o["history"]:
+        from zepp.traces import read_trace
+
         for i in range(shape["layers"]):
             p = os.path.join(o["history"], f"layer_{i:03d}.txt")
             if not os.path.isfile(p):
                 raise ZeppInputError(f"--history {o['history']!r}: no {os.path.basename(p)} (one trace per MoE layer, "
                                      f"{shape['layers']} layers; write them with --record)")
+            read_trace(p, num_experts=shape["experts"], top_k=shape["top_k"])  # as the ranks will read it
     return config
 
 
@@ -103,6 +123,7 @@ def validate(o: dict) -> tuple[dict, object]:
                                 o["emulate_prefix"])
     config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
     reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
+    check_positions(reqs, per, getattr(config, "max_position_embeddings", None), o["input_ids"])
     absolute = {k: os.path.abspath(o[k]) if o[k] else None for k in ("checkpoint", "history", "record")}
     cfg = dict(absolute, **common, systems=systems, requests=reqs, max_new=per, eos=None, relaxation=o["relaxation"],
                extra=o["extra"], keep_logits=False, fault=fault, emulate=o["emulate"])

@@ -95,9 +95,12 @@ def _check_deployment(o: PlaceOptions):
     from zepp.interop.layers import physical_experts
     from zepp.model import model_preset
 
+    from zepp.launch.checks import check_number, check_sim_numbers
+
+    check_sim_numbers(nodes=o.nodes, gpus_per_node=o.gpus_per_node, seed=o.seed)
+    if o.redundant is not None:
+        check_number("--redundant", o.redundant, 0, 1 << 20, integer=True)
     spec = model_preset(o.model, experts=o.experts, topk=o.topk)
-    if o.nodes is None or o.nodes < 1:
-        raise ZeppInputError(f"--nodes must be a positive integer, got {o.nodes!r}")
     cl = load_cluster_file(o.cluster_file, o.nodes, o.gpus_per_node) if o.cluster_file else \
         cluster_preset(o.cluster_name, o.nodes, o.gpus_per_node)
     ranks = o.nodes * cl.gpus_per_node
@@ -125,19 +128,17 @@ def _check_engine(o: PlaceOptions) -> str:
 
 def _check_report_numbers(o: PlaceOptions, spec) -> float:
     """The report's budget, batches, held-out share and layers; returns Zepp's relaxation ``C``."""
-    for name, v in (("--budget-mb", o.budget_mb), ("--heldout", o.heldout)):
-        if not math.isfinite(v):
-            raise ZeppInputError(f"{name} must be a finite number, got {v!r}")
-    if o.iters < 1:
-        raise ZeppInputError(f"--iters must be >= 1, got {o.iters}")
-    if o.sim_layers < 0:
-        raise ZeppInputError(f"--sim-layers must be >= 0, got {o.sim_layers}")
+    from zepp.launch.checks import check_number, check_sim_numbers
+
+    check_sim_numbers(budget_mb=o.budget_mb, iters=o.iters)
+    check_number("--sim-layers", o.sim_layers, 0, 10**4, integer=True)
+    if not math.isfinite(o.heldout):
+        raise ZeppInputError(f"--heldout must be a finite number, got {o.heldout!r}")
     if not 0 <= o.heldout < 1:
         raise ZeppInputError(f"--heldout must lie in [0, 1), got {o.heldout}")
     spec.tokens_for_budget(o.budget_mb)
     rel = (0.5 if o.nodes >= 16 else 0.25) if o.relaxation is None else o.relaxation
-    if not (math.isfinite(rel) and rel >= 0):
-        raise ZeppInputError(f"--relaxation must be a finite number >= 0, got {o.relaxation!r}")
+    check_number("--relaxation", rel, 0, 1000)
     return rel
 
 
@@ -147,7 +148,7 @@ def _check_outputs(o: PlaceOptions) -> None:
 
     check_suffix(o.fmt, o.out)
     check_output_path(o.out, "--out")
-    if o.report_path:
+    if o.report_path is not None:
         check_output_path(o.report_path, "--report")
 
 
@@ -265,6 +266,10 @@ def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
         net = network_label(cl.name)
         click.echo(f"sim layer ms: zepp.sim on {cl.name} with {net}, first batch of the first {o.sim_layers} "
                    f"layer(s), no overlap for any configuration")
+        from zepp.sim.calibrate import unused_note
+
+        if unused_note(cl):
+            click.echo(f"  {unused_note(cl)}")
     return figs
 
 

@@ -25,6 +25,9 @@ from zepp.traces import Trace, node_demand, read_trace, sample_batches
 from zepp.traces.schedules import DEFAULT_SCHEDULE, check_schedule, drift_workload
 
 
+DEFAULT_NODES = 4
+
+
 def default_relaxation(nodes: int) -> float:
     """PAPER.md: C = 0.25, 0.5 at 16 nodes and more."""
     return 0.5 if nodes >= 16 else 0.25
@@ -177,7 +180,7 @@ def _workload(spec: MoESpec, schedule: str, pool: Trace, evaluation: Trace, file
               help="Cluster preset (the simulated time needs a calibrated one: a100, h100).")
 @click.option("--cluster-file", type=click.Path(dir_okay=False), default=None,
               help="YAML/JSON file with a cluster's fields (overrides --cluster).")
-@click.option("--nodes", default=4, show_default=True, type=int)
+@click.option("--nodes", default=None, type=int, help=f"Nodes (default: the cluster file's, else {DEFAULT_NODES}).")
 @click.option("--gpus-per-node", default=None, type=int, help="GPUs per node (default: the preset's board).")
 @click.option("--budget-mb", default=16.0, show_default=True, type=float, help="Message budget per GPU (MB).")
 @click.option("--history", type=click.Path(dir_okay=False), default=None,
@@ -204,23 +207,23 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
     from zepp.cluster import load_cluster_file
-    from zepp.launch.checks import check_number, check_output_path
+    from zepp.launch.checks import check_number, check_output_folder, check_output_path, check_sim_numbers
 
     check_schedule(schedule)
+    check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, iters=iters, seed=seed)
     spec = model_preset(model, experts=experts, topk=topk, hidden=hidden, ffn=ffn)
-    cluster = load_cluster_file(cluster_file, nodes, gpus_per_node) if cluster_file else \
-        cluster_preset(cluster_name, nodes, gpus_per_node)
-    gpus_per_node = cluster.gpus_per_node
-    check_number("--iters", iters, 1, integer=True)
+    cluster = load_cluster_file(cluster_file, nodes, gpus_per_node, default_nodes=DEFAULT_NODES) if cluster_file \
+        else cluster_preset(cluster_name, DEFAULT_NODES if nodes is None else nodes, gpus_per_node)
+    nodes, gpus_per_node = cluster.nodes, cluster.gpus_per_node
     if relaxation is not None:
-        check_number("--relaxation", relaxation, 0)
+        check_number("--relaxation", relaxation, 0, 1000)
     if not 0 <= extra <= spec.num_experts:
         raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
                              f"got {extra}")
-    if json_path:
+    if json_path is not None:
         check_output_path(json_path, "--json")
-    if dump is not None and Path(dump).exists() and not Path(dump).is_dir():
-        raise ZeppInputError(f"--dump {dump!r}: exists and is not a folder")
+    if dump is not None:
+        check_output_folder(dump, "--dump")
     names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
@@ -237,6 +240,10 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     if wl is not None:
         click.echo(wl.describe())
     click.echo(format_table(rows))
+    from zepp.sim.calibrate import unused_note
+
+    if unused_note(cluster):
+        click.echo(unused_note(cluster))
     if json_path:
         payload = dict(model=spec.name, cluster=cluster.name, nodes=nodes, gpus_per_node=gpus_per_node,
                        budget_mb=budget_mb, tokens_per_gpu=tokens, relaxation=relaxation, iters=iters, seed=seed,

@@ -46,7 +46,7 @@ import click
 
 from zepp.errors import RankFailure, ZeppInputError
 from zepp.launch import ranks
-from zepp.launch.checks import check_fault, check_input_file, check_launch_options, check_number
+from zepp.launch.checks import check_fault, check_input_file, check_launch_options, check_number, check_seed
 from zepp.registry import help_list
 from zepp.runtime.systems import DEFAULT_ALL
 
@@ -111,7 +111,7 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
     common = check_launch_options(o)
     check_number("--iters", o["iters"], 1, 10**6, integer=True)
     check_number("--warmup", o["warmup"], 0, 10**6, integer=True)
-    check_number("--seed", o["seed"], 0, 2**63 - 1, integer=True)
+    check_seed(o["seed"])
     spec = _check_model(o, common["nodes"] * common["gpus_per_node"])
     systems = parse_systems(o["systems"])
     cluster = None

@@ -54,7 +54,7 @@ def _ranks(ranks: str | None, nodes: int, gpus_per_node: int) -> list[int]:
 def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compare, traces_dir, seed, ranks,
              out_path, schedule):
     """Draw one configuration's per-resource Gantt chart (PNG) for one system and one batch."""
-    from zepp.launch.checks import check_output_path
+    from zepp.launch.checks import check_output_path, check_sim_numbers, plot_suffixes
     from zepp.sim import bench_table as table
     from zepp.sim.calibrate import calibrated
     from zepp.sim.plots import gantt
@@ -62,8 +62,9 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     from zepp.traces.schedules import check_schedule
 
     check_schedule(schedule)
+    check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, seed=seed)
     names = _systems(system, compare)
-    check_output_path(out_path, "--out")
+    check_output_path(out_path, "--out", plot_suffixes())
     calibrated(cluster_name, 1, gpus_per_node=gpus_per_node)
     table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
     table.check_traces(traces_dir, [model], seed)

@@ -30,7 +30,7 @@ from zepp.interop.base_history import HistoryRequest
 from zepp.model import model_preset
 from zepp.traces.formats.arrays import npz_load, torch_load
 from zepp.traces.formats.trace_files import TEXT_SUFFIXES
-from zepp.traces.layer_history import MAX_BINS, LayerHistory, history_from_traces
+from zepp.traces.layer_history import MAX_BINS, LayerHistory, check_signal, history_from_traces
 
 __all__ = ["LayerHistory", "read_history", "history_from_traces", "MAX_BINS", "FORMATS", "FOLDER_READERS",
            "OBJECT_READERS"]
@@ -67,13 +67,13 @@ def read_history(path, model: str | None = None, num_experts: int | None = None,
     req = HistoryRequest(spec, num_experts, top_k, allow_duplicates)
     p = Path(path)
     if p.is_dir():
-        return _read_folder(p, req)
+        return check_signal(_read_folder(p, req))
     p = input_file(p, "history file", ".txt, .pt, .npz, or a folder")
     suffix = p.suffix.lower()
     if suffix in TEXT_SUFFIXES:
-        return zepp_format.read_text_trace(p, req)
+        return check_signal(zepp_format.read_text_trace(p, req))
     if suffix in OBJECT_SUFFIXES:
-        return _read_object_file(p, suffix, req)
+        return check_signal(_read_object_file(p, suffix, req))
     raise ZeppInputError(f"{p}: unknown history format {suffix!r}; give a .txt trace, an SGLang .pt dump, a vLLM "
                          f".pt/.npz window, or a folder (TensorRT-LLM statistics, zepp recorder, SGLang per-rank dumps)")
 

@@ -39,14 +39,59 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def check_output_path(path: str, option: str) -> str:
+MAX_SEED = 2**63 - 1  # numpy's SeedSequence takes any non-negative integer; one bound for every command
+
+
+def check_seed(seed, option: str = "--seed") -> int:
+    """``seed`` if it is an integer in ``[0, MAX_SEED]`` (numpy refuses negative seeds)."""
+    return check_number(option, seed, 0, MAX_SEED, integer=True)
+
+
+def plot_suffixes() -> tuple[str, ...]:
+    """The file suffixes matplotlib can write (``png``, ``pdf``, ``svg``, ...), from its own table."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+MAX_SIM_NODES = 4096  # the largest cluster a cluster file may describe (``zepp.cluster.FIELD_RANGES``)
+
+
+def check_sim_numbers(*, nodes=None, gpus_per_node=None, budget_mb=None, iters=None, warmup=None, seed=None) -> None:
+    """The numbers the simulating commands (``plan``, ``bench``, ``timeline``, ``place``) share,
+    each checked when given: node and GPU counts, the message budget (MB per GPU), iterations,
+    warm-up iterations and the seed."""
+    if nodes is not None:
+        check_number("--nodes", nodes, 1, MAX_SIM_NODES, integer=True)
+    if gpus_per_node is not None:
+        check_number("--gpus-per-node", gpus_per_node, 1, 1024, integer=True)
+    if budget_mb is not None:
+        check_number("--budget-mb", budget_mb, 0, 1 << 20, lo_open=True)
+    if iters is not None:
+        check_number("--iters", iters, 1, 10**6, integer=True)
+    if warmup is not None:
+        check_number("--warmup", warmup, 0, 10**6, integer=True)
+    if seed is not None:
+        check_seed(seed)
+
+
+def check_output_path(path: str, option: str, suffixes: tuple[str, ...] | None = None) -> str:
     """``path`` if a file can be written there (its folder exists and accepts it), checked by
-    opening it without changing it (a new file is removed again)."""
+    opening it without changing it (a new file is removed again). ``suffixes``: the suffixes
+    (without the dot) the writer supports; another one is refused before any work."""
     folder = os.path.dirname(os.path.abspath(path))
+    if not str(path).strip():
+        raise ZeppInputError(f"{option} is empty; give a file name")
     if os.path.isdir(path):
         raise ZeppInputError(f"{option} {path!r} is a folder; give a file name")
+    if suffixes is not None:
+        suffix = os.path.splitext(path)[1].lstrip(".").lower()
+        if suffix not in suffixes:
+            raise ZeppInputError(f"{option} {path!r}: suffix {('.' + suffix) if suffix else '(none)'!r} cannot be "
+                                 f"written; use one of {', '.join('.' + s for s in suffixes)}")
     if not os.path.isdir(folder):
-        raise ZeppInputError(f"{option} {path!r}: folder {folder!r} does not exist; create it first")
+        raise ZeppInputError(f"{option} {path!r}: folder {folder!r} does not exist (or is not a folder); "
+                             f"create it first")
     existed = os.path.exists(path)
     try:
         with open(path, "a"):
@@ -60,6 +105,8 @@ def check_output_path(path: str, option: str) -> str:
 
 def check_output_folder(path: str, option: str) -> str:
     """``path`` if it is a folder that exists or can be created (its parent is a writable folder)."""
+    if not str(path).strip():
+        raise ZeppInputError(f"{option} is empty; give a folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ZeppInputError(f"{option} {path!r} is a file; give a folder")
     parent = os.path.dirname(os.path.abspath(path))
@@ -146,7 +193,7 @@ def check_launch_options(o: dict) -> dict:
         raise ZeppInputError("--emulate runs gloo ranks on the CPU; drop --device")
     if not o["emulate"] and (o["rate_mbit"] is not None or o.get("delay_ms")):
         raise ZeppInputError("--rate-mbit/--delay-ms shape the emulated cluster's NICs; add --emulate")
-    if o["json_path"]:
+    if o["json_path"] is not None:
         check_output_path(o["json_path"], "--json")
     return dict(nodes=nodes, gpus_per_node=L, device=device, backend="nccl" if device.startswith("cuda") else "gloo",
                 timeout=timeout)

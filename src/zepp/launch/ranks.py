@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Callable, Mapping, Sequence
 
-from zepp.errors import EmulationError, EmulationUnavailable, RankFailure
+from zepp.errors import EmulationError, EmulationUnavailable, RankFailure, ZeppInputError
 from zepp.launch.processes import RankGroup, launcher_signals, temp_folder
 
 # variables a spawned rank must not inherit from a launcher that torchrun started
@@ -127,13 +127,29 @@ def run_this_rank(module: str, cfg: dict, prefix: str = "zepp-run-") -> dict:
             return json.load(f)
 
 
+BAD_INPUT_CODE = 4  # a rank's exit code for bad input (``zepp.runtime.rank_process``)
+
+
+def bad_input_found_by_ranks(exc: RankFailure) -> str | None:
+    """The bad-input line of the first rank to fail, when every rank that failed on its own
+    account exited with ``BAD_INPUT_CODE`` (a rank prints ``LABEL rank R: error: WHAT``)."""
+    if not exc.culprits or any(exc.codes[r] != BAD_INPUT_CODE for r in exc.culprits):
+        return None
+    r = exc.first if exc.first in exc.culprits else exc.culprits[0]
+    lines = [ln for ln in (exc.errs[r] if r < len(exc.errs) else "").splitlines() if ": error: " in ln]
+    if not lines:
+        return None
+    return f"{lines[-1].split(': error: ', 1)[1].strip()} (found by rank {r})"
+
+
 def launch(module: str, cfg: dict, *, label: str, threads: int = 1, env: Mapping[str, str] | None = None,
            emulated: Callable[[], dict] | None = None, prefix: str = "zepp-run-") -> dict:
     """Run a command's ranks the way this process was started and return rank 0's report:
     ``emulated`` (with ``--emulate``: a call of ``zepp.emulate.launcher`` that brings the cluster
     up, runs the ranks in it and tears it down), else under torchrun as this rank, else local
     processes. A rank that fails: ``{label}: <which rank, why>`` on stderr and exit code 3; an
-    emulated cluster that cannot be built: exit code 2."""
+    emulated cluster that cannot be built: exit code 2; ranks that refused bad input only they
+    could see (exit code 4): ``ZeppInputError`` with the first one's line."""
     try:
         with launcher_signals():
             if emulated is not None:
@@ -142,6 +158,9 @@ def launch(module: str, cfg: dict, *, label: str, threads: int = 1, env: Mapping
                 return run_this_rank(module, cfg, prefix)
             return spawn_local(module, cfg, threads=threads, env=env, prefix=prefix)
     except RankFailure as exc:
+        found = bad_input_found_by_ranks(exc)
+        if found:  # bad input only a rank could see (NaN weights): one line, exit code 2
+            raise ZeppInputError(found) from None
         torn = "\n(the emulated cluster was torn down)" if emulated is not None else ""
         print(f"{label}: {exc}{torn}", file=sys.stderr, flush=True)
         raise SystemExit(3) from None

@@ -77,17 +77,23 @@ class Checkpoint:
         return None
 
     def read(self, name: str) -> torch.Tensor:
-        """One whole tensor (CPU)."""
+        """One whole tensor (CPU); NaN or infinite values are refused naming the tensor."""
         with self._open(str(self.file_of[name]), "pt") as f:
             t = f.get_tensor(name)
         self.bytes_read += t.numel() * t.element_size()
-        return t
+        return self._finite(t, name)
 
     def read_row(self, name: str, i: int) -> torch.Tensor:
-        """Row ``i`` of a stacked tensor, without reading the others."""
+        """Row ``i`` of a stacked tensor, without reading the others (NaN or Inf refused)."""
         with self._open(str(self.file_of[name]), "pt") as f:
             t = f.get_slice(name)[i]
         self.bytes_read += t.numel() * t.element_size()
+        return self._finite(t, f"{name}[{i}]")
+
+    def _finite(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ZeppInputError(f"{self.file_of[name.split('[')[0]]}: tensor {name} holds NaN or Inf weights; "
+                                 f"this checkpoint cannot be served: fix or re-export it")
         return t
 
     def expert_weights(self, prefix: str, expert: int) -> tuple[torch.Tensor, torch.Tensor]:

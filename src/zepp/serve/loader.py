@@ -32,8 +32,10 @@ def read_config(folder):
 
     try:
         return AutoConfig.from_pretrained(str(folder))
-    except (ValueError, OSError, KeyError) as exc:
-        raise ZeppInputError(f"--checkpoint {str(folder)!r}: cannot read config.json ({exc})") from None
+    except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ZeppInputError(f"--checkpoint {str(folder)!r}: cannot read config.json ({first}); fix config.json") \
+            from None
 
 
 def skeleton(config, dtype=torch.float32) -> nn.Module:
@@ -43,9 +45,17 @@ def skeleton(config, dtype=torch.float32) -> nn.Module:
     with torch.device("meta"):
         try:
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except ValueError as exc:
-            raise ZeppInputError(f"model type {config.model_type!r} is not a causal LM transformers knows ({exc})") \
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise ZeppInputError(f"model type {config.model_type!r}: transformers cannot build it as a causal LM "
+                                 f"({first}); zepp serves MoE causal LMs such as qwen3_moe, mixtral, deepseek_v3") \
                 from None
+
+
+def persistent_shapes(config) -> dict[str, tuple[int, ...]]:
+    """``{checkpoint name: shape}`` of every parameter and persistent buffer of ``config``'s
+    model (the meta skeleton: nothing allocated), the stacked expert tensors included."""
+    return {name: tuple(t.shape) for name, t in _persistent_tensors(skeleton(config)).items()}
 
 
 def moe_shape(config) -> dict:

@@ -326,18 +326,26 @@ def write_json(path: Path, rows: list[dict]) -> None:
 
 
 def load_resume(path: Path) -> list[dict]:
-    """The configurations a previous run stored in ``path`` (its detail file when present)."""
+    """The configurations a previous run stored in ``path`` (its detail file when present); every
+    row of both files checked first (``zepp.sim.resume_rows``)."""
     detail = detail_path(path)
-    src = detail if detail.is_file() else path
+    rows = _read_rows(path)
+    return _read_rows(detail) if detail.is_file() else rows
+
+
+def _read_rows(src: Path) -> list[dict]:
+    from zepp.sim.resume_rows import check_rows
+
     try:
         data = json.loads(src.read_text())
     except (OSError, ValueError) as exc:
         raise ZeppInputError(f"--resume: cannot read {src} ({type(exc).__name__}); remove it or drop --resume") \
             from None
     rows = data if isinstance(data, list) else data.get("rows") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "latency_ms" in r for r in rows):
-        raise ZeppInputError(f"--resume: {src} is not a zepp bench --json file")
-    return rows
+    if not isinstance(rows, list):
+        raise ZeppInputError(f"--resume: {src} is not a zepp bench --json file (no list of rows); remove it or "
+                             f"drop --resume")
+    return check_rows(rows, src, ROW_KEYS, RUN_KEYS)
 
 
 def stored_rows(jobs: list[dict], path: Path) -> list[dict]:

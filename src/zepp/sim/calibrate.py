@@ -80,11 +80,27 @@ def network_label(preset: str) -> str:
 
 
 def on_network(cluster: Cluster) -> tuple[Cluster, Net]:
-    """``cluster`` with the calibration's hardware figures (``HARDWARE``) and the ``Net`` of its
-    preset (``network_of``: fitted, or DeepEP's published figures for today's clusters); a
+    """``cluster`` with the calibration's hardware figures (``HARDWARE``; a field a cluster file
+    set, ``Cluster.given``, is kept as the file says) and the ``Net`` of its preset
+    (``network_of``: fitted, or DeepEP's published figures for today's clusters); a
     cluster whose name is no simulated preset is a ``ZeppInputError``."""
     net, _ = network_of(cluster.name)
-    return cluster.with_(**HARDWARE), net
+    return cluster.with_(**{k: v for k, v in HARDWARE.items() if k not in cluster.given}), net
+
+
+# cluster fields the simulator does not read when it has a preset's network: the preset's put
+# costs replace the flat per-NIC-message cost; weight copies are not simulated
+SIM_UNUSED = ("nic_msg_cost", "weight_copy_bw")
+
+
+def unused_note(cluster: Cluster) -> str | None:
+    """A note naming the fields a cluster file set that the simulated times do not use
+    (``SIM_UNUSED``), or ``None`` when there are none (or nothing is simulated)."""
+    unused = [k for k in SIM_UNUSED if k in cluster.given] if has_network(cluster.name) else []
+    if not unused:
+        return None
+    return (f"note: the simulated times do not use the cluster file's {', '.join(unused)} (the simulator's network "
+            f"figures of {cluster.name!r} give the per-message costs; weight copies are not simulated)")
 
 
 def calibrated(preset: str, nodes: int, net: Net | None = None, gpus_per_node: int = 4) -> tuple[Cluster, Net]:

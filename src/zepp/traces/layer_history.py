@@ -38,7 +38,7 @@ from zepp.errors import ZeppInputError
 from zepp.traces.sampling import node_demand, sample_batches
 from zepp.traces.trace import Trace
 
-__all__ = ["LayerHistory", "history_from_traces", "bin_steps", "MAX_BINS"]
+__all__ = ["LayerHistory", "history_from_traces", "bin_steps", "MAX_BINS", "check_signal"]
 
 MAX_BINS = 10
 
@@ -186,6 +186,40 @@ class LayerHistory:
             top = np.argpartition(-g, k - 1, axis=1)[:, :k]
             out[:, r] = np.sort(top, axis=1).reshape(iters, tokens_per_rank, k)
         return out
+
+
+# the most entries one layer's counts may sum to: far beyond any recording, and far from int64's wrap
+MAX_LAYER_ENTRIES = 1 << 60
+
+
+def check_signal(hist: LayerHistory) -> LayerHistory:
+    """``hist`` if every layer carries load to plan from: no steps (no token rows, no time bins),
+    an all-zero load, negative counts (a wrapped int64) or a total beyond ``MAX_LAYER_ENTRIES``
+    are refused naming the layer, since a placement planned from them would be uninformed."""
+    names = hist.layers if hist.layers is not None else ("(every MoE layer)",)
+    if hist.form == "tokens":
+        for name, t in zip(names, hist.tokens):
+            if len(t) == 0:
+                raise ZeppInputError(f"{hist.source}: layer {name} has no token rows (no steps recorded); a placement "
+                                     f"needs load to plan from: record more steps")
+        return hist
+    c = hist.counts
+    if c.shape[1] == 0 or c.shape[2] == 0:
+        raise ZeppInputError(f"{hist.source}: the counts hold no steps (shape {tuple(c.shape)}); a placement needs "
+                             f"load to plan from: record more steps")
+    for i, name in enumerate(names):
+        li = c[i]
+        if int(li.min()) < 0:
+            raise ZeppInputError(f"{hist.source}: layer {name} holds negative counts (a count beyond int64 "
+                                 f"wrapped, or a corrupt file); give the recorded counts")
+        total = float(li.sum(dtype=np.float64))
+        if total > MAX_LAYER_ENTRIES:
+            raise ZeppInputError(f"{hist.source}: layer {name}'s counts sum to {total:.3g}, beyond "
+                                 f"2**60 (int64 overflows); give the recorded counts")
+        if total == 0:
+            raise ZeppInputError(f"{hist.source}: layer {name} has no load at all (every count is 0); a placement "
+                                 f"planned from it would be uninformed: record steps with traffic")
+    return hist
 
 
 def bin_steps(counts: np.ndarray, axis_steps: int = 0) -> np.ndarray:

@@ -126,12 +126,17 @@ def int_array(x, where: str, what: str = "expert ids", lo: int = 0, hi: int | No
 
 
 def whole_counts(x, where: str, what: str = "counts") -> np.ndarray:
-    """Entry counts as int64, each in ``[0, 2**62)``; whole numbers stored as floats (JSON
+    """Entry counts as int64, each in ``[0, 2**62)`` and all together below ``2**62``; whole numbers stored as floats (JSON
     numbers, float tensors) are exact and accepted, any fraction is refused."""
     a = to_numpy(x, where)
     if a.dtype.kind == "f" and a.size and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
         a = a.astype(np.int64)
-    return int_array(a, where, what, lo=0, hi=2**62)
+    out = int_array(a, where, what, lo=0, hi=2**62)
+    total = float(out.sum(dtype=np.float64))
+    if total >= 2.0**62:  # any sum of these counts (per expert, per bin) would overflow int64
+        raise ZeppInputError(f"{where}: the {what} sum to {total:.3g}, beyond 2**62 (int64 sums would overflow); "
+                             f"give the recorded counts")
+    return out
 
 
 def weights_array(x, where: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,0 +1,218 @@
+"""A checkpoint folder checked before any rank starts (``zepp generate``): ``check_checkpoint``.
+
+- ``config.json`` parses, is a mapping, and its size fields are integers in range
+  (``CONFIG_INTS``); its ``model_type`` is one transformers knows (one line, not transformers'
+  advice);
+- every ``*.safetensors`` header is read (the 8-byte little-endian length and the JSON that
+  follows, never the tensors): a file that is empty, truncated or corrupt is named;
+- ``model.safetensors.index.json``, when present, parses and names files that exist and hold
+  the tensors it maps;
+- every tensor the ranks will read (``zepp.serve.loader``: every parameter and persistent
+  buffer of the model, each expert's weights in either layout) is present with the shape the
+  config implies.
+
+NaN or infinite weights are found by the rank that reads them (``Checkpoint.read``), which
+refuses with one line naming the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+from zepp.errors import ZeppInputError
+
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
+
+# config.json size fields: (low, high); each checked where the config has it
+CONFIG_INTS = {
+    "vocab_size": (1, 1 << 24), "hidden_size": (1, 1 << 17), "num_hidden_layers": (1, 4096),
+    "num_attention_heads": (1, 4096), "num_key_value_heads": (1, 4096), "head_dim": (1, 1 << 14),
+    "intermediate_size": (1, 1 << 20), "moe_intermediate_size": (1, 1 << 20),
+    "max_position_embeddings": (1, 1 << 24), "num_experts": (1, 1 << 16), "num_local_experts": (1, 1 << 16),
+    "n_routed_experts": (1, 1 << 16), "num_experts_per_tok": (1, 1024), "n_shared_experts": (0, 1024),
+    "first_k_dense_replace": (0, 4096), "shared_expert_intermediate_size": (0, 1 << 20),
+}
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+
+
+def _where(folder) -> str:
+    return f"--checkpoint {str(folder)!r}"
+
+
+def read_config_json(folder) -> dict:
+    """``config.json`` as a mapping, its size fields checked (``CONFIG_INTS``) and its
+    ``model_type`` one transformers knows."""
+    p = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ZeppInputError(f"{_where(folder)}: config.json is not valid JSON ({first}); fix or re-export it") \
+            from None
+    if not isinstance(cfg, dict):
+        raise ZeppInputError(f"{_where(folder)}: config.json must be a JSON object, got {type(cfg).__name__}")
+    for key, (lo, hi) in CONFIG_INTS.items():
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ZeppInputError(f"{_where(folder)}: config.json field {key!r} must be an integer in [{lo}, {hi}], "
+                                 f"got {v!r}; fix config.json")
+    _check_model_type(folder, cfg.get("model_type"))
+    return cfg
+
+
+def _check_model_type(folder, model_type) -> None:
+    from transformers import CONFIG_MAPPING
+
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ZeppInputError(f"{_where(folder)}: config.json model_type {model_type!r} is not an architecture "
+                             f"transformers knows; zepp serves MoE causal LMs such as qwen3_moe, qwen2_moe, "
+                             f"mixtral, deepseek_v3")
+
+
+def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{tensor name: (dtype, shape)}`` from a safetensors file's header, every entry checked
+    against the file's size (a truncated file is named here, not by a rank)."""
+    size = path.stat().st_size
+    if size < 8:
+        raise ZeppInputError(f"{path}: {'empty' if size == 0 else 'truncated'} safetensors file ({size} bytes); "
+                             f"re-export the checkpoint")
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise ZeppInputError(f"{path}: safetensors header length {n} exceeds the file ({size} bytes): truncated "
+                                 f"or not a safetensors file; re-export the checkpoint")
+        raw = f.read(n)
+    try:
+        head = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ZeppInputError(f"{path}: safetensors header is not valid JSON (corrupt file); re-export the checkpoint") \
+            from None
+    if not isinstance(head, dict):
+        raise ZeppInputError(f"{path}: safetensors header is not a mapping (corrupt file); re-export the checkpoint")
+    out = {}
+    for name, entry in head.items():
+        if name != "__metadata__":
+            out[name] = _entry(path, name, entry, size - 8 - n)
+    return out
+
+
+def _entry(path: Path, name: str, entry, data_bytes: int) -> tuple[str, tuple[int, ...]]:
+    """One header entry's ``(dtype, shape)``, its byte range checked against the data section."""
+    ok = isinstance(entry, dict) and entry.get("dtype") in DTYPE_BYTES and isinstance(entry.get("shape"), list) \
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"]) \
+        and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2 \
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in entry["data_offsets"])
+    if not ok:
+        raise ZeppInputError(f"{path}: header entry of tensor {name!r} is malformed (dtype, shape, data_offsets); "
+                             f"re-export the checkpoint")
+    a, b = entry["data_offsets"]
+    want = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
+    if not 0 <= a <= b or b - a != want:
+        raise ZeppInputError(f"{path}: tensor {name!r} has data_offsets {a}..{b} for {want} bytes of "
+                             f"{entry['dtype']} {tuple(entry['shape'])} (corrupt header); re-export the checkpoint")
+    if b > data_bytes:
+        raise ZeppInputError(f"{path}: tensor {name!r} ends at byte {b} of the data, the file holds {data_bytes} "
+                             f"(truncated); re-export or copy the file again")
+    return entry["dtype"], tuple(entry["shape"])
+
+
+def tensor_table(folder) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` of the checkpoint: through its index file when present (which
+    must parse and name files that exist and hold the tensors it maps), else every file's header."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        table = {}
+        for fn in sorted(folder.glob("*.safetensors")):
+            table.update(read_header(fn))
+        return table
+    try:
+        wm = json.loads(index.read_text()).get("weight_map")
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        wm = None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise ZeppInputError(f"{index}: not a safetensors index (a JSON object with 'weight_map': {{tensor: file}}); "
+                             f"fix or remove it")
+    headers, table = {}, {}
+    for name, fn in wm.items():
+        p = folder / fn
+        if Path(fn).name != fn or not p.is_file():
+            raise ZeppInputError(f"{index}: tensor {name!r} is mapped to {fn!r}, which is not a file of the "
+                                 f"checkpoint folder; fix the index")
+        if fn not in headers:
+            headers[fn] = read_header(p)
+        if name not in headers[fn]:
+            raise ZeppInputError(f"{index}: tensor {name!r} is mapped to {fn!r}, which does not hold it; fix the index")
+        table[name] = headers[fn][name]
+    return table
+
+
+_PER_EXPERT = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+
+
+def _resolve(table: dict, name: str) -> str | None:
+    """The checkpoint's name for module tensor ``name`` (``zepp.serve.checkpoint.ALIASES``)."""
+    from zepp.serve.checkpoint import ALIASES
+
+    if name in table:
+        return name
+    for new, old in ALIASES:
+        if name.replace(new, old) in table:
+            return name.replace(new, old)
+    return None
+
+
+def _check_experts(folder, table: dict, prefix: str, E: int, F: int, H: int) -> None:
+    """Every expert of the block at ``prefix``: stacked ``[E, 2F, H]`` / ``[E, H, F]``, or per
+    expert ``[F, H]`` (gate, up) and ``[H, F]`` (down) in either naming."""
+    gu, dn = _resolve(table, f"{prefix}.gate_up_proj"), _resolve(table, f"{prefix}.down_proj")
+    if gu is not None and dn is not None:
+        for key, want in ((gu, (E, 2 * F, H)), (dn, (E, H, F))):
+            _same_shape(folder, key, table[key][1], want)
+        return
+    for e in range(E):
+        names = None
+        for g, u, d in _PER_EXPERT:
+            keys = [_resolve(table, f"{prefix}.{e}.{w}.weight") for w in (g, u, d)]
+            if keys[0] is not None:
+                names = keys
+                break
+        if names is None or None in names:
+            raise ZeppInputError(f"{folder}: no weights of expert {e} of {prefix} (config.json implies "
+                                 f"{E} experts per MoE layer); the config does not match the stored weights")
+        for key, want in zip(names, ((F, H), (F, H), (H, F))):
+            _same_shape(folder, key, table[key][1], want)
+
+
+def _same_shape(folder, key: str, have: tuple, want: tuple) -> None:
+    if tuple(have) != tuple(want):
+        raise ZeppInputError(f"{folder}: tensor {key} has shape {tuple(have)}, config.json implies {tuple(want)}; "
+                             f"the config does not match the stored weights")
+
+
+def check_tensors(folder, config) -> None:
+    """Every tensor a rank reads is in the checkpoint with the shape ``config`` implies."""
+    from zepp.serve.loader import persistent_shapes
+
+    table = tensor_table(folder)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    for name, shape in persistent_shapes(config).items():
+        if name.endswith(".experts.gate_up_proj"):
+            E, F2, H = shape
+            _check_experts(folder, table, name.rsplit(".", 1)[0], E, F2 // 2, H)
+            continue
+        if name.endswith(".experts.down_proj"):
+            continue  # checked with gate_up_proj
+        key = _resolve(table, name)
+        if key is None:
+            if tied and name.endswith("lm_head.weight"):
+                continue
+            raise ZeppInputError(f"{folder}: no tensor {name} in the checkpoint, which config.json implies; the config "
+                                 f"does not match the stored weights")
+        _same_shape(folder, key, table[key][1], shape)
