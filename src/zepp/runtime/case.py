@@ -4,7 +4,7 @@
 from the eval trace, the node demand of the history trace, each iteration's inputs and the
 single-process reference outputs). ``SystemRun`` is one system's layer on this rank; per
 iteration it times the layer call between a barrier and its end (for swapping systems the swap
-planning and weight copies are inside that window), compares the bytes this rank put on each
+planning and weight copies are inside that window: ``zepp.runtime.swap_steps``), compares the bytes this rank put on each
 link class with the planner's, hashes the output, and with ``check`` measures the error against
 the reference. ``run_case`` runs them iteration-major (``interleave``: every system sees the same
 machine load) or system-major (one system's weights in memory at a time), exchanges the records
@@ -123,6 +123,11 @@ class SystemRun:
                        "granularity": []}
         self.digest = hashlib.sha1()  # of every output of this rank, all iterations
         self.layer = MoELayer(d, seed=cfg["seed"], dtype=case.dtype)
+        self.swaps = None
+        if self.system.swaps:
+            from zepp.runtime.swap_steps import SwapSteps
+
+            self.swaps = SwapSteps(self.layer, cfg, case.rank, case.L, self.record)
         hooks.on_layer_created(index, name)
 
     def step(self, it: int) -> None:
@@ -134,9 +139,12 @@ class SystemRun:
         d.counter.reset()
         dist.barrier()
         t0 = time.perf_counter()
-        self._swap()
+        if self.swaps is not None:
+            self.swaps.before()
         self.hooks.on_layer_call(self.index, self.name, it)
         y = self.layer(x, ids, w)
+        if self.swaps is not None:
+            self.swaps.after(it >= case.warmup)
         if case.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
@@ -151,6 +159,8 @@ class SystemRun:
             self.record["bytes"].append({"measured": measured, "planned": planned})
         if case.cfg["check"]:
             self._check(it, x, ids_np, w, y)
+        if self.swaps is not None and it >= case.warmup:
+            self.swaps.replay(x, ids, w, y)
 
     def _arm_fault(self, it: int) -> None:
         """The ``fault`` test hook: this rank dies (exit 17) or hangs between dispatch and combine."""
@@ -159,18 +169,6 @@ class SystemRun:
                 and fault.get("iter") == it:
             self.layer.on_dispatched = (lambda: os._exit(17)) if fault.get("mode", "die") == "die" else (
                 lambda: time.sleep(3600))
-
-    def _swap(self) -> None:
-        """Swapping systems: plan intra-node swaps from the last batch's slot loads and copy the weights."""
-        d = self.layer.dispatcher
-        if not (self.system.swaps and d.last_plan is not None):
-            return
-        from zepp.planner.swaps import plan_swaps
-
-        sp = plan_swaps(d.placement, d.last_plan.routing.slot_loads(), self.case.cfg["relaxation"])
-        if sp.num_swapped_slots:
-            self.record["swap_bytes"] += self.layer.apply_swaps(sp)
-            self.record["swapped_slots"] += sp.num_swapped_slots
 
     def _link_bytes(self) -> tuple[dict, dict]:
         """This rank's measured bytes against the planner's, per phase, NIC and NVLink; a
