@@ -43,6 +43,7 @@ import functools
 import json
 
 import click
+import numpy as np
 
 from zepp.errors import RankFailure, ZeppInputError
 from zepp.launch import ranks
@@ -149,7 +150,28 @@ def format_report(report: dict) -> str:
         ok = "-" if s["correct"] is None else ("yes" if s["correct"] else "NO")
         lines.append(f"{name:<11} {ok:>8} {err:>12} {'yes' if s['bytes_match'] else 'NO':>11} {nic / mb:>10.3f} "
                      f"{nvl / mb:>12.3f} {meta:>10.1f} {s['median_layer_ms']:>9.2f} {s['median_plan_ms']:>8.2f}")
+    lines += _swap_lines(report)
     return "\n".join(lines)
+
+
+def _swap_lines(report: dict) -> list[str]:
+    """Per swapping system: swaps per step, their bytes (across nodes: must be 0) and the time
+    they add to the step (``zepp.runtime.swap_steps``)."""
+    out = []
+    for name, s in report["systems"].items():
+        sw = s.get("swaps")
+        if not sw or not sw["per_step"]:
+            continue
+        mb = [b / 2**20 for b in sw["bytes_per_step"]]
+        out.append(f"{name} swaps ({sw['mode']} copies): slots per step {sw['per_step']}, weight MB per step "
+                   f"{[round(v, 2) for v in mb]}, across nodes {sum(sw['cross_node_bytes_per_step'])} B, "
+                   f"exposed ms per step (posting + waiting) {[round(v, 2) for v in sw['exposed_ms']]}, "
+                   f"planning ms median {float(np.median(sw['plan_ms'])):.2f}")
+        if sw.get("added_ms") is not None:
+            out.append(f"{name} swap time added to a step (step - control replay, median) {sw['added_ms']:.2f} ms; "
+                       f"the same copies alone, blocking {sw['alone_median_ms']:.2f} ms; ratio "
+                       f"{sw['added_over_alone']:.2f}")
+    return out
 
 
 @click.command("run")

@@ -232,7 +232,8 @@ def post_copies(weights: list, copies, old_slot_expert: np.ndarray, new_slot_exp
                 stats.local += sum(x.numel() * x.element_size() for x in staged[a - r * S])
             elif ra == r:
                 for j, buf in enumerate(staged[a - r * S]):
-                    ops.append(dist.P2POp(dist.isend, buf, group=channel.group, tag=tag_base + i * W + j, group_peer=rb))
+                    tag = tag_base + i * W + j
+                    ops.append(dist.P2POp(dist.isend, buf, group=channel.group, tag=tag, group_peer=rb))
                     op_slots.append(None)
                     stats.sent_to[rb] += buf.numel() * buf.element_size()
             elif rb == r:
@@ -240,7 +241,8 @@ def post_copies(weights: list, copies, old_slot_expert: np.ndarray, new_slot_exp
                 bufs = [w[0].new_empty(w[0].shape, device=dev) for w in weights]
                 incoming[b - r * S] = _Incoming(bufs)
                 for j, buf in enumerate(bufs):
-                    ops.append(dist.P2POp(dist.irecv, buf, group=channel.group, tag=tag_base + i * W + j, group_peer=ra))
+                    tag = tag_base + i * W + j
+                    ops.append(dist.P2POp(dist.irecv, buf, group=channel.group, tag=tag, group_peer=ra))
                     op_slots.append(b - r * S)
                     stats.received += buf.numel() * buf.element_size()
         _post(ops, op_slots, incoming, sends, staged, channel)
