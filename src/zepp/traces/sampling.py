@@ -12,7 +12,7 @@ import numpy as np
 from zepp.errors import ZeppInputError
 from zepp.traces.trace import Trace
 
-__all__ = ["sample_batches", "node_demand", "rank_demand"]
+__all__ = ["sample_batches", "sample_rows", "node_demand", "rank_demand"]
 
 
 # ---------------------------------------------------------------- sampling and demand
@@ -28,9 +28,13 @@ def sample_batches(trace: Trace, ranks: int, tokens_per_rank: int, iters: int, s
             raise ZeppInputError(f"sample_batches: {name} must be a positive integer, got {v!r}")
     if len(trace) == 0:
         raise ZeppInputError(f"{trace.source}: cannot sample batches from an empty trace")
+    return trace.topk_ids[sample_rows(len(trace), ranks, tokens_per_rank, iters, seed)]
+
+
+def sample_rows(n: int, ranks: int, tokens_per_rank: int, iters: int, seed: int) -> np.ndarray:
+    """``[iters, R, T]`` row indices in ``[0, n)`` that ``sample_batches`` draws (same seed, same rows)."""
     rng = np.random.default_rng(seed)
-    rows = rng.integers(0, len(trace), size=(int(iters), int(ranks), int(tokens_per_rank)))
-    return trace.topk_ids[rows]
+    return rng.integers(0, n, size=(int(iters), int(ranks), int(tokens_per_rank)))
 
 
 def rank_demand(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:

@@ -47,7 +47,8 @@ from zepp.errors import ZeppInputError
 from zepp.traces.trace import Trace
 
 __all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_params", "sample_window",
-           "PROFILES", "default_profile", "adapt_params", "synthetic_history"]
+           "PROFILES", "default_profile", "adapt_params", "synthetic_history", "synthetic_prompts",
+           "preset_params"]
 
 # Skew profiles: the generators fitted to recorded traces (zepp/data/synth_<profile>.json).
 PROFILES = ("k2", "qwen")
@@ -276,15 +277,50 @@ def _windows(p: SynthParams, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return tuple(sample_window(p, window, p.rows[w], seed=[seed, w]) for w, window in enumerate(WINDOWS))
 
 
-@functools.lru_cache(maxsize=8)
-def _cached_windows(model_name: str, profile: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def preset_params(model_name: str, profile: str) -> SynthParams:
+    """The generator of preset ``model_name`` drawn from skew ``profile`` (adapted when needed)."""
     from zepp.model import model_preset
 
     p = load_params(profile)
     spec = model_preset(model_name)
     if model_name != profile or (spec.num_experts, spec.top_k) != (p.num_experts, p.top_k):
         p = adapt_params(p, spec.num_experts, spec.top_k, model_name)
-    return _windows(p, seed)
+    return p
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_windows(model_name: str, profile: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    return _windows(preset_params(model_name, profile), seed)
+
+
+def synthetic_prompts(model_name: str, seed: int = 0, rows_per_prompt: int = 32,
+                      profile: str | None = None) -> tuple[Trace, Trace]:
+    """``(pool, eval)`` prompt-ordered synthetic windows, for topics (``zepp.traces.topics``).
+
+    The real windows' row counts, cut into prompts of ``rows_per_prompt`` rows; every prompt
+    draws one latent type from the pool window's type weights and all its rows, in both
+    windows, come from that type (a prompt keeps asking for the same kind of experts, as
+    recorded prompts do). Other than that the generator is :func:`synthetic_traces`'s.
+    """
+    prof = default_profile(model_name) if profile is None else profile
+    if prof not in PROFILES:
+        raise ZeppInputError(f"unknown skew profile {prof!r}; choose one of {', '.join(PROFILES)}")
+    p = preset_params(model_name, prof)
+    prompts = p.rows[0] // rows_per_prompt
+    rng = np.random.default_rng([seed, 31])
+    kind = rng.choice(p.logits.shape[0], size=prompts, p=p.weights[0] / p.weights[0].sum())
+    out = []
+    for w, window in enumerate(WINDOWS):
+        ids = np.empty((prompts, rows_per_prompt, p.top_k), dtype=np.int32)
+        for z in np.unique(kind):  # one draw per latent type, vectorised over its prompts' rows
+            one = np.zeros_like(p.weights)
+            one[:, z] = 1.0
+            pz = SynthParams(p.model, p.num_experts, p.top_k, p.logits, one, p.tilt, p.kernel, p.rows, p.fit_seed)
+            n = int((kind == z).sum())
+            ids[kind == z] = sample_window(pz, window, n * rows_per_prompt, [seed, 31, w, int(z)]).reshape(n, rows_per_prompt, -1)
+        out.append(Trace(ids.reshape(-1, p.top_k), p.num_experts,
+                         f"synthetic:{model_name}/{window}(profile={prof},seed={seed},prompts)"))
+    return out[0], out[1]
 
 
 # ---------------------------------------------------------------- fitting
