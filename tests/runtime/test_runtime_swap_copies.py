@@ -122,3 +122,18 @@ def test_hidden_swaps_over_gloo_match_blocking_swaps_bit_for_bit():
     assert hidden["swaps"]["mode"] == "hidden" and blocking["swaps"]["mode"] == "blocking"
     assert hidden["output_digest"] == blocking["output_digest"]
     assert hidden["swaps"]["per_step"] == blocking["swaps"]["per_step"]
+
+
+def test_rows_of_slots_in_flight_wait_in_the_queue_until_drain():
+    final_w1, stale, pc, log, _ = _setup()
+    pc.incoming[3].works[0].done = True  # slot 3's copy has landed already: no wait, computed at once
+    slot = np.array([0, 1, 1, 3])
+    x = torch.randn(4, 6)
+    got = torch.full((4, 5), float("nan"))
+    put = lambda sel, y: got.index_copy_(0, torch.as_tensor(sel), y)  # noqa: E731
+    pc.run(grouped_up, x, slot, stale, put)
+    assert torch.isnan(got[1:3]).all() and not torch.isnan(got[[0, 3]]).any()  # slot 1 queued
+    assert ("wait", "recv1") not in log and list(pc.waiting()) == [1]
+    pc.drain()
+    assert ("wait", "recv1") in log and pc.waiting().size == 0
+    assert torch.equal(got, grouped_up(x, slot, final_w1))

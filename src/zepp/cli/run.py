@@ -50,6 +50,7 @@ from zepp.launch import ranks
 from zepp.launch.checks import check_fault, check_input_file, check_launch_options, check_number
 from zepp.registry import help_list
 from zepp.runtime.systems import DEFAULT_ALL
+from zepp.traces.schedules import SCHEDULES
 
 __all__ = ["RankFailure", "spawn_local", "validate_run_options", "format_report", "run"]
 
@@ -125,10 +126,19 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
     cfg.update(common, model=o["model"], experts=o["experts"], topk=o["topk"], hidden=o["hidden"], ffn=o["ffn"],
                budget_mb=o["budget_mb"], tokens=o["tokens"], systems=systems, check=o["check"], history=o["history"],
                trace=o["trace"], iters=o["iters"], warmup=o["warmup"], seed=o["seed"], relaxation=o["relaxation"],
-               extra=o["extra"], dtype=o["dtype"],
+               extra=o["extra"], dtype=o["dtype"], schedule=_schedule(o["schedule"]),
                fault=check_fault(o["fault"], common["nodes"] * common["gpus_per_node"], systems, "iter"))
     _check_traces(cfg, spec)
     return cfg, cluster
+
+
+def _schedule(name: str | None) -> str | None:
+    """``--schedule``: a name of ``zepp.traces.schedules.SCHEDULES`` (one-line error otherwise), or None."""
+    if name is None:
+        return None
+    from zepp.traces.schedules import check_schedule
+
+    return check_schedule(name)
 
 
 def format_report(report: dict) -> str:
@@ -139,7 +149,8 @@ def format_report(report: dict) -> str:
             f"{report['config']['dtype']}; batches from {(report.get('traces') or {}).get('eval')}")
     cols = f"{'system':<11} {'correct':>8} {'max rel err':>12} {'bytes==plan':>11} {'NIC MB/it':>10} " \
            f"{'NVLink MB/it':>12} {'meta KB/it':>10} {'layer ms':>9} {'plan ms':>8}"
-    lines = [head, cols, "-" * len(cols)]
+    sched = (report.get("traces") or {}).get("schedule")
+    lines = [head] + ([sched["describe"]] if sched else []) + [cols, "-" * len(cols)]
     for name, s in report["systems"].items():
         b = s["bytes_per_iter"]
         n = max(len(b["measured_dispatch_nic"]), 1)
@@ -190,6 +201,9 @@ def _swap_lines(report: dict) -> list[str]:
 @click.option("--check/--no-check", default=False, help="Compare with a single-process reference; exit 1 on mismatch.")
 @click.option("--history", type=click.Path(dir_okay=False), default=None, help="History trace (placement).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Trace to sample batches from.")
+@click.option("--schedule", default=None, metavar="NAME",
+              help=f"Demand schedule, one of {', '.join(SCHEDULES)} (zepp.traces.schedules); default: batches "
+                   f"sampled from the whole --trace, as stationary.")
 @click.option("--iters", default=5, show_default=True, type=int, help="Timed iterations per system.")
 @click.option("--warmup", default=1, show_default=True, type=int, help="Untimed iterations first.")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -212,8 +226,8 @@ def _swap_lines(report: dict) -> list[str]:
 @click.option("--emulate-prefix", default="zepp", show_default=True, hidden=True,
               help="With --emulate: name prefix of the namespaces.")
 def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, tokens, systems, check, history, trace,
-        iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault, emulate, rate_mbit,
-        delay_ms, emulate_prefix):
+        schedule, iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault, emulate,
+        rate_mbit, delay_ms, emulate_prefix):
     """Run MoE layers on torch.distributed with each system; report correctness, bytes, time."""
     cfg, cluster = validate_run_options(dict(locals()))
     emulated = None

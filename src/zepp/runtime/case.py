@@ -68,7 +68,15 @@ class RankCase:
         self.hist_trace, self.eval_trace = load_traces(self.cfg, self.spec)
         self.hist = node_demand(self.hist_trace, self.N, self.L)
         self.iters, self.warmup = cfg["iters"], cfg["warmup"]
-        self.batches = sample_batches(self.eval_trace, self.world, self.T, self.iters + self.warmup, cfg["seed"])
+        self.workload = None
+        if cfg.get("schedule"):  # a drift schedule: history and batches from zepp.traces.schedules
+            from zepp.traces.schedules import drift_workload
+
+            self.workload = drift_workload((self.hist_trace, self.eval_trace), cfg["schedule"], self.world, self.T,
+                                           self.iters + self.warmup, cfg["seed"])
+            self.hist, self.batches = self.workload.hist(self.N, self.L), self.workload.batches
+        else:
+            self.batches = sample_batches(self.eval_trace, self.world, self.T, self.iters + self.warmup, cfg["seed"])
         self.same = (np.arange(self.world) // self.L) == self.rank // self.L
         self._refs: dict[int, torch.Tensor] = {}
 
@@ -98,7 +106,11 @@ class RankCase:
         return self._refs[it]
 
     def trace_sources(self) -> dict:
-        return {"history": self.hist_trace.source, "eval": self.eval_trace.source}
+        out = {"history": self.hist_trace.source, "eval": self.eval_trace.source}
+        if self.workload is not None:  # the schedule and each timed batch's topic mix
+            out["schedule"] = dict(self.workload.report(first=self.warmup),
+                                   describe=self.workload.describe(first=self.warmup))
+        return out
 
 
 class SystemRun:

@@ -51,6 +51,15 @@ class MoELayer(torch.nn.Module):
         self.pending = None  # zepp.runtime.swap_copies.PendingCopies of a swap in flight
         self._channel = None  # the SwapChannel of begin_swaps (made at the first swap, on every rank)
 
+    def _up(self, rows: torch.Tensor, slot: np.ndarray, ti: torch.Tensor, inter: torch.Tensor) -> None:
+        """GEMM 1 of one arrival group (``rows[ti]``, ``slot [n]``) into ``inter[ti]``; while a swap is
+        in flight, rows of slots whose weights have not landed wait in its queue (``PendingCopies.run``)."""
+        if self.pending is None:
+            inter[ti] = grouped_up(rows[ti], slot, self.w1)
+            return
+        self.pending.run(grouped_up, rows[ti], slot, self.w1,
+                         lambda sel, y: inter.index_copy_(0, ti[torch.as_tensor(sel, device=ti.device)], y))
+
     def _gemm(self, gemm, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor) -> torch.Tensor:
         """``gemm(x, slot, w)``; while a swap is in flight, its slots' rows last (``PendingCopies.grouped``)."""
         return gemm(x, slot, w) if self.pending is None else self.pending.grouped(gemm, x, slot, w)
@@ -85,8 +94,9 @@ class MoELayer(torch.nn.Module):
         rows, slot = h.inputs.rows, h.prog.e_slot
         inter = rows.new_empty(rows.shape[0], self.ffn)
         for grp in d.arrivals(h):
-            ti = d._idx(grp)
-            inter[ti] = self._gemm(grouped_up, rows[ti], slot[grp], self.w1)
+            self._up(rows, slot[grp], d._idx(grp), inter)
+        if self.pending is not None:
+            self.pending.drain()  # swapped slots not landed during the dispatch: their GEMM 1 last
         t1 = time.perf_counter()
         if self.on_dispatched is not None:
             self.on_dispatched()

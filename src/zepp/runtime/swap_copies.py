@@ -3,9 +3,11 @@
 ``plan_swaps`` (``zepp.planner.swaps``) gives ``copies [M, 3]`` = ``(src_global_slot,
 dst_global_slot, expert)`` (global slot = ``rank * S + local slot``). ``post_copies`` starts
 every copy of this rank at once and returns ``PendingCopies``; the step that follows runs with
-the new placement, and only the GEMM of a slot whose weights have not landed waits for them
-(``PendingCopies.grouped``: the rows of slots still in flight run last in their group, each
-slot right after its own copy is in). ``finish()`` waits for what is left (sends too), zeroes
+the new placement, and only the GEMM of a slot whose weights have not landed waits for them:
+``PendingCopies.run`` computes the rows of slots in place (or landed by then) at once and
+queues those of slots still in flight, which ``drain`` computes last, each slot right after its
+own copy is in (the layer drains after its last dispatch group, before the combine; ``grouped``
+is run + drain within one GEMM call, for the single-GEMM paths and ``zepp generate``). ``finish()`` waits for what is left (sends too), zeroes
 the slots the swap emptied and leaves nothing running. ``post_copies(...).finish()`` at once is
 the blocking swap.
 
@@ -126,6 +128,7 @@ class PendingCopies:
         self.weights, self.incoming, self.sends = weights, incoming, sends
         self.emptied, self.stats = emptied, stats
         self._pending = np.array(sorted(incoming), np.int64)
+        self._queue: list = []  # GEMMs of slots in flight, deferred by run() until drain()
 
     def waiting(self) -> np.ndarray:
         """``[n]`` local slots whose weights are not in place yet (sorted)."""
@@ -148,27 +151,49 @@ class PendingCopies:
         self._pending = np.array(sorted(self.incoming), np.int64)
         self.stats.wait_s += time.perf_counter() - t0
 
-    def grouped(self, gemm, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor) -> torch.Tensor:
-        """``gemm(x [n, *], slot [n], w) -> [n, out]`` (a grouped GEMM over runs of equal slots)
-        with the rows of slots still in flight computed last, each slot right after its own
-        weights land. Each slot's rows go through ``gemm`` together, as without swaps."""
+    def landed(self) -> None:
+        """Put in place, without blocking, the slots whose copies have all completed."""
+        done = [s for s, inc in self.incoming.items() if all(w.is_completed() for w in inc.works)]
+        if done:
+            self.ready(done)
+
+    def run(self, gemm, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor, put) -> None:
+        """``gemm(x [n, *], slot [n], w) -> [n, out]`` (a grouped GEMM over runs of equal slots),
+        its results handed to ``put(sel [m] int64 rows of x, y [m, out])``: the rows of slots in
+        place (or landed by now) at once; the rows of each slot still in flight are queued and
+        computed by ``drain`` after everything else, each slot after its own weights land. Each
+        slot's rows go through ``gemm`` together, as without swaps."""
         slot = np.asarray(slot)
+        self.landed()
         late = np.isin(slot, self._pending) if self._pending.size else np.zeros(slot.size, bool)
         if not late.any():
-            return gemm(x, slot, w)
-        first = np.flatnonzero(~late)
-        parts = [(first, None)] + [(np.flatnonzero(slot == s), s) for s in np.unique(slot[late]).tolist()]
-        out = None
-        for idx, s in parts:
-            if s is not None:
-                self.ready([s])
-            if idx.size == 0:
-                continue
-            ti = torch.as_tensor(idx, dtype=torch.int64, device=x.device)
-            y = gemm(x[ti], slot[idx], w)
-            if out is None:
-                out = y.new_empty((x.shape[0], *y.shape[1:]))
-            out[ti] = y
+            put(np.arange(slot.size), gemm(x, slot, w))
+            return
+        now = np.flatnonzero(~late)
+        if now.size:
+            put(now, gemm(x[torch.as_tensor(now, device=x.device)], slot[now], w))
+        for s in np.unique(slot[late]).tolist():
+            sel = np.flatnonzero(slot == s)
+            self._queue.append((s, gemm, x[torch.as_tensor(sel, device=x.device)], slot[sel], w, put, sel))
+
+    def drain(self) -> None:
+        """The queued GEMMs of ``run``, in slot order, each after its slot's weights land."""
+        queue, self._queue = sorted(self._queue, key=lambda q: q[0]), []
+        for s, gemm, xs, ss, w, put, sel in queue:
+            self.ready([s])
+            put(sel, gemm(xs, ss, w))
+
+    def grouped(self, gemm, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor) -> torch.Tensor:
+        """``run`` then ``drain`` into one output ``[n, out]``: the rows of slots still in flight
+        computed last in this group, each right after its own weights land."""
+        parts = []
+        self.run(gemm, x, slot, w, lambda sel, y: parts.append((sel, y)))
+        self.drain()
+        if len(parts) == 1 and parts[0][0].size == x.shape[0]:
+            return parts[0][1]
+        out = parts[0][1].new_empty((x.shape[0], *parts[0][1].shape[1:]))
+        for sel, y in parts:
+            out[torch.as_tensor(sel, device=x.device)] = y
         return out
 
     def in_flight(self) -> int:
@@ -179,6 +204,7 @@ class PendingCopies:
     def finish(self) -> CopyStats:
         """Wait for every copy of this rank (the rest of the receives, then the sends), zero the
         emptied slots; afterwards nothing of this swap is running."""
+        self.drain()
         self.ready(list(self.incoming))
         t0 = time.perf_counter()
         for w, _ in self.sends:
