@@ -1,6 +1,6 @@
 """Swaps that hide in the runtime, measured on the emulated cluster.
 
-    python benchmarks/swap_bench.py [--reps 3] [--iters 16] [--hidden 1024] [--ffn 64] [--tokens 256]
+    python benchmarks/swap_bench.py [--reps 3] [--iters 16] [--hidden 256] [--ffn 512] [--tokens 256]
 
 One emulated cluster (``zepp.emulate``, 2 nodes x 2 ranks, NICs at ``--rate`` Mbit/s, the
 intra-node "NVLink" veths unshaped), Kimi-K2's shape (384 experts, top-8) with a hidden size
@@ -15,11 +15,14 @@ systems interleaved iteration by iteration:
   bytes they sent across nodes (the runtime's own per-destination count: must be 0), and each
   system's NIC bytes from the interface counters against the planner's payload (a weight byte
   on a NIC would show as a ratio above ``zepp-overlap``'s) and its NVLink bytes.
-- ``hidden``: ``zepp-swap`` alone with ``swap_measure`` (``zepp.runtime.swap_steps``): every
-  timed step that swapped is replayed without copies (``control``: same batch, weights in
-  place) and its copies are run again alone and blocking (``alone``); ``added = step -
-  control`` is the time the swap added to the step (planning included; ``added - plan`` its
-  copies' part), against ``alone``.
+- ``hidden``: ``zepp-swap`` alone with ``swap_measure = --rounds`` (``zepp.runtime.swap_steps``):
+  after every timed step that swapped, ``--rounds`` rounds of three replays of that step, each
+  between barriers: ``again`` (the pre-swap weights restored, the same copies hidden behind the
+  step once more), ``control`` (weights in place, nothing in flight) and ``alone`` (the same
+  copies alone and blocking). ``added = again - control`` (median over rounds, the slowest
+  rank's times) is what the copies added to the step, against ``alone``. The planning of swaps
+  (``plan_swaps`` on the last batch's loads, inside every zepp-swap step, swap or not) is
+  reported beside it.
 
 The load average (``os.getloadavg()``) is recorded before and after every run: on a loaded
 machine the times are the ranks' share of it, and the paired differences carry that noise.
@@ -49,7 +52,7 @@ def _cfg(args, systems: list[str], measure: bool) -> dict:
     cfg.update(nodes=2, gpus_per_node=2, model="k2", hidden=args.hidden, ffn=args.ffn, tokens=args.tokens,
                systems=systems, iters=args.iters, warmup=args.warmup, check=not measure, timeout=120.0,
                interleave=True, relaxation=args.relaxation, schedule=args.schedule, seed=args.seed,
-               swap_copies="hidden", swap_measure=measure,
+               swap_copies="hidden", swap_measure=args.rounds if measure else 0,
                history=f"{args.traces}/k2/pool.txt", trace=f"{args.traces}/k2/eval.txt")
     return cfg
 
@@ -85,26 +88,26 @@ def _compare_row(rep: dict, load: dict) -> dict:
 
 
 def _hidden_row(rep: dict, load: dict) -> dict:
+    """The hidden run's figures of the steps that swapped."""
     sw = rep["systems"]["zepp-swap"]["swaps"]
     steps = [i for i, c in enumerate(sw["per_step"]) if c]
-    plan = [sw["plan_ms"][i] for i in steps]
-    copies_added = [sw["added_ms_per_step"][i] - sw["plan_ms"][i] for i in steps]
+    pick = lambda key: [sw[key][i] for i in steps]  # noqa: E731
     return {"load": load, "swap_steps": steps, "swaps_per_step": sw["per_step"],
             "swap_bytes_per_step": sw["bytes_per_step"],
             "step_ms": [rep["systems"]["zepp-swap"]["layer_ms"][i] for i in steps],
-            "control_ms": [sw["control_ms"][i] for i in steps], "alone_ms": [sw["alone_ms"][i] for i in steps],
-            "added_ms": [sw["added_ms_per_step"][i] for i in steps], "plan_ms": plan,
-            "exposed_ms": [sw["exposed_ms"][i] for i in steps], "copies_added_ms": copies_added,
+            "control_ms": pick("control_ms"), "alone_ms": pick("alone_ms"), "added_ms": pick("added_ms_per_step"),
+            "plan_ms": pick("plan_ms"), "plan_ms_every_step": sw["plan_ms"], "exposed_ms": pick("exposed_ms"),
             "replay_same": sw["replay_same"], "cross_node_bytes": int(sum(sw["cross_node_bytes_per_step"]))}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="replay rounds per swapped step (swap_measure)")
     ap.add_argument("--iters", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--ffn", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--ffn", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--relaxation", type=float, default=0.1)
     ap.add_argument("--schedule", default="rotating")
@@ -112,8 +115,16 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--prefix", default="zswap", help="name prefix of the emulated cluster's namespaces")
     ap.add_argument("--out", default=os.path.join(str(RESULTS), "swap_bench"))
+    ap.add_argument("--render", default=None, help="only re-render <out>.md from this saved JSON")
     add_traces_option(ap)
     args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            out = json.load(f)
+        out["summary"] = summarize(out["compare"], out["hidden"])
+        with open(args.out + ".md", "w") as f:
+            f.write(markdown(out))
+        return 0
     args.traces = str(find_traces(args.traces))
     ok, reason = availability()
     if not ok:
@@ -149,8 +160,10 @@ def summarize(compare: list[dict], hidden: list[dict]) -> dict:
     """Medians over repetitions (compare) and over every swap step of every repetition (hidden)."""
     med = {n: float(np.median([c["systems"][n]["median_layer_ms"] for c in compare])) for n in SYSTEMS}
     steps = lambda k: [v for h in hidden for v in h[k]]  # noqa: E731
-    added, alone, copies = steps("added_ms"), steps("alone_ms"), steps("copies_added_ms")
+    added, alone, plan = steps("added_ms"), steps("alone_ms"), steps("plan_ms_every_step")
+    exposed, control = steps("exposed_ms"), steps("control_ms")
     m = lambda v: float(np.median(v)) if v else None  # noqa: E731
+    q = lambda v: [float(x) for x in np.percentile(v, [25, 75])] if v else None  # noqa: E731
     return {"median_layer_ms": med, "swap_over_overlap": med["zepp-swap"] / med["zepp-overlap"],
             "swap_not_slower_per_rep": [c["systems"]["zepp-swap"]["median_layer_ms"]
                                         <= c["systems"]["zepp-overlap"]["median_layer_ms"] for c in compare],
@@ -159,31 +172,43 @@ def summarize(compare: list[dict], hidden: list[dict]) -> dict:
             "cross_node_swap_bytes": int(sum(c["systems"]["zepp-swap"]["swap_cross_node_bytes"] for c in compare)
                                          + sum(h["cross_node_bytes"] for h in hidden)),
             "swap_steps_measured": len(added), "added_ms_median": m(added), "alone_ms_median": m(alone),
-            "copies_added_ms_median": m(copies),
-            "added_over_alone": None if not alone else m(added) / m(alone),
-            "copies_added_over_alone": None if not alone else m(copies) / m(alone),
+            "plan_ms_median": m(plan), "added_over_alone": None if not alone else m(added) / m(alone),
+            "added_ms_quartiles": q(added), "control_ms_median": m(control),
+            "exposed_ms_median": m(exposed), "exposed_over_alone": None if not alone else m(exposed) / m(alone),
             "replay_same": all(h["replay_same"] for h in hidden)}
+
+
+def _nv(row: dict) -> float:
+    """NVLink veth tx bytes per iteration beyond the planner's payload, MB (headers, the
+    barrier, the metadata all-gather's own-node part and, for zepp-swap, the weight copies)."""
+    return (row["nvlink_tx_bytes"] - row["planned_nvlink_bytes"]) / 2**20
+
+
+def _q(v) -> str:
+    return "-" if not v else f"{v[0]:.1f} to {v[1]:.1f}"
 
 
 def markdown(out: dict) -> str:
     a, s = out["args"], out["summary"]
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["# Swaps that hide in the runtime (emulated cluster)", "",
-             f"`python benchmarks/swap_bench.py` ({out['seconds']:.0f} s): 2 nodes x 2 ranks, NIC {a['rate']:g} Mbit/s, "
+             f"`python benchmarks/swap_bench.py` ({out['seconds']:.0f} s): 2 nodes x 2 ranks, "
+             f"NIC {a['rate']:g} Mbit/s, "
              f"K2 shape (384 experts, top-8) with H={a['hidden']}, FFN={a['ffn']}, {a['tokens']} tokens per rank, "
              f"fp32, relaxation {a['relaxation']}, {a['iters']} timed iterations (+{a['warmup']} warm-up), "
              f"{a['reps']} repetitions; {(out['schedule'] or {}).get('describe', a['schedule'])}.", "",
              "## zepp-swap against zepp-overlap (interleaved per iteration)", "",
              "| rep | load 1-min (before/after) | zepp-overlap ms | zepp-swap ms | swap/overlap | swaps | swap MB | "
-             "swap bytes across nodes | NIC tx / planned, overlap | NIC tx / planned, swap | in flight after a step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "swap bytes across nodes | NIC tx / planned, overlap | NIC tx / planned, swap | "
+             "NVLink tx - planned MB/it, overlap | NVLink tx - planned MB/it, swap | in flight after a step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(out["compare"]):
         o, w = c["systems"]["zepp-overlap"], c["systems"]["zepp-swap"]
         lines.append(f"| {i} | {c['load']['before'][0]:.1f}/{c['load']['after'][0]:.1f} | {o['median_layer_ms']:.1f} | "
                      f"{w['median_layer_ms']:.1f} | {w['median_layer_ms'] / o['median_layer_ms']:.3f} | "
                      f"{sum(w['swaps_per_step'])} | {sum(w['swap_bytes_per_step']) / 2**20:.2f} | "
                      f"{w['swap_cross_node_bytes']} | {o['nic_over_planned']:.3f} | {w['nic_over_planned']:.3f} | "
-                     f"{w['in_flight_after_step']} |")
+                     f"{_nv(o):.3f} | {_nv(w):.3f} | {w['in_flight_after_step']} |")
     lines += ["", f"Median over repetitions: zepp-overlap {s['median_layer_ms']['zepp-overlap']:.1f} ms, zepp-swap "
               f"{s['median_layer_ms']['zepp-swap']:.1f} ms (ratio {s['swap_over_overlap']:.3f}); zepp-swap no slower "
               f"in repetitions: {s['swap_not_slower_per_rep']}. Swaps: {s['swaps_total']} slots, "
@@ -194,12 +219,17 @@ def markdown(out: dict) -> str:
     r = lambda v: ", ".join(f"{x:.1f}" for x in v)  # noqa: E731
     for i, h in enumerate(out["hidden"]):
         lines.append(f"| {i} | {h['load']['before'][0]:.1f}/{h['load']['after'][0]:.1f} | {h['swap_steps']} | "
-                     f"{[h['swaps_per_step'][j] for j in h['swap_steps']]} | {r(h['step_ms'])} | {r(h['control_ms'])} | "
+                     f"{[h['swaps_per_step'][j] for j in h['swap_steps']]} | {r(h['step_ms'])} | "
+                     f"{r(h['control_ms'])} | "
                      f"{r(h['added_ms'])} | {r(h['plan_ms'])} | {r(h['exposed_ms'])} | {r(h['alone_ms'])} |")
-    lines += ["", f"Over {s['swap_steps_measured']} swap steps: added {f(s['added_ms_median'])} ms median "
-              f"(copies' part, planning taken out: {f(s['copies_added_ms_median'])} ms), the same copies alone and "
-              f"blocking {f(s['alone_ms_median'])} ms: added/alone {f(s['added_over_alone'])}, copies' part/alone "
-              f"{f(s['copies_added_over_alone'])}. Replays bit-identical to their steps: {s['replay_same']}.", ""]
+    lines += ["", f"Over {s['swap_steps_measured']} swap steps: the copies added {f(s['added_ms_median'])} ms median "
+              f"to their step (again - control; quartiles {_q(s['added_ms_quartiles'])} ms, against a "
+              f"{f(s['control_ms_median'])} ms control step), the same copies alone and blocking took "
+              f"{f(s['alone_ms_median'])} ms: added/alone {f(s['added_over_alone'])}. This thread's own time in the "
+              f"swap (posting + waiting for weights; it leaves out the CPU the transfers take from the step): "
+              f"{f(s['exposed_ms_median'])} ms median, {f(s['exposed_over_alone'])} of alone. Planning swaps "
+              f"costs {f(s['plan_ms_median'])} ms per zepp-swap step (every step). Replays bit-identical to their "
+              f"steps: {s['replay_same']}.", ""]
     return "\n".join(lines)
 
 

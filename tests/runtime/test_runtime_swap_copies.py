@@ -137,3 +137,13 @@ def test_rows_of_slots_in_flight_wait_in_the_queue_until_drain():
     pc.drain()
     assert ("wait", "recv1") in log and pc.waiting().size == 0
     assert torch.equal(got, grouped_up(x, slot, final_w1))
+
+
+def test_run_schedule_is_checked_before_any_rank_starts(capsys):
+    from clirun import run_cli
+    from zepp.traces.schedules import SCHEDULES
+
+    code, out, err = run_cli(["run", "--schedule", "drifting", "--systems", "zepp-overlap,zepp-swap"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        f"zepp: error: --schedule 'drifting': unknown schedule; choose from {', '.join(SCHEDULES)}"]

@@ -5,10 +5,12 @@ from the eval trace, the node demand of the history trace, each iteration's inpu
 single-process reference outputs). ``SystemRun`` is one system's layer on this rank; per
 iteration it times the layer call between a barrier and its end (for swapping systems the swap
 planning and weight copies are inside that window; ``zepp.runtime.swap_steps``), compares the
-bytes this rank put on each link class with the planner's, hashes the output, and with ``check`` measures the error against
-the reference. ``run_case`` runs them iteration-major (``interleave``: every system sees the same
-machine load) or system-major (one system's weights in memory at a time), exchanges the records
-as JSON and rank 0 returns the report (``zepp.runtime.report.summarize``).
+bytes this rank put on each link class with the planner's, hashes the output, and with
+``check`` measures the error against the reference. ``run_case`` runs them iteration-major
+(``interleave``: every system sees the same machine load) or system-major (one system's weights
+in memory at a time), exchanges the records as JSON and rank 0 returns the report
+(``zepp.runtime.report.summarize``). With ``schedule`` the history and batches come from
+``zepp.traces.schedules.drift_workload`` and the report holds each timed batch's topic mix.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ the new placement, and only the GEMM of a slot whose weights have not landed wai
 ``PendingCopies.run`` computes the rows of slots in place (or landed by then) at once and
 queues those of slots still in flight, which ``drain`` computes last, each slot right after its
 own copy is in (the layer drains after its last dispatch group, before the combine; ``grouped``
-is run + drain within one GEMM call, for the single-GEMM paths and ``zepp generate``). ``finish()`` waits for what is left (sends too), zeroes
-the slots the swap emptied and leaves nothing running. ``post_copies(...).finish()`` at once is
+is run + drain within one GEMM call, for the single-GEMM paths and ``zepp generate``).
+``finish()`` waits for what is left (sends too), zeroes the slots the swap emptied and leaves
+nothing running. ``post_copies(...).finish()`` at once is
 the blocking swap.
 
 How the copies travel, beside the step's own traffic:

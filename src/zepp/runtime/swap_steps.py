@@ -5,18 +5,20 @@ Modes (worker config ``swap_copies``, a name of ``SWAP_COPY_MODES``): ``hidden``
 copies run beside the step, a slot's GEMM waits for its own weights) or ``blocking`` (the same
 copies, finished before the layer starts, as swaps ran before).
 
-With ``swap_measure`` (worker config; the benchmark's switch, ``benchmarks/swap_bench.py``),
-every timed step that swapped is followed, outside its timed window, by two replays on the same
-rank group, each between barriers:
+With ``swap_measure = K`` (worker config; the benchmark's switch, ``benchmarks/swap_bench.py``),
+every timed step that swapped is followed, outside its timed window, by ``K`` rounds of three
+replays on the same batch, each between barriers:
 
-- ``control``: the same layer call again (same batch, same new placement, weights already in
-  place, nothing in flight); its output must equal the step's bit for bit (``replay_same``);
-- ``alone``: the same copies again (same pairs, same bytes, into scratch tensors), alone and
-  blocking.
+- ``again``: the weights and placement from before the swap restored (untimed), then the step
+  again with the same copies hidden behind it (planning not included);
+- ``control``: the same layer call with the weights in place and nothing in flight;
+- ``alone``: the same copies (same pairs, same bytes, into scratch tensors), alone and blocking.
 
-So ``step - control`` is the time the swap added to the step, against ``alone``, what its copies
-take when nothing hides them. The replays put their own bytes on the links after the step's
-window: ``zepp run --emulate``'s NIC figures of a measured swapping system include them.
+Each replay's output must equal the step's bit for bit (``replay_same``). Per round, ``again -
+control`` is the time the copies added to the step, against ``alone``, what they take when
+nothing hides them; the rounds interleave, so slow and fast moments of a loaded machine fall on
+both sides. The replays put their own bytes on the links after the step's window: ``zepp run
+--emulate``'s NIC figures of a measured swapping system include them.
 
 Per rank and timed iteration the record holds ``swaps`` (copies of the plan, the same on every
 rank), ``swap_sent`` / ``swap_cross_node`` (weight bytes this rank sent; to other nodes),
@@ -38,7 +40,7 @@ SWAP_COPY_MODES = {
     "blocking": "weight copies finish before the next step starts",
 }
 _KEYS = ("swaps", "swap_sent", "swap_cross_node", "swap_plan_s", "swap_post_s", "swap_wait_s", "swap_in_flight",
-         "swap_control_s", "swap_alone_s")
+         "swap_again_s", "swap_control_s", "swap_alone_s")
 
 
 class SwapSteps:
@@ -54,7 +56,7 @@ class SwapSteps:
         self.mode = cfg.get("swap_copies") or "hidden"
         if self.mode not in SWAP_COPY_MODES:
             raise ValueError(f"swap_copies must be one of {', '.join(SWAP_COPY_MODES)}, got {self.mode!r}")
-        self.measure = bool(cfg.get("swap_measure"))
+        self.measure = int(cfg.get("swap_measure") or 0)  # rounds of replays per swapped step
         self.record = record
         for k in _KEYS:
             record.setdefault(k, [])
@@ -76,6 +78,9 @@ class SwapSteps:
         if not sp.num_swapped_slots:
             return
         self.plan, self.old = sp, d.placement
+        if self.measure:  # what the replays restore and copy into
+            self.saved = (self.layer.w1.clone(), self.layer.w2.clone())
+            self.scratch = [self.layer.w1.clone(), self.layer.w2.clone()]
         self.layer.begin_swaps(sp)
         if self.mode == "blocking":
             self.stats = self.layer.finish_swaps()
@@ -103,27 +108,55 @@ class SwapSteps:
         rec["swap_in_flight"].append(in_flight)
 
     def replay(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
-        """With ``swap_measure``, after a timed step: the ``control`` and ``alone`` replays."""
+        """With ``swap_measure = K``, after a timed step that swapped: ``K`` rounds of the three
+        replays (module docstring), each between barriers, outside the step's timed window."""
+        rec = self.record
         if not self.measure:
             return
         if self.plan is None:
-            self.record["swap_control_s"].append(None)
-            self.record["swap_alone_s"].append(None)
+            for k in ("swap_again_s", "swap_control_s", "swap_alone_s"):
+                rec[k].append(None)
             return
+        again, control, alone = [], [], []
+        for _ in range(self.measure):
+            self._restore()
+            again.append(self._timed(lambda: self._again(x, ids, w, y)))
+            control.append(self._timed(lambda: self._same(self.layer(x, ids, w), y)))
+            alone.append(self._timed(self._alone))
+        rec["swap_again_s"].append(again)
+        rec["swap_control_s"].append(control)
+        rec["swap_alone_s"].append(alone)
+
+    @staticmethod
+    def _timed(fn) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def _restore(self) -> None:
+        """The weights and placement from before the step's swap (saved by ``before``)."""
+        self.layer.w1.copy_(self.saved[0])
+        self.layer.w2.copy_(self.saved[1])
+        self.layer.dispatcher.set_placement(self.old)
+
+    def _again(self, x, ids, w, y) -> None:
+        """The swapped step again: the same copies posted, the layer, the rest of the copies."""
+        self.layer.begin_swaps(self.plan)
+        y2 = self.layer(x, ids, w)
+        self.layer.finish_swaps()
+        self._same(y2, y)
+
+    def _same(self, y2: torch.Tensor, y: torch.Tensor) -> None:
+        _sync(y2)
+        self.record["replay_same"] = self.record.get("replay_same", True) and bool(torch.equal(y, y2))
+
+    def _alone(self) -> None:
+        """The same copies (pairs, bytes) alone and blocking, into scratch tensors."""
         from zepp.runtime.swap_copies import post_copies
 
-        dist.barrier()
-        t0 = time.perf_counter()
-        y2 = self.layer(x, ids, w)
-        _sync(y2)
-        self.record["swap_control_s"].append(time.perf_counter() - t0)
-        self.record["replay_same"] = self.record.get("replay_same", True) and bool(torch.equal(y, y2))
-        scratch = [self.layer.w1.clone(), self.layer.w2.clone()]
-        dist.barrier()
-        t0 = time.perf_counter()
-        post_copies(scratch, self.plan.copies, self.old.slot_expert, self.plan.placement.slot_expert,
+        post_copies(self.scratch, self.plan.copies, self.old.slot_expert, self.plan.placement.slot_expert,
                     self.layer._channel, self.L).finish()
-        self.record["swap_alone_s"].append(time.perf_counter() - t0)
 
 
 def _sync(t: torch.Tensor) -> None:
@@ -136,14 +169,34 @@ def _median(v) -> float | None:
     return float(np.median(v)) if v else None
 
 
+def _fold_replays(recs: list[dict], n: int) -> dict:
+    """Per step and round the slowest rank's ``again`` / ``control`` / ``alone``; per step the
+    median over rounds of ``again - control`` (``added_ms_per_step``) and of ``alone``; overall
+    medians over the steps that swapped, and their ratio."""
+    def slowest(key: str, i: int):
+        if recs[0][key][i] is None:
+            return None
+        return np.max(np.array([r[key][i] for r in recs]), axis=0)
+
+    added, alone, ctrl = [], [], []
+    for i in range(n):
+        a, c, b = slowest("swap_again_s", i), slowest("swap_control_s", i), slowest("swap_alone_s", i)
+        added.append(None if a is None else float(np.median(a - c)) * 1e3)
+        alone.append(None if b is None else float(np.median(b)) * 1e3)
+        ctrl.append(None if c is None else float(np.median(c)) * 1e3)
+    med_added, med_alone = _median(added), _median(alone)
+    return dict(added_ms_per_step=added, alone_ms=alone, control_ms=ctrl, added_ms=med_added,
+                alone_median_ms=med_alone, added_over_alone=None if not med_alone else med_added / med_alone,
+                replay_same=all(r.get("replay_same", True) for r in recs))
+
+
 def fold_swaps(recs: list[dict]) -> dict:
     """The report's ``swaps`` section of a swapping system from every rank's record ``recs``.
 
     Per timed step: ``per_step`` copies (rank 0's: the plan is the same everywhere),
     ``bytes_per_step`` / ``cross_node_bytes_per_step`` summed over ranks, ``exposed_ms`` the
     slowest rank's posting + waiting, ``plan_ms`` the slowest rank's planning; measured also
-    ``control_ms`` / ``alone_ms`` (slowest rank) and the medians ``added_ms`` (step - control,
-    over steps with swaps) and ``added_over_alone``.
+    ``_fold_replays``'s figures.
     """
     r0 = recs[0]
     n = len(r0.get("swaps", []))
@@ -155,17 +208,5 @@ def fold_swaps(recs: list[dict]) -> dict:
            "plan_ms": (col("swap_plan_s").max(axis=0) * 1e3).tolist() if n else [],
            "in_flight_after_step": int(sum(sum(r.get("swap_in_flight", [])) for r in recs))}
     if n and r0.get("swap_control_s"):
-        steps = np.max(np.array([r["times"] for r in recs]), axis=0)
-        ctrl = [None if r0["swap_control_s"][i] is None else max(r["swap_control_s"][i] for r in recs)
-                for i in range(n)]
-        alone = [None if r0["swap_alone_s"][i] is None else max(r["swap_alone_s"][i] for r in recs)
-                 for i in range(n)]
-        added = [None if c is None else float(steps[i] - c) for i, c in enumerate(ctrl)]
-        ms = lambda v: [None if x is None else x * 1e3 for x in v]  # noqa: E731
-        med_added, med_alone = _median(added), _median(alone)
-        out.update(control_ms=ms(ctrl), alone_ms=ms(alone), added_ms_per_step=ms(added),
-                   added_ms=None if med_added is None else med_added * 1e3,
-                   alone_median_ms=None if med_alone is None else med_alone * 1e3,
-                   added_over_alone=None if not med_alone else med_added / med_alone,
-                   replay_same=all(r.get("replay_same", True) for r in recs))
+        out.update(_fold_replays(recs, n))
     return out
