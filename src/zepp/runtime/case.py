@@ -173,8 +173,8 @@ class SystemRun:
             self.record["bytes"].append({"measured": measured, "planned": planned})
         if case.cfg["check"]:
             self._check(it, x, ids_np, w, y)
-        if self.swaps is not None and it >= case.warmup:
-            self.swaps.replay(x, ids, w, y)
+        if self.swaps is not None:
+            self.swaps.replay(x, ids, w, y, it >= case.warmup)
 
     def _arm_fault(self, it: int) -> None:
         """The ``fault`` test hook: this rank dies (exit 17) or hangs between dispatch and combine."""

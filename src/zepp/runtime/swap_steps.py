@@ -61,6 +61,7 @@ class SwapSteps:
         for k in _KEYS:
             record.setdefault(k, [])
         self.plan, self.old, self.stats = None, None, None
+        self.saved, self.scratch = None, None  # with measure: the weights before the step, scratch copies
         self.plan_s = 0.0
 
     def before(self) -> None:
@@ -78,9 +79,6 @@ class SwapSteps:
         if not sp.num_swapped_slots:
             return
         self.plan, self.old = sp, d.placement
-        if self.measure:  # what the replays restore and copy into
-            self.saved = (self.layer.w1.clone(), self.layer.w2.clone())
-            self.scratch = [self.layer.w1.clone(), self.layer.w2.clone()]
         self.layer.begin_swaps(sp)
         if self.mode == "blocking":
             self.stats = self.layer.finish_swaps()
@@ -107,25 +105,28 @@ class SwapSteps:
         rec["swap_wait_s"].append(0.0 if st is None else st.wait_s)
         rec["swap_in_flight"].append(in_flight)
 
-    def replay(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
-        """With ``swap_measure = K``, after a timed step that swapped: ``K`` rounds of the three
-        replays (module docstring), each between barriers, outside the step's timed window."""
+    def replay(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, y: torch.Tensor, timed: bool) -> None:
+        """With ``swap_measure = K``, after a step (outside its timed window): for a timed step
+        that swapped, ``K`` rounds of the three replays (module docstring), each between
+        barriers; then the weights are saved for the next step's replays (untimed)."""
         rec = self.record
         if not self.measure:
             return
-        if self.plan is None:
+        if timed and self.plan is None:
             for k in ("swap_again_s", "swap_control_s", "swap_alone_s"):
                 rec[k].append(None)
-            return
-        again, control, alone = [], [], []
-        for _ in range(self.measure):
-            self._restore()
-            again.append(self._timed(lambda: self._again(x, ids, w, y)))
-            control.append(self._timed(lambda: self._same(self.layer(x, ids, w), y)))
-            alone.append(self._timed(self._alone))
-        rec["swap_again_s"].append(again)
-        rec["swap_control_s"].append(control)
-        rec["swap_alone_s"].append(alone)
+        elif timed:
+            again, control, alone = [], [], []
+            for _ in range(self.measure):
+                self._restore()
+                again.append(self._timed(lambda: self._again(x, ids, w, y)))
+                control.append(self._timed(lambda: self._same(self.layer(x, ids, w), y)))
+                alone.append(self._timed(self._alone))
+            rec["swap_again_s"].append(again)
+            rec["swap_control_s"].append(control)
+            rec["swap_alone_s"].append(alone)
+        self.saved = (self.layer.w1.clone(), self.layer.w2.clone())  # the weights the next swap starts from
+        self.scratch = [self.layer.w1.clone(), self.layer.w2.clone()]
 
     @staticmethod
     def _timed(fn) -> float:
@@ -135,7 +136,7 @@ class SwapSteps:
         return time.perf_counter() - t0
 
     def _restore(self) -> None:
-        """The weights and placement from before the step's swap (saved by ``before``)."""
+        """The weights and placement from before the step's swap (saved after the step before)."""
         self.layer.w1.copy_(self.saved[0])
         self.layer.w2.copy_(self.saved[1])
         self.layer.dispatcher.set_placement(self.old)
