@@ -142,6 +142,12 @@ def format_report(rep: dict) -> str:
         dms = f"{s['decode_ms_per_step']:.1f}" if s["decode_ms_per_step"] is not None else "-"
         lines.append(f"{name:<13} {ok:>6} {tps:>13} {dms:>14} {s['nic_bytes'] / 2**20:>8.2f} "
                      f"{sum(s['swaps_per_step']):>6}")
+        if sum(s["swaps_per_step"]):  # per step: swaps, their bytes, the time they cost (zepp.serve.engine.Swapper)
+            lines.append(f"  {name} swaps per step {s['swaps_per_step']}, weight KB per step "
+                         f"{[round(b / 1024, 1) for b in s['swap_bytes_per_step']]}, across nodes "
+                         f"{s['swap_bytes_cross_node']} B; ms between steps (plan + post) "
+                         f"{[round(v, 2) for v in s['swap_ms_per_step']]}; ms waited for copies inside steps "
+                         f"{[round(v, 2) for v in s.get('swap_wait_ms_per_step', [])]}")
     return "\n".join(lines)
 
 

@@ -43,12 +43,14 @@ import functools
 import json
 
 import click
+import numpy as np
 
 from zepp.errors import RankFailure, ZeppInputError
 from zepp.launch import ranks
 from zepp.launch.checks import check_fault, check_input_file, check_launch_options, check_number, check_seed
 from zepp.registry import help_list
 from zepp.runtime.systems import DEFAULT_ALL
+from zepp.traces.schedules import SCHEDULES
 
 __all__ = ["RankFailure", "spawn_local", "validate_run_options", "format_report", "run"]
 
@@ -124,10 +126,19 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
     cfg.update(common, model=o["model"], experts=o["experts"], topk=o["topk"], hidden=o["hidden"], ffn=o["ffn"],
                budget_mb=o["budget_mb"], tokens=o["tokens"], systems=systems, check=o["check"], history=o["history"],
                trace=o["trace"], iters=o["iters"], warmup=o["warmup"], seed=o["seed"], relaxation=o["relaxation"],
-               extra=o["extra"], dtype=o["dtype"],
+               extra=o["extra"], dtype=o["dtype"], schedule=_schedule(o["schedule"]),
                fault=check_fault(o["fault"], common["nodes"] * common["gpus_per_node"], systems, "iter"))
     _check_traces(cfg, spec)
     return cfg, cluster
+
+
+def _schedule(name: str | None) -> str | None:
+    """``--schedule``: a name of ``zepp.traces.schedules.SCHEDULES`` (one-line error otherwise), or None."""
+    if name is None:
+        return None
+    from zepp.traces.schedules import check_schedule
+
+    return check_schedule(name)
 
 
 def format_report(report: dict) -> str:
@@ -138,7 +149,8 @@ def format_report(report: dict) -> str:
             f"{report['config']['dtype']}; batches from {(report.get('traces') or {}).get('eval')}")
     cols = f"{'system':<11} {'correct':>8} {'max rel err':>12} {'bytes==plan':>11} {'NIC MB/it':>10} " \
            f"{'NVLink MB/it':>12} {'meta KB/it':>10} {'layer ms':>9} {'plan ms':>8}"
-    lines = [head, cols, "-" * len(cols)]
+    sched = (report.get("traces") or {}).get("schedule")
+    lines = [head] + ([sched["describe"]] if sched else []) + [cols, "-" * len(cols)]
     for name, s in report["systems"].items():
         b = s["bytes_per_iter"]
         n = max(len(b["measured_dispatch_nic"]), 1)
@@ -149,7 +161,28 @@ def format_report(report: dict) -> str:
         ok = "-" if s["correct"] is None else ("yes" if s["correct"] else "NO")
         lines.append(f"{name:<11} {ok:>8} {err:>12} {'yes' if s['bytes_match'] else 'NO':>11} {nic / mb:>10.3f} "
                      f"{nvl / mb:>12.3f} {meta:>10.1f} {s['median_layer_ms']:>9.2f} {s['median_plan_ms']:>8.2f}")
+    lines += _swap_lines(report)
     return "\n".join(lines)
+
+
+def _swap_lines(report: dict) -> list[str]:
+    """Per swapping system: swaps per step, their bytes (across nodes: must be 0) and the time
+    they add to the step (``zepp.runtime.swap_steps``)."""
+    out = []
+    for name, s in report["systems"].items():
+        sw = s.get("swaps")
+        if not sw or not sw["per_step"]:
+            continue
+        mb = [b / 2**20 for b in sw["bytes_per_step"]]
+        out.append(f"{name} swaps ({sw['mode']} copies): slots per step {sw['per_step']}, weight MB per step "
+                   f"{[round(v, 2) for v in mb]}, across nodes {sum(sw['cross_node_bytes_per_step'])} B, "
+                   f"exposed ms per step (posting + waiting) {[round(v, 2) for v in sw['exposed_ms']]}, "
+                   f"planning ms median {float(np.median(sw['plan_ms'])):.2f}")
+        if sw.get("added_ms") is not None:
+            out.append(f"{name} swap time added to a step (step - control replay, median) {sw['added_ms']:.2f} ms; "
+                       f"the same copies alone, blocking {sw['alone_median_ms']:.2f} ms; ratio "
+                       f"{sw['added_over_alone']:.2f}")
+    return out
 
 
 @click.command("run")
@@ -168,6 +201,9 @@ def format_report(report: dict) -> str:
 @click.option("--check/--no-check", default=False, help="Compare with a single-process reference; exit 1 on mismatch.")
 @click.option("--history", type=click.Path(dir_okay=False), default=None, help="History trace (placement).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Trace to sample batches from.")
+@click.option("--schedule", default=None, metavar="NAME",
+              help=f"Demand schedule, one of {', '.join(SCHEDULES)} (zepp.traces.schedules); default: batches "
+                   f"sampled from the whole --trace, as stationary.")
 @click.option("--iters", default=5, show_default=True, type=int, help="Timed iterations per system.")
 @click.option("--warmup", default=1, show_default=True, type=int, help="Untimed iterations first.")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -190,8 +226,8 @@ def format_report(report: dict) -> str:
 @click.option("--emulate-prefix", default="zepp", show_default=True, hidden=True,
               help="With --emulate: name prefix of the namespaces.")
 def run(nodes, gpus_per_node, model, experts, topk, hidden, ffn, budget_mb, tokens, systems, check, history, trace,
-        iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault, emulate, rate_mbit,
-        delay_ms, emulate_prefix):
+        schedule, iters, warmup, seed, relaxation, extra, dtype, device, timeout, threads, json_path, fault, emulate,
+        rate_mbit, delay_ms, emulate_prefix):
     """Run MoE layers on torch.distributed with each system; report correctness, bytes, time."""
     cfg, cluster = validate_run_options(dict(locals()))
     emulated = None

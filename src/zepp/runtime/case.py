@@ -4,11 +4,13 @@
 from the eval trace, the node demand of the history trace, each iteration's inputs and the
 single-process reference outputs). ``SystemRun`` is one system's layer on this rank; per
 iteration it times the layer call between a barrier and its end (for swapping systems the swap
-planning and weight copies are inside that window), compares the bytes this rank put on each
-link class with the planner's, hashes the output, and with ``check`` measures the error against
-the reference. ``run_case`` runs them iteration-major (``interleave``: every system sees the same
-machine load) or system-major (one system's weights in memory at a time), exchanges the records
-as JSON and rank 0 returns the report (``zepp.runtime.report.summarize``).
+planning and weight copies are inside that window; ``zepp.runtime.swap_steps``), compares the
+bytes this rank put on each link class with the planner's, hashes the output, and with
+``check`` measures the error against the reference. ``run_case`` runs them iteration-major
+(``interleave``: every system sees the same machine load) or system-major (one system's weights
+in memory at a time), exchanges the records as JSON and rank 0 returns the report
+(``zepp.runtime.report.summarize``). With ``schedule`` the history and batches come from
+``zepp.traces.schedules.drift_workload`` and the report holds each timed batch's topic mix.
 """
 
 from __future__ import annotations
@@ -68,7 +70,15 @@ class RankCase:
         self.hist_trace, self.eval_trace = load_traces(self.cfg, self.spec)
         self.hist = node_demand(self.hist_trace, self.N, self.L)
         self.iters, self.warmup = cfg["iters"], cfg["warmup"]
-        self.batches = sample_batches(self.eval_trace, self.world, self.T, self.iters + self.warmup, cfg["seed"])
+        self.workload = None
+        if cfg.get("schedule"):  # a drift schedule: history and batches from zepp.traces.schedules
+            from zepp.traces.schedules import drift_workload
+
+            self.workload = drift_workload((self.hist_trace, self.eval_trace), cfg["schedule"], self.world, self.T,
+                                           self.iters + self.warmup, cfg["seed"])
+            self.hist, self.batches = self.workload.hist(self.N, self.L), self.workload.batches
+        else:
+            self.batches = sample_batches(self.eval_trace, self.world, self.T, self.iters + self.warmup, cfg["seed"])
         self.same = (np.arange(self.world) // self.L) == self.rank // self.L
         self._refs: dict[int, torch.Tensor] = {}
 
@@ -98,7 +108,11 @@ class RankCase:
         return self._refs[it]
 
     def trace_sources(self) -> dict:
-        return {"history": self.hist_trace.source, "eval": self.eval_trace.source}
+        out = {"history": self.hist_trace.source, "eval": self.eval_trace.source}
+        if self.workload is not None:  # the schedule and each timed batch's topic mix
+            out["schedule"] = dict(self.workload.report(first=self.warmup),
+                                   describe=self.workload.describe(first=self.warmup))
+        return out
 
 
 class SystemRun:
@@ -123,6 +137,11 @@ class SystemRun:
                        "granularity": []}
         self.digest = hashlib.sha1()  # of every output of this rank, all iterations
         self.layer = MoELayer(d, seed=cfg["seed"], dtype=case.dtype)
+        self.swaps = None
+        if self.system.swaps:
+            from zepp.runtime.swap_steps import SwapSteps
+
+            self.swaps = SwapSteps(self.layer, cfg, case.rank, case.L, self.record)
         hooks.on_layer_created(index, name)
 
     def step(self, it: int) -> None:
@@ -134,9 +153,12 @@ class SystemRun:
         d.counter.reset()
         dist.barrier()
         t0 = time.perf_counter()
-        self._swap()
+        if self.swaps is not None:
+            self.swaps.before()
         self.hooks.on_layer_call(self.index, self.name, it)
         y = self.layer(x, ids, w)
+        if self.swaps is not None:
+            self.swaps.after(it >= case.warmup)
         if case.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
@@ -151,6 +173,8 @@ class SystemRun:
             self.record["bytes"].append({"measured": measured, "planned": planned})
         if case.cfg["check"]:
             self._check(it, x, ids_np, w, y)
+        if self.swaps is not None:
+            self.swaps.replay(x, ids, w, y, it >= case.warmup)
 
     def _arm_fault(self, it: int) -> None:
         """The ``fault`` test hook: this rank dies (exit 17) or hangs between dispatch and combine."""
@@ -159,18 +183,6 @@ class SystemRun:
                 and fault.get("iter") == it:
             self.layer.on_dispatched = (lambda: os._exit(17)) if fault.get("mode", "die") == "die" else (
                 lambda: time.sleep(3600))
-
-    def _swap(self) -> None:
-        """Swapping systems: plan intra-node swaps from the last batch's slot loads and copy the weights."""
-        d = self.layer.dispatcher
-        if not (self.system.swaps and d.last_plan is not None):
-            return
-        from zepp.planner.swaps import plan_swaps
-
-        sp = plan_swaps(d.placement, d.last_plan.routing.slot_loads(), self.case.cfg["relaxation"])
-        if sp.num_swapped_slots:
-            self.record["swap_bytes"] += self.layer.apply_swaps(sp)
-            self.record["swapped_slots"] += sp.num_swapped_slots
 
     def _link_bytes(self) -> tuple[dict, dict]:
         """This rank's measured bytes against the planner's, per phase, NIC and NVLink; a

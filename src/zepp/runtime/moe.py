@@ -9,27 +9,12 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from zepp.runtime.dispatcher import Dispatcher
 from zepp.runtime.experts import expert_weights, grouped_down, grouped_up, slot_weights
+from zepp.runtime.swap_copies import SwapChannel, SwapError, check_swap_copies, post_copies
 
-
-class SwapError(AssertionError):
-    """A weight copy would cross nodes: swaps must stay inside one node."""
-
-
-def check_swap_copies(copies, slots: int, gpus_per_node: int) -> np.ndarray:
-    """``copies [M, 3]`` (src global slot, dst global slot, expert) as int64; ``SwapError`` if any
-    copy would cross nodes."""
-    copies = np.asarray(copies, np.int64).reshape(-1, 3)
-    src_rank, dst_rank = copies[:, 0] // slots, copies[:, 1] // slots
-    cross = src_rank // gpus_per_node != dst_rank // gpus_per_node
-    if np.any(cross):
-        i = int(np.flatnonzero(cross)[0])
-        raise SwapError(f"swap copy {i} moves expert {copies[i, 2]} from rank {src_rank[i]} to rank "
-                        f"{dst_rank[i]} on another node; swaps stay inside a node")
-    return copies
+__all__ = ["MoELayer", "SwapError", "check_swap_copies", "swap_slot_weights"]
 
 
 class MoELayer(torch.nn.Module):
@@ -42,6 +27,11 @@ class MoELayer(torch.nn.Module):
 
     With ``dispatcher.overlap`` the first GEMM runs on each group of rows as it arrives and the
     second GEMM runs in combine waves whose sends go out while the next wave computes.
+
+    Swaps: ``apply_swaps`` copies the weights between steps (blocking); ``begin_swaps`` posts the
+    copies and switches the placement at once, the next ``forward`` computes the rows of slots
+    still in flight last, each after its weights land (``zepp.runtime.swap_copies``), and
+    ``finish_swaps`` waits for the rest.
     """
 
     def __init__(self, dispatcher: Dispatcher, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -58,6 +48,21 @@ class MoELayer(torch.nn.Module):
         self.on_dispatched = None  # test hook: called between dispatch and combine (fault injection)
         self.timing: dict[str, float] = {}
         self.swap_bytes = np.zeros(dispatcher.world, np.int64)  # weight bytes sent per destination
+        self.pending = None  # zepp.runtime.swap_copies.PendingCopies of a swap in flight
+        self._channel = None  # the SwapChannel of begin_swaps (made at the first swap, on every rank)
+
+    def _up(self, rows: torch.Tensor, slot: np.ndarray, ti: torch.Tensor, inter: torch.Tensor) -> None:
+        """GEMM 1 of one arrival group (``rows[ti]``, ``slot [n]``) into ``inter[ti]``; while a swap is
+        in flight, rows of slots whose weights have not landed wait in its queue (``PendingCopies.run``)."""
+        if self.pending is None:
+            inter[ti] = grouped_up(rows[ti], slot, self.w1)
+            return
+        self.pending.run(grouped_up, rows[ti], slot, self.w1,
+                         lambda sel, y: inter.index_copy_(0, ti[torch.as_tensor(sel, device=ti.device)], y))
+
+    def _gemm(self, gemm, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor) -> torch.Tensor:
+        """``gemm(x, slot, w)``; while a swap is in flight, its slots' rows last (``PendingCopies.grouped``)."""
+        return gemm(x, slot, w) if self.pending is None else self.pending.grouped(gemm, x, slot, w)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         d = self.dispatcher
@@ -66,7 +71,8 @@ class MoELayer(torch.nn.Module):
             inputs, h = d.dispatch(x.to(self.w1.dtype), topk_ids, topk_weights)
             self.last_handle = h
             t1 = time.perf_counter()
-            out = grouped_down(grouped_up(inputs.rows, inputs.slot, self.w1), inputs.slot, self.w2)
+            out = self._gemm(grouped_down, self._gemm(grouped_up, inputs.rows, inputs.slot, self.w1), inputs.slot,
+                             self.w2)
             t2 = time.perf_counter()
             if self.on_dispatched is not None:
                 self.on_dispatched()
@@ -78,7 +84,8 @@ class MoELayer(torch.nn.Module):
         if h.prog.single_gemm:  # the batch's granularity: one GEMM per phase, run blocking
             d.dispatch_blocking(h)
             t1 = time.perf_counter()
-            out = grouped_down(grouped_up(h.inputs.rows, h.inputs.slot, self.w1), h.inputs.slot, self.w2)
+            out = self._gemm(grouped_down, self._gemm(grouped_up, h.inputs.rows, h.inputs.slot, self.w1),
+                             h.inputs.slot, self.w2)
             if self.on_dispatched is not None:
                 self.on_dispatched()
             y = d.combine_blocking(out, h)
@@ -87,64 +94,58 @@ class MoELayer(torch.nn.Module):
         rows, slot = h.inputs.rows, h.prog.e_slot
         inter = rows.new_empty(rows.shape[0], self.ffn)
         for grp in d.arrivals(h):
-            ti = d._idx(grp)
-            inter[ti] = grouped_up(rows[ti], slot[grp], self.w1)
+            self._up(rows, slot[grp], d._idx(grp), inter)
+        if self.pending is not None:
+            self.pending.drain()  # swapped slots not landed during the dispatch: their GEMM 1 last
         t1 = time.perf_counter()
         if self.on_dispatched is not None:
             self.on_dispatched()
         cs = d.combine_begin(h)
         for grp in cs.waves():
-            cs.submit(grp, grouped_down(inter[d._idx(grp)], slot[grp], self.w2))
+            cs.submit(grp, self._gemm(grouped_down, inter[d._idx(grp)], slot[grp], self.w2))
         y = cs.finish()
         self.timing = {"dispatch+up": t1 - t0, "down+combine": time.perf_counter() - t1}
         return y.to(x.dtype)
 
     @torch.no_grad()
-    def apply_swaps(self, swap_plan) -> int:
-        """Apply ``zepp.planner.swaps.plan_swaps``'s weight copies and switch to its placement.
-
-        ``swap_plan.copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)``. Copies read
-        the *old* weights (staged before any slot is overwritten). Same-rank copies are local;
-        others are point-to-point inside one node, never across nodes (``SwapError``). Every
-        rank must call this with the same plan. Returns the weight bytes this rank sent.
-        """
+    def begin_swaps(self, swap_plan):
+        """Post ``zepp.planner.swaps.plan_swaps``'s weight copies (``swap_plan.copies [M, 3]``) on
+        the layer's own swap channel and switch to its placement now; returns the
+        ``PendingCopies`` (also ``self.pending``) that the next ``forward`` waits on slot by slot.
+        Every rank calls this with the same plan; copies never cross nodes (``SwapError``)."""
+        if self._channel is None:
+            self._channel = SwapChannel(self.dispatcher.group, self.dispatcher.device)
         d = self.dispatcher
-        S, L, r = d.placement.slots_per_rank, d.gpus_per_node, d.rank
-        copies = check_swap_copies(swap_plan.copies, S, L)
-        old = self.dispatcher.placement.slot_expert
-        if np.any(old.ravel()[copies[:, 0]] != copies[:, 2]):
-            raise SwapError("a swap copy reads a slot that does not hold its expert")
-        ops, staged = [], []
-        sent = 0
-        for i, (a, b, e) in enumerate(copies.tolist()):
-            ra, rb = a // S, b // S
-            if rb == r:
-                if ra == r:
-                    buf = torch.cat([self.w1[a - r * S].reshape(-1), self.w2[a - r * S].reshape(-1)])
-                else:
-                    buf = self.w1.new_empty(2 * self.hidden * self.ffn, device="cpu" if d.host_p2p else None)
-                    ops.append(dist.P2POp(dist.irecv, buf, ra, d.group, (1 << 13) + i))
-                staged.append((b - r * S, buf))
-            elif ra == r:
-                buf = torch.cat([self.w1[a - r * S].reshape(-1), self.w2[a - r * S].reshape(-1)])
-                buf = buf.cpu() if d.host_p2p else buf
-                ops.append(dist.P2POp(dist.isend, buf, rb, d.group, (1 << 13) + i))
-                self.swap_bytes[rb] += buf.numel() * buf.element_size()
-                sent += buf.numel() * buf.element_size()
-        for w in dist.batch_isend_irecv(ops) if ops else []:
-            w.wait()
-        n = self.hidden * self.ffn
-        for s, buf in staged:
-            buf = buf.to(self.w1.device)
-            self.w1[s].copy_(buf[:n].view(self.hidden, self.ffn))
-            self.w2[s].copy_(buf[n:].view(self.ffn, self.hidden))
-        new = swap_plan.placement.slot_expert[r]
-        emptied = np.flatnonzero((new < 0) & (old[r] >= 0))
-        for s in emptied.tolist():
-            self.w1[s].zero_()
-            self.w2[s].zero_()
+        if self.pending is not None:
+            self.finish_swaps()
+        self.pending = post_copies([self.w1, self.w2], swap_plan.copies, d.placement.slot_expert,
+                                   swap_plan.placement.slot_expert, self._channel, d.gpus_per_node)
+        self.swap_bytes += self.pending.stats.sent_to
         d.set_placement(swap_plan.placement)
-        return sent
+        return self.pending
+
+    @torch.no_grad()
+    def finish_swaps(self):
+        """Wait for the swap in flight (if any) and return its ``CopyStats`` (None without one)."""
+        if self.pending is None:
+            return None
+        stats, self.pending = self.pending.finish(), None
+        return stats
+
+    @torch.no_grad()
+    def apply_swaps(self, swap_plan) -> int:
+        """Apply ``zepp.planner.swaps.plan_swaps``'s weight copies at once (blocking) and switch to
+        its placement. Copies read the *old* weights, go point-to-point over the dispatcher's
+        group inside one node (``SwapError`` otherwise). Every rank calls this with the same
+        plan. Returns the weight bytes this rank sent."""
+        d = self.dispatcher
+        self.finish_swaps()
+        ch = SwapChannel(d.group, d.device, own=False)
+        stats = post_copies([self.w1, self.w2], swap_plan.copies, d.placement.slot_expert,
+                            swap_plan.placement.slot_expert, ch, d.gpus_per_node, tag_base=1 << 13).finish()
+        self.swap_bytes += stats.sent_to
+        d.set_placement(swap_plan.placement)
+        return stats.sent
 
     def check_weights(self) -> bool:
         """True when every slot holds exactly its expert's weights (after swaps, say)."""
@@ -162,7 +163,7 @@ class MoELayer(torch.nn.Module):
 @torch.no_grad()
 def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.ndarray, new_slot_expert: np.ndarray,
                       dispatcher: Dispatcher, tag_base: int = 1 << 14, sent_to: np.ndarray | None = None) -> int:
-    """Apply swap weight copies to any per-slot weight tensors of this rank.
+    """Apply swap weight copies to any per-slot weight tensors of this rank, blocking.
 
     ``weights``: tensors ``[S, ...]`` (slot-major: e.g. ``gate_up [S, 2F, H]`` and ``down [S, H, F]``);
     ``copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)`` from ``zepp.planner.swaps.plan_swaps``;
@@ -170,39 +171,12 @@ def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.n
     old weights (staged first), stay inside a node (``SwapError`` otherwise), and go point-to-point
     over the dispatcher's group; slots emptied by the swap become zero. Every rank calls this with
     the same arguments. Returns the weight bytes this rank sent (``sent_to [R]``, if given, adds
-    them per destination rank).
+    them per destination rank). The hidden form is ``zepp.runtime.swap_copies.post_copies``.
     """
     d = dispatcher
-    S, L, r = old_slot_expert.shape[1], d.gpus_per_node, d.rank
-    copies = check_swap_copies(copies, S, L)
-    if np.any(np.asarray(old_slot_expert).ravel()[copies[:, 0]] != copies[:, 2]):
-        raise SwapError("a swap copy reads a slot that does not hold its expert")
-    sizes = [w[0].numel() for w in weights]
-    ops, staged, sent = [], [], 0
-    for i, (a, b, e) in enumerate(copies.tolist()):
-        ra, rb = a // S, b // S
-        if ra == r:
-            buf = torch.cat([w[a - r * S].reshape(-1) for w in weights])
-        if rb == r:
-            if ra != r:
-                buf = weights[0].new_empty(sum(sizes), device="cpu" if d.host_p2p else None)
-                ops.append(dist.P2POp(dist.irecv, buf, ra, d.group, tag_base + i))
-            staged.append((b - r * S, buf))
-        elif ra == r:
-            buf = buf.cpu() if d.host_p2p else buf
-            ops.append(dist.P2POp(dist.isend, buf, rb, d.group, tag_base + i))
-            sent += buf.numel() * buf.element_size()
-            if sent_to is not None:
-                sent_to[rb] += buf.numel() * buf.element_size()
-    for w in dist.batch_isend_irecv(ops) if ops else []:
-        w.wait()
-    for s, buf in staged:
-        buf, off = buf.to(weights[0].device), 0
-        for w, n in zip(weights, sizes):
-            w[s].copy_(buf[off: off + n].view(w[s].shape))
-            off += n
-    emptied = np.flatnonzero((np.asarray(new_slot_expert)[r] < 0) & (np.asarray(old_slot_expert)[r] >= 0))
-    for s in emptied.tolist():
-        for w in weights:
-            w[s].zero_()
-    return sent
+    ch = SwapChannel(d.group, d.device, own=False)
+    stats = post_copies(weights, copies, old_slot_expert, new_slot_expert, ch, d.gpus_per_node,
+                        tag_base=tag_base).finish()
+    if sent_to is not None:
+        sent_to += stats.sent_to
+    return stats.sent

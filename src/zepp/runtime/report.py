@@ -40,7 +40,7 @@ def _system(cfg: dict, recs: list[dict], tol: float) -> dict:
     plan_t = np.max(np.array([r["plan_times"] for r in recs]), axis=0)
     err = max(r["max_rel_err"] for r in recs)
     meta = {k: sum(r["metadata_bytes"].get(k, 0) for r in recs) for k in ("nic", "nvlink")}
-    return {
+    out = {
         "median_layer_ms": float(np.median(times) * 1e3), "layer_ms": (times * 1e3).tolist(),
         "median_plan_ms": float(np.median(plan_t) * 1e3),
         "max_rel_err": err if cfg["check"] else None,
@@ -51,8 +51,14 @@ def _system(cfg: dict, recs: list[dict], tol: float) -> dict:
         "output_digest": hashlib.sha1("".join(r["digest"] for r in recs).encode()).hexdigest(),
         "bytes_match": all(r["bytes_ok"] for r in recs),
         "bytes_per_iter": _link_bytes(recs), "metadata_bytes_per_iter": meta,
-        "swapped_slots": sum(r["swapped_slots"] for r in recs), "swap_bytes": sum(r["swap_bytes"] for r in recs),
+        # swapped slots: every rank holds the whole plan's count, so rank 0's; bytes: summed over senders
+        "swapped_slots": recs[0]["swapped_slots"], "swap_bytes": sum(r["swap_bytes"] for r in recs),
         # zepp-auto: (groups, waves) per timed iteration, and whether every rank chose the same
         "granularity": recs[0]["granularity"],
         "granularity_same_on_all_ranks": all(r["granularity"] == recs[0]["granularity"] for r in recs),
     }
+    if "swaps" in recs[0]:  # a swapping system: per step swaps, bytes, time (zepp.runtime.swap_steps)
+        from zepp.runtime.swap_steps import fold_swaps
+
+        out["swaps"] = dict(fold_swaps(recs), mode=cfg.get("swap_copies") or "hidden")
+    return out

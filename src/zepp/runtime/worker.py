@@ -16,7 +16,9 @@ The JSON config (all keys written by ``zepp.cli.run``; see ``default_config``):
 iteration by iteration, so they share the machine's load alike; default: when every system's
 weights fit in 2 GiB per rank), ``fault`` (tests: ``{"rank", "system", "iter", "mode":
 "die"|"hang"}``), ``cases`` (tests: a list of overrides; each case runs in turn in the same
-process group and the report holds ``cases``), ``cost_cluster`` (``zepp-auto``'s cost figures).
+process group and the report holds ``cases``), ``cost_cluster`` (``zepp-auto``'s cost figures),
+``swap_copies`` / ``swap_measure`` (``zepp-swap``'s copies: ``zepp.runtime.swap_steps``),
+``schedule`` (a drift schedule of ``zepp.traces.schedules``; null: batches sampled from the trace).
 
 Example, one rank of four (run the same with RANK=0..3)::
 
@@ -44,7 +46,8 @@ def default_config() -> dict:
     return dict(nodes=2, gpus_per_node=2, model="k2", experts=None, topk=None, hidden=None, ffn=None, tokens=None,
                 budget_mb=1.0, systems=["a2av", "zepp"], history=None, trace=None, iters=3, warmup=1, seed=0,
                 relaxation=0.25, extra=2, check=True, dtype="float32", device="cpu", backend="gloo", timeout=60.0,
-                out=None, fault=None, interleave=None, cost_cluster=None)
+                out=None, fault=None, interleave=None, cost_cluster=None, swap_copies="hidden", swap_measure=False,
+                schedule=None)
 
 
 def run_worker(cfg: dict, hooks: RunHooks | None = None) -> dict | None:

@@ -58,6 +58,14 @@ class ExpertParallel:
         self.expert_load = np.zeros((len(self.placements), spec.num_experts), np.int64)
         self.on_layer = None  # test hook: called with (layer) before each layer's dispatch (fault injection)
         self.moe_seconds = 0.0
+        # zepp-swap: {layer: PendingCopies} posted between steps (zepp.serve.engine.Swapper); the
+        # layer's GEMMs wait slot by slot, the layer finishes them; seconds this thread waited
+        self.pending: dict = {}
+        self.swap_wait_s = 0.0
+
+    def _gemm(self, pending, fn, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor) -> torch.Tensor:
+        """``fn(x, slot, w)``, with the slots of a swap in flight last (``PendingCopies.grouped``)."""
+        return fn(x, slot, w) if pending is None else pending.grouped(fn, x, slot, w)
 
     @property
     def layers(self) -> int:
@@ -81,22 +89,26 @@ class ExpertParallel:
         t0 = time.perf_counter()
         d = self.dispatcher
         d.set_placement(self.placements[layer])
+        pend = self.pending.pop(layer, None)
         act = block.act_fn
+        up = lambda rows, slot, wt: grouped_gated_up(rows, slot, wt, act)  # noqa: E731
         if not d.overlap:
             inputs, h = d.dispatch(x, ids, w)
-            inter = grouped_gated_up(inputs.rows, inputs.slot, block.gate_up, act)
-            y = d.combine(grouped_linear_down(inter, inputs.slot, block.down), h)
+            inter = self._gemm(pend, up, inputs.rows, inputs.slot, block.gate_up)
+            y = d.combine(self._gemm(pend, grouped_linear_down, inter, inputs.slot, block.down), h)
         else:
             h = d.dispatch_begin(x, ids, w)
             rows, slot = h.inputs.rows, h.prog.e_slot
             inter = rows.new_empty(rows.shape[0], block.ffn)
             for grp in d.arrivals(h):
                 ti = d._idx(grp)
-                inter[ti] = grouped_gated_up(rows[ti], slot[grp], block.gate_up, act)
+                inter[ti] = self._gemm(pend, up, rows[ti], slot[grp], block.gate_up)
             cs = d.combine_begin(h)
             for grp in cs.waves():
-                cs.submit(grp, grouped_linear_down(inter[d._idx(grp)], slot[grp], block.down))
+                cs.submit(grp, self._gemm(pend, grouped_linear_down, inter[d._idx(grp)], slot[grp], block.down))
             y = cs.finish()
+        if pend is not None:
+            self.swap_wait_s += pend.finish().wait_s
         self._note(layer, h)
         self.moe_seconds += time.perf_counter() - t0
         return y

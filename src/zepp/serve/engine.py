@@ -14,8 +14,9 @@ or all finished) still takes part in every MoE layer of every step with zero row
 (``ExpertParallelMoE.idle``), until the count all-gather of ``begin_step`` shows every rank done.
 
 Between steps, systems with ``adaptation == "zepp-swap"`` plan intra-node swaps per layer from
-that layer's recent slot loads (``zepp.planner.swaps.plan_swaps``) and move the weights inside the node
-(``zepp.runtime.moe.swap_slot_weights``).
+that layer's recent slot loads (``zepp.planner.swaps.plan_swaps``) and post the weight copies
+inside the node (``zepp.runtime.swap_copies``); they run beside the next step, whose layer waits
+only where a swapped slot's GEMM needs its weights.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class StepLog:
     all_rows: list[int] = field(default_factory=list)  # live rows over all ranks
     swapped_slots: list[int] = field(default_factory=list)
     swap_bytes: list[int] = field(default_factory=list)
-    swap_seconds: list[float] = field(default_factory=list)
+    swap_seconds: list[float] = field(default_factory=list)  # planning + posting, between steps
+    swap_wait_seconds: list[float] = field(default_factory=list)  # waiting for copies inside the step
     bytes_after_prefill: dict | None = None
     probes: list = field(default_factory=list)
 
@@ -127,7 +129,7 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
     """Generate for this rank's ``prompts`` (token-id lists); every rank calls this together.
 
     ``max_new [n]`` new tokens per prompt; ``eos``: end-of-sequence ids (default: the config's);
-    ``adapt``: called between steps (swaps); ``fault``: test hook ``{"step", "mode"}``;
+    ``adapt``: called between steps (swaps), ``adapt.close()`` at the end; ``fault``: test hook ``{"step", "mode"}``;
     ``probe``: a function whose value is kept at the start, after prefill and at the end
     (``log.probes``; e.g. the emulated NIC counters).
     Returns ``(new_tokens [n][...], logits [n][steps, V] or None, StepLog)``.
@@ -162,6 +164,8 @@ def generate_rank(model, comm, prompts: list[list[int]], max_new: list[int], eos
         if adapt is not None:
             adapt(log)
         step += 1
+    if adapt is not None:
+        adapt.close()
     if probe is not None:
         log.probes.append(probe())
     return batch.out, batch.logits(), log
@@ -177,19 +181,28 @@ def _inject(fault: dict) -> None:
 
 class Swapper:
     """``zepp-swap`` between steps: per layer, plan intra-node swaps from its recent slot loads and
-    move the weights (inside nodes only); ``swapper(log)`` appends the swaps, bytes and seconds
-    of the step to the step log. ``sent_to [R]``: swap weight bytes this rank sent, per rank."""
+    post the weight copies (inside nodes only) on a channel of their own; the next step's layer
+    waits for a slot's copy only where that slot's GEMM needs it, and finishes the rest
+    (``zepp.serve.comm.ExpertParallel.moe``). ``swapper(log)`` appends per step the swaps, bytes
+    and seconds (planning + posting) of the swaps it posts, and the seconds the step just run
+    waited for copies. ``sent_to [R]``: swap weight bytes this rank sent, per rank. Every rank
+    constructs its ``Swapper`` at the same point (the channel is a process group)."""
 
     def __init__(self, model, comm):
+        from zepp.runtime.swap_copies import SwapChannel
+
         self.comm = comm
         self.blocks = ep_blocks(model)
         self.sent_to = np.zeros(comm.world, np.int64)
+        self.channel = SwapChannel(comm.dispatcher.group, comm.device)
 
     def __call__(self, log: StepLog) -> None:
         from zepp.planner.swaps import plan_swaps
-        from zepp.runtime.moe import swap_slot_weights
+        from zepp.runtime.swap_copies import post_copies
 
         comm = self.comm
+        log.swap_wait_seconds.append(comm.swap_wait_s)
+        comm.swap_wait_s = 0.0
         t0 = time.perf_counter()
         slots, sent = 0, 0
         for b in self.blocks:
@@ -197,9 +210,11 @@ class Swapper:
             sp = plan_swaps(old, comm.recent_loads(b.layer), comm.relaxation)
             if not sp.num_swapped_slots:
                 continue
-            comm.dispatcher.set_placement(old)
-            sent += swap_slot_weights([b.gate_up, b.down], sp.copies, old.slot_expert, sp.placement.slot_expert,
-                                      comm.dispatcher, sent_to=self.sent_to)
+            pc = post_copies([b.gate_up, b.down], sp.copies, old.slot_expert, sp.placement.slot_expert,
+                             self.channel, old.gpus_per_node, tag_base=b.layer << 20)
+            comm.pending[b.layer] = pc
+            self.sent_to += pc.stats.sent_to
+            sent += pc.stats.sent
             comm.placements[b.layer] = sp.placement
             comm.recent[b.layer] = [np.asarray(sp.slot_load, np.int64)]
             slots += sp.num_swapped_slots
@@ -207,3 +222,7 @@ class Swapper:
         log.swap_bytes.append(sent)
         log.swap_seconds.append(time.perf_counter() - t0)
 
+    def close(self) -> None:
+        """Finish copies posted after the last step (no layer will wait for them)."""
+        for layer in list(self.comm.pending):
+            self.comm.swap_wait_s += self.comm.pending.pop(layer).finish().wait_s

@@ -127,6 +127,7 @@ class ServedSystem:
                 "seconds": log.seconds, "rows": log.rows, "all_rows": log.all_rows,
                 "bytes": self._phase_bytes(log, same),
                 "swapped_slots": log.swapped_slots, "swap_bytes": log.swap_bytes, "swap_seconds": log.swap_seconds,
+                "swap_wait_seconds": log.swap_wait_seconds,
                 "param_bytes": _param_bytes(self.model), "bytes_read": self.model.zepp_bytes_read,
                 "local_experts": int(sum(int((p.slot_expert[self.rank] >= 0).sum()) for p in self.placements_at_load)),
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": self.load_s,
@@ -199,8 +200,11 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
         "swap_bytes_per_step": [int(sum(pr["swap_bytes"][i] for pr in per_rank))
                                 for i in range(len(per_rank[0]["swap_bytes"]))],
         "swap_bytes_cross_node": int(sum(pr["swap_bytes_cross_node"] for pr in per_rank)),
+        # slowest rank: planning + posting between steps; waiting for copies inside each step
         "swap_ms_per_step": [float(max(pr["swap_seconds"][i] for pr in per_rank) * 1e3)
                              for i in range(len(per_rank[0]["swap_seconds"]))],
+        "swap_wait_ms_per_step": [float(max(pr["swap_wait_seconds"][i] for pr in per_rank) * 1e3)
+                                  for i in range(len(per_rank[0]["swap_wait_seconds"]))],
         "memory": {"checkpoint_bytes": int(ckpt_bytes),
                    "param_bytes_per_rank": [int(pr["param_bytes"]) for pr in per_rank],
                    "checkpoint_bytes_read_per_rank": [int(pr["bytes_read"]) for pr in per_rank],
