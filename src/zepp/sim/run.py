@@ -29,7 +29,7 @@ from zepp.planner.granularity import Figures, Granularity, choose
 from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.routing import route
+from zepp.planner.routing import TABLE_ROUTING, RoutingTable, build_routing_table, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
@@ -93,6 +93,7 @@ class Shared:
     def __init__(self):
         self.placements: dict[str, Placement] = {}
         self.routings: dict[tuple, object] = {}
+        self.tables: dict[str, RoutingTable] = {}
 
     def placement(self, kind: str, cfg: Config) -> Placement:
         if kind not in self.placements:
@@ -101,12 +102,23 @@ class Shared:
                                                    extra=cfg.extra)
         return self.placements[kind]
 
+    def table(self, kind: str, cfg: Config) -> RoutingTable:
+        """The ``zepp-table`` routing table of placement ``kind``, built once from the same history
+        as the placement: each GPU of node ``n`` expects ``hist[n] / L`` of its node's demand."""
+        if kind not in self.tables:
+            L = cfg.cluster.gpus_per_node
+            demand = np.repeat(np.asarray(cfg.hist, float) / L, L, axis=0)  # [R, E]
+            self.tables[kind] = build_routing_table(self.placement(kind, cfg), demand, cfg.C, L)
+        return self.tables[kind]
+
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
         """System ``s``'s FlowPlan of batch ``it``. Not ``zepp.planner.plan_batch``: one routing
         serves every transport pair of the systems that share its placement and routing."""
         rkey = (s.placement, s.routing, it)
         if rkey not in self.routings:
-            self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C)
+            table = self.table(s.placement, cfg) if s.routing == TABLE_ROUTING else None
+            self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C,
+                                        table=table)
         return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
 
 
