@@ -148,7 +148,7 @@ _ROWS = (
     System("zepp-deepep", "Zepp on DeepEP's kernels: the best of its table-routed low-latency variants, zepp-deepep-ll, "
            "zepp-deepep-normal and zepp-deepep-overlap",
            "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",
-           planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-relay",
+           planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-lean", "zepp-deepep-table-relay",
                                      "zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
            executors=("plan", "sim")),
     System("zepp-deepep-ll", "Zepp's placement and routing over DeepEP's low-latency kernels",
@@ -162,6 +162,10 @@ _ROWS = (
            "partials as it finishes (the combine overlaps GEMM 2)",
            "Zepp variant (low-latency kernels, table routing, column-split combine)", "zepp", "zepp-table", "dedup",
            "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-lean", "zepp-deepep-table-cols routed over the fewest replicas that leave every GPU the "
+           "fewest slots with work (a decode GEMM reads the weights of every slot it serves)",
+           "Zepp variant (low-latency kernels, lean table routing, column-split combine)", "zepp", "zepp-table-lean",
+           "dedup", "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
     System("zepp-deepep-table-relay", "Zepp's placement and routing table over a hierarchical low-latency kernel: a "
            "token crosses the NIC once per node to the GPU of its local index, which forwards it over NVLink; "
            "partials reduced in the node before the NIC",

@@ -159,3 +159,22 @@ def test_table_matches_a_skewed_batch_close_to_zepps_balance():
     zepp_max = route("zepp", batch, pl, 0.25).rows_per_rank().max()
     assert table_max < home_max
     assert table_max <= 1.1 * zepp_max
+
+
+def test_lean_table_uses_fewer_slots_per_gpu_and_keeps_every_expert():
+    from zepp.planner.routing.table_routing import lean_placement
+
+    rng = np.random.default_rng(5)
+    pl = random_placement(rng, 2, 4, 4, 2)
+    hist = skewed_batch(rng, pl.ranks, 500, 4, pl.num_experts, 1.0)
+    demand = _demand(hist, pl.num_experts)
+    lean = lean_placement(pl, demand.sum(0))
+    assert (lean.replica_count >= 1).all()
+    kept = lean.slot_expert >= 0
+    assert (lean.slot_expert[kept] == pl.slot_expert[kept]).all()  # only drops, same slot ids
+    assert (kept.sum(1).max() < (pl.slot_expert >= 0).sum(1).max()) or (lean.replica_count == 1).all()
+    t = build_routing_table(pl, demand, 0.25, 4, lean=True)
+    used = np.unique(t.choices[t.choices >= 0])
+    assert kept.ravel()[used].all()  # routes only to kept replicas
+    r = route("zepp-table-lean", hist, pl, table=t)
+    r.validate()

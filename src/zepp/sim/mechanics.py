@@ -36,9 +36,12 @@ DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections
   computing GPU (``a2av`` both ways, one row per entry), one kernel per phase.
 - ``deepep-ll-cols``: ``deepep-ll`` for Zepp's table-routed variants: one row per (token, GPU)
   both ways (``dedup``, outputs of a token's experts on one GPU summed there), and GEMM 2 in
-  ``LL_COLUMN_SPLITS`` column splits whose epilogues send their slice of the partials at once, so
-  the combine overlaps the rest of GEMM 2 (weights still read once; a launch and a message per
-  split).
+  column splits (as many as ``zepp.planner.granularity.column_splits`` chooses per batch) whose
+  epilogues send their slice of the partials at once, so the combine overlaps the rest of GEMM 2
+  (weights still read once; a launch and a message per split). ``deepep-ll`` with the ``relay`` /
+  ``reduce`` transports is a hierarchical low-latency kernel (GPU-initiated, worst-case buffers,
+  no host sync, as NVIDIA's Hybrid-EP): a token crosses the NIC once per node and is forwarded
+  over NVLink there; partials are reduced in the node before the NIC.
 - ``deepep-overlap``: ``deepep-normal``'s figures with Zepp's dispatch groups and combine waves
   (Zepp's overlap on DeepEP's transport, not a DeepEP kernel).
 """
@@ -121,6 +124,7 @@ class Mechanics:
       kernel launch plus one flag wait (``Net.signal``): dispatch ones before its first put
       leaves, combine ones after its last partial arrives.
     - ``gemm2_splits``: with ``gemm2 = "column-sends"``, GEMM 2 runs as this many column splits
+      (0: as many as the planner chooses per batch)
       in sequence (each reading its slice of the weights once, plus a launch) and each split's
       slice of every partial leaves as soon as the split is done (its own message; one-stage
       combines only); the receivers' combine kernel waits for every slice.
@@ -172,9 +176,9 @@ DEEPEP_NET = Net(put_c0=2e-6, put_c1=0.0, nic_eff=1.0, signal=2e-6, nvlink_eff=1
 DEEPEP_FP8 = 1.0 + 4.0 / 128
 
 
-# deepep-ll-cols: GEMM 2 in this many column splits, each sending its slice of the partials from its
-# epilogue (puts issued by the GEMM kernel, as COMET's tile-level sends; no extra kernel).
-LL_COLUMN_SPLITS = 2
+# deepep-ll-cols: GEMM 2 in column splits, each sending its slice of the partials from its epilogue
+# (puts issued by the GEMM kernel, as COMET's tile-level sends; no extra kernel); gemm2_splits = 0:
+# the count is chosen per batch (zepp.planner.granularity.column_splits, in zepp.sim.run).
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
 # EPIC's serial relay stages: "about 0.34-0.45 ms per proxy put per round" (PAPER.md section 7, epic); midpoint.
 EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)
@@ -215,7 +219,7 @@ MECHANICS: dict[str, Mechanics] = {
     "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
     "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves"),
-    "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=LL_COLUMN_SPLITS,
+    "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=0,
                                 sim_cost=1.0),
 }
 

@@ -32,9 +32,12 @@ from zepp.planner.routing.zepp_routing import route_zepp
 from zepp.planner.types import Placement, Routing
 
 __all__ = ["ROUTINGS", "ROUTING_NAMES", "route", "check_batch", "position_in_group", "entry_hash", "moonep_plan",
-           "RoutingTable", "build_routing_table", "route_by_table", "rank_slots", "TABLE_ROUTING"]
+           "RoutingTable", "build_routing_table", "route_by_table", "rank_slots", "TABLE_ROUTING", "LEAN_TABLE_ROUTING",
+           "TABLE_ROUTINGS"]
 
-TABLE_ROUTING = "zepp-table"  # the routing that needs a RoutingTable (route(..., table=...))
+TABLE_ROUTING = "zepp-table"  # the routings that need a RoutingTable (route(..., table=...))
+LEAN_TABLE_ROUTING = "zepp-table-lean"
+TABLE_ROUTINGS = (TABLE_ROUTING, LEAN_TABLE_ROUTING)
 
 
 class _Choice(NamedTuple):
@@ -61,6 +64,8 @@ _CHOICES = {
     "moonep": _Choice(route_moonep, "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots"),
     TABLE_ROUTING: _Choice(None, "Zepp's water-fill run once per placement over the history's expected demand; "
                                  "a batch routes by table lookup (replica shares per source GPU and expert)"),
+    LEAN_TABLE_ROUTING: _Choice(None, "zepp-table over the fewest replicas that leave every GPU the fewest slots with "
+                                      "work (decode: a GEMM reads the weights of every slot it serves)"),
 }
 
 ROUTINGS: dict[str, str] = {name: c.meaning for name, c in _CHOICES.items()}
@@ -79,7 +84,7 @@ def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: flo
     choice = _CHOICES.get(name)
     if choice is None:
         raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTING_NAMES)}")
-    if name == TABLE_ROUTING:
+    if name in TABLE_ROUTINGS:
         if table is None:
             raise ZeppInputError(f"routing {name!r} needs a routing table built from the history "
                                  "(zepp.planner.routing.build_routing_table); pass table=")

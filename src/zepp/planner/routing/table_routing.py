@@ -4,7 +4,8 @@ Per placement, from the history's expected demand ``demand [G, E]`` (entries per
 source GPU ``g`` sends to expert ``e``), ``build_routing_table`` runs Zepp's rotation water-fill
 (``zepp_routing._WaterFill``: relaxed replica-load bounds ``[(1-C) q, (1+C) q]``, each source
 visiting its own GPU, then its node, then remote nodes) over the *expected* demand instead of a
-batch's entries. The result, per (source GPU, expert), is a short list of replicas with shares:
+batch's entries, then spreads each (source node, replica node) block of flows in proportion
+(``_spread``: replica loads, node-pair volumes and own-GPU flows unchanged). The result, per (source GPU, expert), is a short list of replicas with shares:
 ``choices [G, E, m]`` global slot ids in visit order (own GPU first; ``-1`` padding) and
 ``shares [G, E, m]`` cumulative thresholds out of ``SHARE_ONE = 65536`` (the last valid one is
 ``SHARE_ONE``; padding repeats it). The expected load of every replica then respects the bounds
@@ -57,14 +58,21 @@ class RoutingTable:
 
 
 def build_routing_table(placement: Placement, demand: np.ndarray, relaxation: float,
-                        gpus_per_node: int) -> RoutingTable:
+                        gpus_per_node: int, lean: bool = False) -> RoutingTable:
     """The routing table of ``placement`` for the expected demand ``demand [G, E]`` (float,
     entries per step from source GPU ``g`` to expert ``e``) under relaxation ``C``.
 
     Experts with one replica get it with share ``SHARE_ONE``; a (source, expert) pair with no
     expected demand gets SGLang-static's pick (a replica on the source GPU, else on its node,
-    else ``source mod count``), so even an expert never seen in the history has a route."""
+    else ``source mod count``), so even an expert never seen in the history has a route.
+
+    ``lean``: route over ``lean_placement``'s replicas only (``zepp-table-lean``): at decode a
+    GEMM reads the weights of every slot that gets a row, so fewer slots with work per GPU beat
+    balanced rows; the bounds then hold for the replicas kept."""
     demand = _check_demand(placement, demand, gpus_per_node)
+    full = placement
+    if lean:
+        placement = lean_placement(placement, demand.sum(0))
     G, E = demand.shape
     units = _demand_units(demand)
     fallback = _locality_pick(placement)  # [G, E]
@@ -76,29 +84,53 @@ def build_routing_table(placement: Placement, demand: np.ndarray, relaxation: fl
     if multi.size:
         fill = _WaterFill(units[:, multi], placement, relaxation, multi)
         fill.run()
+        amount = _spread(fill.assigned, placement, multi)  # [G, M, C] float
         visit = visit_order(placement, multi)  # [G, M, C] replica index of each source's v-th visit
-        got = np.take_along_axis(fill.assigned, visit, axis=2)  # [G, M, C] units per visit, locality order
+        got = np.take_along_axis(amount, visit, axis=2)  # [G, M, C] per visit, locality order
         slots = placement.replicas[multi][np.arange(multi.size)[None, :, None], visit]  # [G, M, C]
-        keep = got > 0
+        total = got.sum(2, keepdims=True)
+        thr = np.rint(np.cumsum(got, axis=2) * (SHARE_ONE / np.where(total > 0, total, 1))).astype(np.int64)
+        thr = np.minimum(thr, SHARE_ONE)
+        thr[:, :, -1] = SHARE_ONE
+        keep = np.diff(thr, axis=2, prepend=0) > 0  # replicas with a share of at least 1/65536
         order = np.argsort(~keep, axis=2, kind="stable")  # served replicas first, in visit order
-        got = np.take_along_axis(got, order, axis=2)
+        thr = np.take_along_axis(thr, order, axis=2)
         slots = np.take_along_axis(slots, order, axis=2)
         keep = np.take_along_axis(keep, order, axis=2)
-        total = got.sum(2, keepdims=True)
-        cum = np.cumsum(got, axis=2)
-        thr = np.where(keep, (cum * SHARE_ONE + total // 2) // np.maximum(total, 1), SHARE_ONE)
         served = total[:, :, 0] > 0  # [G, M]; pairs without demand keep the fallback
         sub_c = np.where(keep, slots, -1)
         sub_s = np.where(keep, thr, SHARE_ONE)
-        sub_s[:, :, -1] = SHARE_ONE  # the last valid threshold is exactly one (rounding never loses it)
-        last = keep.sum(2) - 1
-        np.put_along_axis(sub_s, np.maximum(last, 0)[:, :, None], SHARE_ONE, axis=2)
         cur_c, cur_s = choices[:, multi], shares[:, multi]
         choices[:, multi] = np.where(served[:, :, None], sub_c, cur_c)
         shares[:, multi] = np.where(served[:, :, None], sub_s, cur_s)
     m = max(1, int((choices >= 0).sum(2).max()))
     return RoutingTable(np.ascontiguousarray(choices[:, :, :m]), shares[:, :, :m].astype(np.int32), float(relaxation),
-                        placement)
+                        full)
+
+
+def lean_placement(placement: Placement, load: np.ndarray) -> Placement:
+    """``placement`` with replicas left unused (``-1``) so that the most slots with work on any GPU
+    is as small as the greedy finds: while the GPU with the most used slots holds a replica of an
+    expert that has another used replica, that replica of the least loaded such expert (``load
+    [E]``, ties: lower slot) is dropped; every expert keeps at least one replica. Slot ids are
+    unchanged, so a table over it routes on ``placement``."""
+    se = placement.slot_expert.copy()
+    count = placement.replica_count.astype(np.int64).copy()
+    active = (se >= 0).sum(1)
+    floor = -(-placement.num_experts // placement.ranks)  # no GPU can do with fewer
+    load = np.asarray(load, float)
+    while True:
+        droppable = (se >= 0) & (count[np.maximum(se, 0)] > 1)
+        busy = np.where(droppable.any(1), active, -1)
+        g = int(np.argmax(busy))
+        if busy[g] <= floor:
+            break
+        cand = np.flatnonzero(droppable[g])
+        s = int(cand[np.argmin(load[se[g, cand]])])
+        count[se[g, s]] -= 1
+        se[g, s] = -1
+        active[g] -= 1
+    return Placement(se, placement.num_experts, placement.gpus_per_node)
 
 
 def route_by_table(topk_ids: np.ndarray, table: RoutingTable) -> Routing:
@@ -140,6 +172,31 @@ def _lookup(ids: np.ndarray, src: np.ndarray, index: np.ndarray, table: RoutingT
     pick = (sh <= u[..., None]).sum(-1)
     slot = np.take_along_axis(table.choices[src, e], pick[..., None], axis=-1)[..., 0]
     return np.where(ids < 0, -1, slot).astype(np.int32)
+
+
+def _spread(assigned: np.ndarray, placement: Placement, multi: np.ndarray) -> np.ndarray:
+    """The water-fill's ``assigned [G, M, C]`` (units per source, expert of ``multi`` and replica)
+    with each block of flows from the GPUs of one node to the replicas on one node spread in
+    proportion (``rows x columns / total``): every replica keeps its load, every node pair its
+    volume and every GPU its own-GPU flows, but a source no longer sends all of an expert to one
+    GPU of a node, so no GPU pair's link carries a source's whole demand. Returns float ``[G, M, C]``."""
+    G, M, C = assigned.shape
+    L, S = placement.gpus_per_node, placement.slots_per_rank
+    N = G // L
+    reps = placement.replicas[multi]  # [M, C]
+    rep_rank = np.where(reps >= 0, reps // S, -1)
+    rep_node = np.where(reps >= 0, rep_rank // L, -1)
+    own = rep_rank[None] == np.arange(G)[:, None, None]  # [G, M, C]
+    flow = np.where(own, 0, assigned).astype(float)
+    col = flow.reshape(N, L, M, C).sum(1)  # [N, M, C]: each replica's inflow from each source node
+    out = np.where(own, assigned, 0).astype(float)
+    for n in range(N):  # destination node
+        at_n = (rep_node == n)[None]  # [1, M, C]
+        row = np.where(at_n, flow, 0).sum(2)  # [G, M]: each source's flow into node n
+        tot = row.reshape(N, L, M).sum(1)  # [N, M]
+        frac = np.where(at_n, col, 0) / np.where(tot > 0, tot, 1)[:, :, None]  # [N, M, C]
+        out += np.where(at_n, row[:, :, None] * np.repeat(frac, L, axis=0), 0)
+    return out
 
 
 def _check_demand(placement: Placement, demand, gpus_per_node: int) -> np.ndarray:
