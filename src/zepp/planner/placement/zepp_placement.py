@@ -53,8 +53,9 @@ def place_zepp(hist, gpus_per_node: int, extra: int = 2) -> Placement:
     On a rack-scale node (``gpus_per_node > BOARD_GPUS``) "node" reads "GPU of the node" in the
     caps: step 1 caps ``c_e`` at ``N * L``, steps 2-3 let a node take up to ``L`` copies of an
     expert, and step 4 deals each node's copies greedily (next copy in descending share to the GPU
-    with the fewest filled slots, then the lowest accumulated share, then the lowest index, among
-    those not holding the expert yet), so the copies of an expert sit on different GPUs.
+    with the lowest accumulated share, then the fewest filled slots, then the lowest index, among
+    those with a free slot not holding the expert yet: longest-processing-time-first packing), so
+    the copies of an expert sit on different GPUs and the GPUs' shares come out even.
 
     Choices where the paper is silent (written down here):
 
@@ -201,9 +202,9 @@ def _deal_snake(on_node: np.ndarray, share: list[int], L: int, S: int) -> np.nda
 
 def _deal_distinct(held: np.ndarray, share: list[int], L: int, S: int) -> np.ndarray:
     """``slot_expert [N*L, S]`` for a rack-scale node: each node's copies (``held [N, E]`` per
-    expert) in descending ``share`` (ties: lower id), each to the GPU with the fewest filled slots,
-    then the lowest accumulated share, then the lowest index, among the GPUs with a free slot that
-    do not hold the expert yet (a copy with no such GPU is dropped: its slot stays ``-1``)."""
+    expert) in descending ``share`` (ties: lower id), each to the GPU with the lowest accumulated
+    share, then the fewest filled slots, then the lowest index, among the GPUs with a free slot
+    that do not hold the expert yet (a copy with no such GPU is dropped: its slot stays ``-1``)."""
     n_nodes = held.shape[0]
     slot_expert = np.full((n_nodes * L, S), -1, dtype=np.int32)
     for n in range(n_nodes):
@@ -216,7 +217,7 @@ def _deal_distinct(held: np.ndarray, share: list[int], L: int, S: int) -> np.nda
                 cand = [g for g in range(L) if filled[g] < S and e not in holds[g]]
                 if not cand:
                     break
-                g = min(cand, key=lambda g: (filled[g], acc[g], g))
+                g = min(cand, key=lambda g: (acc[g], filled[g], g))
                 slot_expert[n * L + g, filled[g]] = e
                 filled[g] += 1
                 acc[g] += share[e]
