@@ -135,6 +135,21 @@ _ROWS = (
     System("sglang-deepep-normal", "EPLB replicas, SGLang static dispatch, DeepEP normal kernels (NIC once per node, reduced combine)",
            "SGLang + DeepEP normal mode (prefill)", "eplb", "locality", "relay", "reduce", mechanics="deepep-normal",
            executors=("plan", "sim")),
+    # SGLang 0.5.23's --ep-dispatch-algorithm lp (read in its wheel: sglang/srt/eplb/lplb_solver.py,
+    # expert_location_dispatch.py): DeepSeek's LPLB solved per batch over the EPLB placement,
+    # each entry drawing a copy with the LP's shares (zepp.planner.routing.lp_routing); the
+    # solver's time is the lplb planning model (zepp/data/lp_solver.json).
+    System("sglang-lp", "SGLang + DeepEP + EPLB with the lp dispatch (per-batch LP over redundant experts): "
+           "low-latency kernels up to 256 tokens per GPU, normal kernels above",
+           "SGLang --moe-a2a-backend deepep --deepep-mode auto --enable-eplb --ep-dispatch-algorithm lp",
+           "eplb", "lp", "relay", "reduce", mechanics="by-tokens", planning="lplb",
+           best_of=("sglang-lp-ll", "sglang-lp-normal"), switch_tokens=256, executors=("plan", "sim")),
+    System("sglang-lp-ll", "EPLB replicas, SGLang lp dispatch (DeepSeek LPLB), DeepEP low-latency kernels",
+           "SGLang + DeepEP low-latency mode, --ep-dispatch-algorithm lp (decode)", "eplb", "lp", "a2av", "a2av",
+           mechanics="deepep-ll", planning="lplb", executors=("plan", "sim")),
+    System("sglang-lp-normal", "EPLB replicas, SGLang lp dispatch (DeepSeek LPLB), DeepEP normal kernels",
+           "SGLang + DeepEP normal mode, --ep-dispatch-algorithm lp (prefill)", "eplb", "lp", "relay", "reduce",
+           mechanics="deepep-normal", planning="lplb", executors=("plan", "sim")),
     System("vllm-eplb", "vLLM + EPLB: pseudo-random replica per entry over DeepEP, low-latency up to 256 tokens per GPU",
            "vLLM --enable-eplb with the DeepEP all2all backends", "eplb", "random", "relay", "reduce",
            mechanics="by-tokens", best_of=("vllm-eplb-ll", "vllm-eplb-normal"), switch_tokens=256,

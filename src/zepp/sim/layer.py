@@ -38,6 +38,7 @@ from zepp.planner.grouping import (Messages, arrival_stage, combine_wave, dispat
 from zepp.planner.intsort import sorted_with_order
 from zepp.model import MoESpec
 from zepp.planner.types import FlowPlan, Hops
+from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, piece_counts
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.engine import SimulationError, TaskGraph
 from zepp.sim.mechanics import Mechanics, Net
@@ -221,6 +222,8 @@ class LayerBuilder:
 
     def phase_messages(self, h: Hops, mode: str, kind: str, row_bytes: float) -> Messages:
         m = messages(h, self.R)
+        if self.mech.chunked:
+            return self.chunked_messages(h, m, kind, row_bytes)
         m.entry_task = np.zeros(m.rows.size, np.int64)
         m.exit_task = np.zeros(m.rows.size, np.int64)
         serial_stage = np.isin(m.stage, self.mech.serial_stages) if mode == "serial" else np.zeros(m.rows.size, bool)
@@ -238,19 +241,39 @@ class LayerBuilder:
             self.chain_serial(m, np.flatnonzero(serial_stage))
         return m
 
-    def stage_deps(self, h: Hops, m: Messages) -> None:
-        """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``."""
+    def chunked_messages(self, h: Hops, m: Messages, kind: str, row_bytes: float) -> Messages:
+        """``phase_messages`` of ``Mechanics.chunked``: GPU-initiated puts, a message on a relay
+        path cut into pieces that a forwarder passes on as they land (``zepp.sim.chunks``)."""
+        m.pairs = self.stage_pairs(h, m)
+        nvl, rdma = chunk_tokens(self.R, kind)
+        cross = (m.src // self.L) != (m.dst // self.L)
+        m.pieces = piece_counts(m.rows, cross, *m.pairs, nvl, rdma)
+        fixed = np.where(cross, self.net.put(self.R), self.cl.nvlink_msg_cost)
+        m.entry_task, m.exit_task = add_pieces(self.g, m.src, m.dst, m.rows * row_bytes, fixed, m.pieces, kind)
+        return m
+
+    def stage_pairs(self, h: Hops, m: Messages) -> tuple[np.ndarray, np.ndarray]:
+        """``(pre, post)`` message pairs: ``post`` (stage ``s``, from ``x``) carries a row that
+        ``pre`` (an earlier stage) delivers to ``x``."""
         T = self.T
         later = np.flatnonzero(h.stage > 0)
         if later.size == 0:
-            return
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
         key_in = (h.dst[early].astype(np.int64) * self.R + h.owner[early]) * T + h.token[early]
         key_out = (h.src[later].astype(np.int64) * self.R + h.owner[later]) * T + h.token[later]
         i, j = _join(key_in, key_out)
         i, j = early[i], later[j]
         ok = h.stage[i] < h.stage[j]
-        a, b = _unique_pairs(m.hop_msg[i[ok]], m.hop_msg[j[ok]])
+        return _unique_pairs(m.hop_msg[i[ok]], m.hop_msg[j[ok]])
+
+    def stage_deps(self, h: Hops, m: Messages) -> None:
+        """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``
+        (piece by piece where the messages are cut into pieces)."""
+        if m.pieces is not None:
+            link_pieces(self.g, m.entry_task, m.pieces, *m.pairs)
+            return
+        a, b = self.stage_pairs(h, m)
         self.g.after(m.exit_task[a], m.entry_task[b])
         if self.mech.stage_node_barrier:
             for s in range(1, int(h.stage.max()) + 1):

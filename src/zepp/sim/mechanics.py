@@ -132,6 +132,8 @@ class Mechanics:
       model's dtype); the combine always moves the model's dtype.
     - ``serial_put``: seconds of fixed cost of one cross-node put of the ``serial`` stages where
       the system's own measured figure is known (``None``: the calibrated ``Net.put(W)``).
+    - ``chunked``: messages on a relay path move as a stream of chunks and a forwarder passes
+      each chunk on as it lands (DeepEP's normal kernels; ``zepp.sim.chunks``).
     - ``sim_cost``: CPU time of simulating a layer with these mechanics relative to
       ``serial-barrier``'s (16 nodes, K2, 4 MB; measured once): only ``zepp bench``'s progress
       estimate and the order of its units of work read it, never a simulated figure.
@@ -156,6 +158,7 @@ class Mechanics:
     dispatch_value_bytes: float | None = None
     gemm2_splits: int = 1
     serial_put: float | None = None
+    chunked: bool = False
     sim_cost: float = 1.0
 
 
@@ -216,9 +219,9 @@ MECHANICS: dict[str, Mechanics] = {
     # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
     # rounds, each ending in a world barrier, are the fast-rounds phase; one GEMM after them).
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35),
-    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), sim_cost=0.8),
+    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), chunked=True, sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
-    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves"),
+    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves", chunked=True),
     "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=0,
                                 sim_cost=1.0),
 }

@@ -5,10 +5,10 @@ replica of the entry's expert. ``ROUTINGS`` below names the choices with their o
 (the registry's and ``zepp systems``' table); ``route`` runs one by name. One module per family:
 ``simple_routing`` (``home``, ``replica-rr``, ``locality``, ``fixed``, ``dynamic``, ``random``:
 a replica from the placement alone), ``zepp_routing`` and ``zepp_vacate`` (Zepp's water-fill
-and vacate pass), ``moonep_routing`` (MoonEP's per-batch balance, with its own placement);
-``table_routing`` (``zepp-table``: Zepp's water-fill run once per placement over the history's
-expected demand, a batch routed by table lookup); ``base_routing`` holds the batch check and
-what they share.
+and vacate pass), ``lp_routing`` (SGLang's ``lp`` dispatch, DeepSeek's LPLB), ``moonep_routing``
+(MoonEP's per-batch balance, with its own placement); ``table_routing`` (``zepp-table``: Zepp's
+water-fill run once per placement over the history's expected demand, a batch routed by table
+lookup); ``base_routing`` holds the batch check and what they share.
 
 An id of ``-1`` is a missing entry (padding); it gets slot ``-1`` and counts for no load. All
 choices are vectorised numpy over entries; loops run over ranks, replicas or rounds only.
@@ -23,6 +23,7 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 from zepp.planner.routing.base_routing import check_batch, entry_hash, position_in_group
+from zepp.planner.routing.lp_routing import route_lp
 from zepp.planner.routing.moonep_routing import moonep_plan, route_moonep
 from zepp.planner.routing.simple_routing import (route_dynamic, route_fixed, route_home, route_locality, route_random,
                                                  route_replica_rr)
@@ -62,6 +63,9 @@ _CHOICES = {
     "zepp": _Choice(route_zepp, "rotation water-fill under relaxed replica-load bounds, then the vacate pass "
                                 "(PAPER.md 2.2)"),
     "moonep": _Choice(route_moonep, "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots"),
+    "lp": _Choice(route_lp, "SGLang lp (DeepSeek LPLB): per batch an LP splits each replicated expert's global "
+                            "count over its copies to minimise the busiest GPU; each entry draws a copy with "
+                            "those shares"),
     TABLE_ROUTING: _Choice(None, "Zepp's water-fill run once per placement over the history's expected demand; "
                                  "a batch routes by table lookup (replica shares per source GPU and expert)"),
     LEAN_TABLE_ROUTING: _Choice(None, "zepp-table over the fewest replicas that leave every GPU the fewest slots with "
