@@ -185,7 +185,7 @@ _ROWS = (
            "token crosses the NIC once per node to the GPU of its local index, which forwards it over NVLink; "
            "partials reduced in the node before the NIC",
            "Zepp variant (low-latency kernels, table routing, node merge)", "zepp", "zepp-table", "relay", "reduce",
-           mechanics="deepep-ll", planning="zepp-table", executors=("sim",)),
+           mechanics="deepep-ll-relay", planning="zepp-table", executors=("sim",)),
     System("zepp-deepep-normal", "Zepp's placement, routing and transport over DeepEP's normal-kernel figures",
            "Zepp variant (DeepEP normal)", "zepp", "zepp", "zepp", "reduce", mechanics="deepep-normal", planning="zepp",
            executors=("plan", "sim")),

@@ -38,10 +38,12 @@ DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections
   both ways (``dedup``, outputs of a token's experts on one GPU summed there), and GEMM 2 in
   column splits (as many as ``zepp.planner.granularity.column_splits`` chooses per batch) whose
   epilogues send their slice of the partials at once, so the combine overlaps the rest of GEMM 2
-  (weights still read once; a launch and a message per split). ``deepep-ll`` with the ``relay`` /
-  ``reduce`` transports is a hierarchical low-latency kernel (GPU-initiated, worst-case buffers,
-  no host sync, as NVIDIA's Hybrid-EP): a token crosses the NIC once per node and is forwarded
-  over NVLink there; partials are reduced in the node before the NIC.
+  (weights still read once; a launch and a message per split).
+- ``deepep-ll-relay``: a hierarchical low-latency kernel for Zepp's table-routed ``relay`` /
+  ``reduce`` variant (one kernel per phase, GPU-initiated, worst-case buffers, no host sync, as
+  NVIDIA's Hybrid-EP): a token crosses the NIC once per node to the GPU of its local index, which
+  forwards it over NVLink chunk by chunk as it arrives (``chunked``, DeepEP's normal-kernel
+  pipelining); partials are reduced in the node before the NIC.
 - ``deepep-overlap``: ``deepep-normal``'s figures with Zepp's dispatch groups and combine waves
   (Zepp's overlap on DeepEP's transport, not a DeepEP kernel).
 """
@@ -222,6 +224,7 @@ MECHANICS: dict[str, Mechanics] = {
     "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), chunked=True, sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
     "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves", chunked=True),
+    "deepep-ll-relay": Mechanics(**_DEEPEP, kernel_calls=(1, 1), chunked=True, sim_cost=0.8),
     "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=0,
                                 sim_cost=1.0),
 }
