@@ -92,7 +92,8 @@ def test_choices_are_in_locality_order_and_shares_cumulative(case):
     last = valid.sum(2) - 1
     assert (np.take_along_axis(t.shares, last[:, :, None], 2) == SHARE_ONE).all()
     e_of = pl.slot_expert.ravel()[np.maximum(t.choices, 0)]
-    assert (np.where(valid, e_of, np.arange(pl.num_experts)[None, :, None]) == np.arange(pl.num_experts)[None, :, None]).all()
+    want = np.arange(pl.num_experts)[None, :, None]
+    assert (np.where(valid, e_of, want) == want).all()  # every choice holds its expert
 
 
 def test_a_gpu_keeps_its_own_entries_when_its_replica_has_room():

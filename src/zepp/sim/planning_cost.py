@@ -149,8 +149,8 @@ def _lplb(system, cluster, rank_entries: int) -> float:
 
 
 MODELS = {"none": _none, "zepp-table": _zepp_table, "fast-host": _fast_host, "comet-routing": _comet_routing,
-          "eplb-torch": _eplb_torch, "epic": _epic, "moonep": _moonep, "zepp": _zepp, "zepp+swap": functools.partial(_zepp, swaps=True),
-          "zepp+granularity": functools.partial(_zepp, granularity=True), "lplb": _lplb}
+          "eplb-torch": _eplb_torch, "epic": _epic, "moonep": _moonep, "zepp": _zepp,
+          "zepp+swap": functools.partial(_zepp, swaps=True), "zepp+granularity": functools.partial(_zepp, granularity=True), "lplb": _lplb}
 
 
 def _gather_loads(cluster, spec, rank_entries: int, net) -> float:

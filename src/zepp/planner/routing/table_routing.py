@@ -5,7 +5,8 @@ source GPU ``g`` sends to expert ``e``), ``build_routing_table`` runs Zepp's rot
 (``zepp_routing._WaterFill``: relaxed replica-load bounds ``[(1-C) q, (1+C) q]``, each source
 visiting its own GPU, then its node, then remote nodes) over the *expected* demand instead of a
 batch's entries, then spreads each (source node, replica node) block of flows in proportion
-(``_spread``: replica loads, node-pair volumes and own-GPU flows unchanged). The result, per (source GPU, expert), is a short list of replicas with shares:
+(``_spread``: replica loads, node-pair volumes and own-GPU flows unchanged). The result, per
+(source GPU, expert), is a short list of replicas with shares:
 ``choices [G, E, m]`` global slot ids in visit order (own GPU first; ``-1`` padding) and
 ``shares [G, E, m]`` cumulative thresholds out of ``SHARE_ONE = 65536`` (the last valid one is
 ``SHARE_ONE``; padding repeats it). The expected load of every replica then respects the bounds
