@@ -160,13 +160,32 @@ _ROWS = (
     System("vllm-eplb-normal", "EPLB replicas, vLLM's random replica choice, DeepEP normal kernels",
            "vLLM + EPLB, deepep_high_throughput (prefill)", "eplb", "random", "relay", "reduce",
            mechanics="deepep-normal", executors=("plan", "sim")),
-    System("zepp-deepep", "Zepp on DeepEP's kernels: the best of zepp-deepep-ll, zepp-deepep-normal and zepp-deepep-overlap",
+    System("zepp-deepep", "Zepp on DeepEP's kernels: the best of its table-routed low-latency variants, zepp-deepep-ll, "
+           "zepp-deepep-normal and zepp-deepep-overlap",
            "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",
-           planning="zepp", best_of=("zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
+           planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-lean", "zepp-deepep-table-relay",
+                                     "zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
            executors=("plan", "sim")),
     System("zepp-deepep-ll", "Zepp's placement and routing over DeepEP's low-latency kernels",
            "Zepp variant (DeepEP low-latency)", "zepp", "zepp", "a2av", "a2av", mechanics="deepep-ll", planning="zepp",
            executors=("plan", "sim")),
+    System("zepp-deepep-table", "Zepp's placement, its routing table looked up per entry on the device, DeepEP-style "
+           "low-latency kernels sending a token once per destination GPU (outputs summed there)",
+           "Zepp variant (low-latency kernels, table routing)", "zepp", "zepp-table", "dedup", "dedup",
+           mechanics="deepep-ll", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-cols", "zepp-deepep-table with GEMM 2 in column splits, each sending its slice of the "
+           "partials as it finishes (the combine overlaps GEMM 2)",
+           "Zepp variant (low-latency kernels, table routing, column-split combine)", "zepp", "zepp-table", "dedup",
+           "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-lean", "zepp-deepep-table-cols routed over the fewest replicas that leave every GPU the "
+           "fewest slots with work (a decode GEMM reads the weights of every slot it serves)",
+           "Zepp variant (low-latency kernels, lean table routing, column-split combine)", "zepp", "zepp-table-lean",
+           "dedup", "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-relay", "Zepp's placement and routing table over a hierarchical low-latency kernel: a "
+           "token crosses the NIC once per node to the GPU of its local index, which forwards it over NVLink; "
+           "partials reduced in the node before the NIC",
+           "Zepp variant (low-latency kernels, table routing, node merge)", "zepp", "zepp-table", "relay", "reduce",
+           mechanics="deepep-ll-relay", planning="zepp-table", executors=("sim",)),
     System("zepp-deepep-normal", "Zepp's placement, routing and transport over DeepEP's normal-kernel figures",
            "Zepp variant (DeepEP normal)", "zepp", "zepp", "zepp", "reduce", mechanics="deepep-normal", planning="zepp",
            executors=("plan", "sim")),

@@ -477,7 +477,7 @@ class _LayerTasks:
                 else self.group_of(w.owner, w.comp))
         self.tab1 = b.gemm_tasks(swapped * G + grp1, w.slot, 2 * G,
                                  lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
-        col_splits = self.L if mech.gemm2 == "columns" else 1
+        col_splits = self.L if mech.gemm2 == "columns" else mech.gemm2_splits if mech.gemm2 == "column-sends" else 1
         self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(w.owner, w.comp), w.slot, 2 * N,
                                  lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
         self.tab2_end = b.column_splits[-1] if col_splits > 1 else self.tab2
@@ -541,13 +541,18 @@ class _LayerTasks:
             self.combine_done = custom_combine(self.b, self._partials_ready())
             return
         b, g, mech, R, N = self.b, self.g, self.mech, self.R, self.N
-        h = self.work.combine
-        cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes))
-        # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves)
-        key = _uniq(cm.hop_msg * N + self.wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
-        msg, wv = key // N, key % N
+        h, splits = self.work.combine, 1
+        if mech.gemm2 == "column-sends":  # each GEMM 2 column split sends its slice of every partial
+            h, splits = _column_slices(h, mech.gemm2_splits), mech.gemm2_splits
+        cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes) / splits)
+        # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves); a
+        # column slice once its column split is done
+        part = h.msg.astype(np.int64) % splits
+        key = _uniq((cm.hop_msg * N + self.wave_of(h.owner.astype(np.int64), h.src.astype(np.int64))) * splits + part)
+        msg, wv, c = key // (N * splits), (key // splits) % N, key % splits
+        tabs = b.column_splits if splits > 1 else self.tab2_end[None]
         for sw in (0, 1):
-            t = self.tab2_end[sw * N + wv, cm.src[msg]]
+            t = tabs[c, sw * N + wv, cm.src[msg]]
             ok = t >= 0
             g.after(t[ok], cm.entry_task[msg[ok]])
         b.stage_deps(h, cm)
@@ -595,6 +600,16 @@ class _LayerTasks:
         if self.kc_combine is not None:
             g.after(self.kc_combine, red)
         self.out.update(gemm1=self.all1, gemm2=self.all2, reduce=red)
+
+
+def _column_slices(h: Hops, splits: int) -> Hops:
+    """A one-stage combine's hops, each repeated ``splits`` times as its column slices: slice ``c``
+    of a message is message ``msg * splits + c`` (``msg % splits`` names the slice), carrying
+    ``1 / splits`` of each row (the caller's row bytes)."""
+    if h.num_stages > 1:
+        raise SimulationError("column-sends mechanics need a one-stage combine (a2av or dedup)")
+    rep = Hops(**{f: np.repeat(getattr(h, f), splits) for f in Hops._fields()})
+    return split_by_key(rep, np.tile(np.arange(splits, dtype=np.int64), h.size))
 
 
 def dispatch_row_bytes(spec: MoESpec, mech: Mechanics) -> float:

@@ -122,6 +122,22 @@ def _zepp(system, cluster, rank_entries: int, swaps: bool = False, granularity: 
                          granularity=granularity)
 
 
+# ``zepp-table``: a batch routes by lookup in the routing table built once per placement
+# (zepp.planner.routing.table_routing): per entry of the rank's own batch an integer hash, a
+# compare against the entry's m cumulative shares and a gather of the pick, no host read. Counted:
+# TABLE_LOOKUP_KERNELS kernels (the hash, compare and gather fuse into one elementwise kernel over
+# the rank's entries; it runs on the device before the dispatch kernel) at the cluster's kernel
+# launch cost, plus the bytes it moves at HBM rate (ids in, m shares and m choices read, slot out).
+# Nothing is gathered first: the table is local and the low-latency kernels exchange their counts
+# themselves (their own flag waits, zepp.sim.mechanics kernel_calls).
+TABLE_LOOKUP_KERNELS = 1
+TABLE_LOOKUP_BYTES_PER_ENTRY = 4 + 4 + 2 * 4 * 4  # id, slot, 4 shares and 4 choices (int32; m <= 4 read)
+
+
+def _zepp_table(system, cluster, rank_entries: int) -> float:
+    return TABLE_LOOKUP_KERNELS * cluster.kernel_launch + rank_entries * TABLE_LOOKUP_BYTES_PER_ENTRY / cluster.hbm_bw
+
+
 @functools.lru_cache(maxsize=1)
 def lp_solver_data() -> dict:
     """The LPLB solver record (``zepp/data/lp_solver.json``)."""
@@ -132,9 +148,9 @@ def _lplb(system, cluster, rank_entries: int) -> float:
     return float(lp_solver_data()["solver_s"]) + cluster.kernel_launch
 
 
-MODELS = {"none": _none, "fast-host": _fast_host, "comet-routing": _comet_routing, "eplb-torch": _eplb_torch,
-          "epic": _epic, "moonep": _moonep, "zepp": _zepp, "zepp+swap": functools.partial(_zepp, swaps=True),
-          "zepp+granularity": functools.partial(_zepp, granularity=True), "lplb": _lplb}
+MODELS = {"none": _none, "zepp-table": _zepp_table, "fast-host": _fast_host, "comet-routing": _comet_routing,
+          "eplb-torch": _eplb_torch, "epic": _epic, "moonep": _moonep, "zepp": _zepp,
+          "zepp+swap": functools.partial(_zepp, swaps=True), "zepp+granularity": functools.partial(_zepp, granularity=True), "lplb": _lplb}
 
 
 def _gather_loads(cluster, spec, rank_entries: int, net) -> float:
@@ -161,7 +177,10 @@ def _allreduce_counts(cluster, spec, rank_entries: int, net) -> float:
 
 
 # what each model gathers before it plans (default: the loads)
-GATHERS = {"moonep": _gather_topk_ids, "lplb": _allreduce_counts}
+
+
+GATHERS = {"moonep": _gather_topk_ids, "lplb": _allreduce_counts,
+           "zepp-table": lambda cluster, spec, rank_entries, net: 0.0}
 
 
 def planning_seconds(model: str, system, cluster, spec, tokens_per_rank: int, net) -> tuple[float, float]:
