@@ -37,6 +37,7 @@ RUN = ["run", "--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--exp
 GEN = ["generate", "--nodes", "1", "--gpus-per-node", "2", "--system", "a2av", "--input-ids", "{prompts}",
        "--max-new-tokens", "4"]
 GEN_CK = GEN + ["--checkpoint", "{ck}"]
+ABLATION = ["ablation", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5", "--iters", "1"]
 
 # ----------------------------------------------------------------------------- the cases
 # (category, argv); placeholders in braces are fixtures made by ``_materialise``
@@ -73,6 +74,11 @@ NUMBERS = [  # finite, in range, integers where counts are meant, seeds non-nega
     GEN_CK + ["--threads", "100000"], GEN_CK + ["--extra", "-1"], GEN_CK + ["--relaxation", "inf"],
     ["cluster", "up", "--nodes", "0"], ["cluster", "up", "--nic-mtu", "0"], ["cluster", "check", "--timeout", "nan"],
     ["cluster", "check", "--timeout", "0"],
+    ABLATION + ["--seed", "-1"], ABLATION + ["--period", "0"], ABLATION + ["--nodes", "0"],
+    ABLATION + ["--budget-mb", "nan"], ABLATION + ["--iters", "0"], ABLATION + ["--schedules", "rotating,,unseen"],
+    ABLATION + ["--schedules", "nosuch"], BENCH + ["--nodes", "1,,2"], BENCH + ["--budgets", ","],
+    BENCH + ["--schedule", "nosuch"], SMALL_PLAN + ["--schedule", "drifting"], TIMELINE + ["--schedule", "x"],
+    RUN + ["--schedule", "rotate"],
 ]
 
 OUTPUTS = [  # the folder exists and is writable, the path is not a folder, the writer supports the suffix
@@ -84,6 +90,7 @@ OUTPUTS = [  # the folder exists and is writable, the path is not a folder, the 
     BENCH + ["--json", "{out}"], BENCH + ["--json", "/proc/zepp-b.json"], BENCH + ["--plot", "{out}/b.xyz"],
     BENCH + ["--plot", "{out}/b"], BENCH + ["--plot", "{out}"], BENCH + ["--plot", "/nonexistent-zepp/b.png"],
     BENCH + ["--json", "{out}/b.json", "--plot", "{out}/b.docx"],
+    ABLATION + ["--plot", "{out}/a.xyz"], ABLATION + ["--json", "{out}"], ABLATION + ["--plot", "/proc/zepp-a.png"],
     TIMELINE + ["--out", "{out}/t.xyz"], TIMELINE + ["--out", "{out}/t"], TIMELINE + ["--out", "{out}"],
     TIMELINE + ["--out", "/proc/zepp-t.png"], TIMELINE + ["--out", "{afile}/t.png"],
     PLACE + ["--out", "{out}"], PLACE + ["--out", "/proc/zepp-p.json"], PLACE + ["--report", "{out}"],
@@ -153,7 +160,7 @@ CASES = [(cat, argv) for cat, rows in CATEGORIES.items() for argv in rows]
 def test_the_table_holds_150_cases_over_every_command():
     commands = {argv[0] for _, argv in CASES}
     assert len(CASES) >= 150, len(CASES)
-    assert {"bench", "plan", "timeline", "run", "generate", "place", "cluster", "systems"} <= commands
+    assert {"bench", "plan", "timeline", "run", "generate", "place", "cluster", "systems", "ablation"} <= commands
 
 
 # ----------------------------------------------------------------------------- fixtures

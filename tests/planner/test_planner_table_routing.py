@@ -10,7 +10,7 @@ from hypothesis import given
 
 from planner_cases import SETTINGS, random_placement, routing_case, routing_cases, skewed_batch
 from zepp.errors import ZeppInputError
-from zepp.planner.routing import (ROUTINGS, RoutingTable, build_routing_table, rank_slots, route, route_by_table)
+from zepp.planner.routing import ROUTINGS, build_routing_table, rank_slots, route, route_by_table
 from zepp.planner.routing.table_routing import SHARE_ONE, expected_slot_loads
 from zepp.planner.torch.table_routing import rank_slots_torch, table_tensors
 from zepp.planner.types import Placement

@@ -28,7 +28,7 @@ def mixtral(tmp_path_factory):
 
 def _stacked_copy(src, dst) -> dict:
     """``src`` rewritten with transformers 5's stacked expert tensors; returns the tensors."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     dst.mkdir()
     (dst / "config.json").write_text((src / "config.json").read_text())

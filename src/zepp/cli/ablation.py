@@ -17,7 +17,7 @@ from zepp.traces.schedules import DEFAULT_PERIOD, SCHEDULES, check_schedule
 def _check(cluster, nodes, gpus_per_node, model, budget_mb, traces_dir, schedules, iters, period, seed,
            json_path, plot_path) -> tuple:
     """Every option checked before any work: the schedules, the numbers, the shapes, the paths."""
-    from zepp.launch.checks import check_number, check_output_path
+    from zepp.launch.checks import check_number, check_output_path, check_sim_numbers, plot_suffixes
     from zepp.sim import bench_table as table
     from zepp.sim.calibrate import calibrated
 
@@ -26,14 +26,12 @@ def _check(cluster, nodes, gpus_per_node, model, budget_mb, traces_dir, schedule
         check_schedule(s, "--schedules")
     if len(set(names)) != len(names):
         raise ZeppInputError(f"--schedules {schedules!r}: a schedule is named twice; name each once")
-    check_number("--iters", iters, 1, integer=True)
-    check_number("--period", period, 1, integer=True)
-    check_number("--nodes", nodes, 1, integer=True)
-    check_number("--gpus-per-node", gpus_per_node, 1, integer=True)
-    check_number("--budget-mb", budget_mb, 0, lo_open=True)
-    for path, opt in ((json_path, "--json"), (plot_path, "--plot")):
-        if path:
-            check_output_path(path, opt)
+    check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, iters=iters, seed=seed)
+    check_number("--period", period, 1, 10**6, integer=True)
+    if json_path is not None:
+        check_output_path(json_path, "--json")
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot", plot_suffixes())
     calibrated(cluster, 1, gpus_per_node=gpus_per_node)
     table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
     table.check_traces(traces_dir, [model], seed)

@@ -28,12 +28,15 @@ def csv_option(option: str, value, cast) -> tuple | None:
     """A comma-separated option's values (``None`` when not given); one error naming the option."""
     if value is None:
         return None
+    parts = [v.strip() for v in str(value).split(",")]
+    if parts == [""]:
+        raise ZeppInputError(f"{option}: empty list; give one or more comma-separated values")
+    if "" in parts:
+        raise ZeppInputError(f"{option} {value!r}: an empty entry between commas; remove the extra comma")
     try:
-        out = tuple(cast(v) for v in str(value).split(",") if v.strip())
+        out = tuple(cast(v) for v in parts)
     except ValueError:
         raise ZeppInputError(f"{option}: expected a comma-separated list, got {value!r}") from None
-    if not out:
-        raise ZeppInputError(f"{option}: empty list")
     return out
 
 
