@@ -20,7 +20,6 @@ them with ``zepp.emulate.linkcal``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import input_file, read_bytes
+from zepp.files import DuplicateKey, input_file, json_unique, read_bytes, yaml_unique
 
 # figures that must be positive (a zero bandwidth or peak would divide by zero)
 _POSITIVE_FIELDS = ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max")
@@ -198,12 +197,9 @@ def _read_mapping(p: Path) -> dict:
     raw = read_bytes(p)
     is_json = p.suffix.lower() == ".json"
     try:
-        if is_json:
-            obj = json.loads(raw)
-        else:
-            import yaml
-
-            obj = yaml.safe_load(raw)
+        obj = json_unique(raw) if is_json else yaml_unique(raw)
+    except DuplicateKey as exc:
+        raise ZeppInputError(f"{p}: field {exc.args[0]!r} is given twice; keep one line for it") from None
     except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ZeppInputError(f"{p}: not valid {'JSON' if is_json else 'YAML'} ({first})") from None

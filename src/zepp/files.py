@@ -61,6 +61,42 @@ def read_bytes(p: Path) -> bytes:
         raise ZeppInputError(f"{p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
 
 
+class DuplicateKey(ValueError):
+    """A mapping in a JSON or YAML text names one key twice (``args[0]``: the key)."""
+
+
+def _unique_pairs(pairs: list) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def json_unique(raw: bytes | str):
+    """``json.loads`` that raises :class:`DuplicateKey` where a mapping names a key twice (JSON
+    and YAML parsers otherwise keep the last value without a word)."""
+    return json.loads(raw, object_pairs_hook=_unique_pairs)
+
+
+def yaml_unique(raw: bytes | str):
+    """``yaml.safe_load`` that raises :class:`DuplicateKey` where a mapping names a key twice."""
+    import yaml
+
+    nodes = [yaml.compose(raw, Loader=yaml.SafeLoader)]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            if len(set(keys)) != len(keys):
+                raise DuplicateKey(next(k for i, k in enumerate(keys) if k in keys[:i]))
+            nodes.extend(v for _, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            nodes.extend(node.value)
+    return yaml.safe_load(raw)
+
+
 def read_json(path, what: str, expect: str = ".json"):
     """The parsed content of a JSON file, opened through :func:`input_file` (``what``, ``expect``
     name it in messages); a file that cannot be read or parsed is one line ``PATH: not valid JSON (...)``."""

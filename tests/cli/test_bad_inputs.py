@@ -126,13 +126,14 @@ CLUSTER_TEXTS = [
     "nic_msg_cost: 1e30", "nvlink_msg_cost: 1", "nvlink_bw: 1e-300", "nic_bw: 0", "nic_bw: .nan", "nic_bw: .inf",
     "peak_flops: 1e30", "hbm_bw: -1", "kernel_launch: -1e-6", "nvlink_bw: fast", "nvlink_bw: true",
     "nodes: 0", "nodes: 2.5", "gpus_per_node: 100000", "gpus_per_node: 0", "nic_speed: 3", "base: tpu",
-    "name: ''", "nvlink_bw: [1, 2]", "nodes: [1", "- 1\n- 2", "just text",
+    "name: ''", "nvlink_bw: [1, 2]", "nodes: [1", "- 1\n- 2", "just text", "nic_bw: 2.0e10\nnic_bw: 4.0e10",
 ]
 CLUSTER_FILES = ([SMALL_PLAN + ["--cluster-file", "{cluster:" + t + "}"] for t in CLUSTER_TEXTS]
                  + [PLACE + ["--cluster-file", "{cluster:" + t + "}"] for t in CLUSTER_TEXTS[:12]]
                  + [SMALL_PLAN + ["--cluster-file", "{cluster.json:{\"nic_bw\": NaN}}"],
                     SMALL_PLAN + ["--cluster-file", "{cluster.json:{\"nic_bw\": -1}}"],
                     SMALL_PLAN + ["--cluster-file", "{cluster.json:[1, 2]}"],
+                    SMALL_PLAN + ["--cluster-file", "{cluster.json:{\"nic_bw\": 2e10, \"nic_bw\": 4e10}}"],
                     SMALL_PLAN + ["--cluster-file", "{out}"], PLACE + ["--cluster-file", "/nonexistent-zepp.yaml"],
                     SMALL_PLAN + ["--cluster-file", "{cluster:nodes: 8}"],  # the file and --nodes 2 disagree
                     PLACE + ["--cluster-file", "{cluster:gpus_per_node: 8}"],
