@@ -38,7 +38,7 @@ from zepp.planner.grouping import (Messages, arrival_stage, combine_wave, dispat
 from zepp.planner.intsort import sorted_with_order
 from zepp.model import MoESpec
 from zepp.planner.types import FlowPlan, Hops
-from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, piece_counts
+from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, order_sends, piece_counts, send_classes
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.engine import SimulationError, TaskGraph
 from zepp.sim.mechanics import Mechanics, Net
@@ -250,6 +250,11 @@ class LayerBuilder:
         m.pieces = piece_counts(m.rows, cross, *m.pairs, nvl, rdma)
         fixed = np.where(cross, self.net.put(self.R), self.cl.nvlink_msg_cost)
         m.entry_task, m.exit_task = add_pieces(self.g, m.src, m.dst, m.rows * row_bytes, fixed, m.pieces, kind)
+        if self.mech.ordered_sends and kind == "dispatch":  # messages carry one owner node's rows (split_messages)
+            owner_node = np.zeros(m.rows.size, np.int64)
+            owner_node[m.hop_msg] = h.owner // self.L
+            order_sends(self.g, m.src, cross, send_classes(owner_node, m.dst, self.L, self.N), m.entry_task,
+                        m.exit_task, self.R)
         return m
 
     def stage_pairs(self, h: Hops, m: Messages) -> tuple[np.ndarray, np.ndarray]:
