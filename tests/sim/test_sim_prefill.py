@@ -88,3 +88,42 @@ def test_zepp_deepep_lp_is_charged_the_lp_solve_and_zepps_flows_without_the_wate
     assert flows < zepp_planning("zepp", "reduce", False, entries, cl.hbm_bw)
     _, zepp_plan = planning_seconds("zepp", replace(s, routing="zepp"), cl, spec, T, net)
     assert prologue - planning == pytest.approx(planning_seconds("zepp", s, cl, spec, T, net)[0] - zepp_plan)
+
+
+def test_pre_dispatched_rows_are_exactly_those_no_plan_can_reroute():
+    """Flagged hops go from the owner, inside its node, to the GPU holding the single copy of one
+    of the token's experts; every such direct hop of the plan is flagged."""
+    from zepp.sim.layer import LayerWork
+    from zepp.sim.predispatch import plan_free_hops, single_copy_slots
+
+    cfg = skewed_config(tokens=128)
+    plan = Shared().plan(registry.system("zepp-deepep-lp"), cfg, 0)
+    w = LayerWork.of(plan)
+    P, R, L, T = plan.routing.placement, cfg.cluster.ranks, cfg.cluster.gpus_per_node, 128
+    single = single_copy_slots(P)
+    assert single.sum() == (P.replica_count[P.slot_expert[P.slot_expert >= 0]] == 1).sum()
+    assert 0 < single.sum() < single.size
+    h = w.dispatch
+    free = plan_free_hops(h, w.owner, w.token, w.comp, w.slot, single, R, T, L)
+    assert free.any() and not free.all()
+    held = {(int(c), int(o), int(t)) for c, o, t, s in zip(w.comp, w.owner, w.token, w.slot) if single[s]}
+    direct = (h.stage == 0) & (h.src == h.owner) & (h.src // L == h.dst // L)
+    want = np.array([d and (int(y), int(o), int(t)) in held for d, y, o, t in zip(direct, h.dst, h.owner, h.token)])
+    assert (free == want).all()
+
+
+def test_pre_dispatch_sends_only_after_the_gather_and_the_rest_after_planning():
+    from zepp.sim.run import simulate_plan
+
+    cfg = skewed_config(tokens=128)
+    s = registry.system("zepp-deepep-lp")
+    tl, planning, _ = simulate_plan(cfg, s, Shared().plan(s, cfg, 0), keep=True)
+    kind, label = np.array(tl.kind), np.array(tl.label)
+    plan_end = tl.end[kind == "plan"].min()
+    gather_end = tl.end[kind == "allgather"].max()
+    pre = label == "pre-dispatch"
+    assert pre.sum() == cfg.cluster.ranks and tl.start[pre].min() >= gather_end
+    moves = (kind == "dispatch") & ~pre & (label != "dispatch kernels")
+    early = moves & (tl.start < plan_end)
+    assert early.any()  # some rows travel during planning ...
+    assert (tl.rank[early] // 8 == np.array([int(r.split(">")[1]) if ">" in r else -1 for r in np.array(tl.resource)[early]]) // 8).all()  # ... over NVLink only
