@@ -161,10 +161,11 @@ _ROWS = (
            "vLLM + EPLB, deepep_high_throughput (prefill)", "eplb", "random", "relay", "reduce",
            mechanics="deepep-normal", executors=("plan", "sim")),
     System("zepp-deepep", "Zepp on DeepEP's kernels: the best of its table-routed low-latency variants, zepp-deepep-ll, "
-           "zepp-deepep-normal and zepp-deepep-overlap",
+           "zepp-deepep-normal, zepp-deepep-overlap and zepp-deepep-lp",
            "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",
-           planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-lean", "zepp-deepep-table-relay",
-                                     "zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
+           planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-lean",
+                                     "zepp-deepep-table-relay", "zepp-deepep-ll", "zepp-deepep-normal",
+                                     "zepp-deepep-overlap", "zepp-deepep-lp"),
            executors=("plan", "sim")),
     System("zepp-deepep-ll", "Zepp's placement and routing over DeepEP's low-latency kernels",
            "Zepp variant (DeepEP low-latency)", "zepp", "zepp", "a2av", "a2av", mechanics="deepep-ll", planning="zepp",
@@ -192,6 +193,9 @@ _ROWS = (
     System("zepp-deepep-overlap", "zepp-deepep-normal with Zepp's dispatch groups and combine waves",
            "Zepp variant (DeepEP normal + overlap)", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
            mechanics="deepep-overlap", planning="zepp", executors=("plan", "sim")),
+    System("zepp-deepep-lp", "zepp-deepep-overlap with the replicas of Zepp's placement balanced per batch by LPLB's LP "
+           "(GPU load) instead of the water-fill", "Zepp variant (DeepEP normal + overlap, LP balance)", "zepp", "lp",
+           "zepp", "reduce", overlap="zepp", mechanics="deepep-overlap", planning="zepp+lp", executors=("plan", "sim")),
     # ---- Zepp and its variants
     System("zepp", "Zepp: the best of zepp-a2av, zepp-overlap, zepp-auto and zepp-swap per configuration",
            "the paper's Zepp number (plus the per-batch granularity of issue 12)", "zepp", "zepp", "zepp", "reduce",

@@ -99,3 +99,40 @@ def link_pieces(g, first: np.ndarray, pieces: np.ndarray, pre: np.ndarray, post:
     ka = pieces[pre][pair]
     need = -(-(j + 1) * ka // kb[pair]) - 1
     g.after(first[pre][pair] + need, first[post][pair] + j)
+
+
+def send_classes(owner_node: np.ndarray, dst: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
+    """Send class ``[M]`` of dispatch messages carrying rows owned by node ``owner_node [M]`` to
+    ``dst [M]``: ``(owner node - dst node) % nodes``. Rows of the destination's own node are
+    class 0; rows from another node are ``g - 1`` where ``g`` is their dispatch group at the
+    destination's node (``zepp.planner.grouping.dispatch_group``), so a sender that sends its
+    classes in ascending order delivers each receiver's GEMM groups in the order it computes them."""
+    return (np.asarray(owner_node, np.int64) - np.asarray(dst, np.int64) // gpus_per_node) % nodes
+
+
+def order_sends(g, src: np.ndarray, cross: np.ndarray, cls: np.ndarray, first: np.ndarray, last: np.ndarray,
+                ranks: int) -> None:
+    """In-order sends: per source rank and link kind (NIC ``cross`` or NVLink), the messages of
+    send class ``c`` start (their first piece, ``first [M]``) after every message of the largest
+    present class below ``c`` has ended (its last piece, ``last [M]``): one zero-time join task
+    per (rank, link kind, class) that has a successor."""
+    span = int(cls.max(initial=0)) + 1
+    key = (np.asarray(src, np.int64) * 2 + cross) * span + cls  # (rank, link, class)
+    keys = np.unique(key)
+    if keys.size < 2:
+        return
+    same_lane = (keys[1:] // span) == (keys[:-1] // span)
+    pre_keys, post_keys = keys[:-1][same_lane], keys[1:][same_lane]
+    if pre_keys.size == 0:
+        return
+    joins = g.add_fixed(pre_keys // span // 2, np.zeros(pre_keys.size), kind="barrier", stream=None,
+                        label="send order")
+    joins = np.atleast_1d(joins)
+    jpos = np.full(ranks * 2 * span, -1, np.int64)
+    jpos[pre_keys] = np.arange(pre_keys.size)
+    before = jpos[key] >= 0  # messages of a class that a later class waits for
+    g.after(last[before], joins[jpos[key[before]]])
+    nxt = np.full(ranks * 2 * span, -1, np.int64)
+    nxt[post_keys] = np.arange(post_keys.size)
+    after = nxt[key] >= 0
+    g.after(joins[nxt[key[after]]], first[after])

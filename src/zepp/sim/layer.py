@@ -38,10 +38,11 @@ from zepp.planner.grouping import (Messages, arrival_stage, combine_wave, dispat
 from zepp.planner.intsort import sorted_with_order
 from zepp.model import MoESpec
 from zepp.planner.types import FlowPlan, Hops
-from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, piece_counts
+from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, order_sends, piece_counts, send_classes
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.engine import SimulationError, TaskGraph
 from zepp.sim.mechanics import Mechanics, Net
+from zepp.sim.predispatch import plan_free_hops, single_copy_slots
 
 # Event coarsening used for every simulated layer (see zepp.sim.engine): events closer than a
 # fraction of the elapsed time (0.05%) are merged and link shares within 0.1% count as one level.
@@ -73,12 +74,14 @@ class LayerWork:
     weight_copies: np.ndarray | None = None
     copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
     granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.granularity); None: per node
+    single_slots: np.ndarray | None = None  # [R * S] slots of single-copy experts (Mechanics.predispatch)
 
     @classmethod
     def of(cls, plan: FlowPlan, **kw) -> "LayerWork":
         """The layer plan of a ``FlowPlan`` (its routing's entries, its hop tables)."""
         r = plan.routing
         owner, token, comp, slot, entry = entries_of(r)
+        kw.setdefault("single_slots", single_copy_slots(r.placement))
         return cls(owner, token, comp, slot, entry, plan.dispatch, plan.combine, r.topk_ids.shape[1],
                    r.placement.slots_per_rank, **kw)
 
@@ -250,6 +253,11 @@ class LayerBuilder:
         m.pieces = piece_counts(m.rows, cross, *m.pairs, nvl, rdma)
         fixed = np.where(cross, self.net.put(self.R), self.cl.nvlink_msg_cost)
         m.entry_task, m.exit_task = add_pieces(self.g, m.src, m.dst, m.rows * row_bytes, fixed, m.pieces, kind)
+        if self.mech.ordered_sends and kind == "dispatch":  # messages carry one owner node's rows (split_messages)
+            owner_node = np.zeros(m.rows.size, np.int64)
+            owner_node[m.hop_msg] = h.owner // self.L
+            order_sends(self.g, m.src, cross, send_classes(owner_node, m.dst, self.L, self.N), m.entry_task,
+                        m.exit_task, self.R)
         return m
 
     def stage_pairs(self, h: Hops, m: Messages) -> tuple[np.ndarray, np.ndarray]:
@@ -420,7 +428,8 @@ class _LayerTasks:
         g, R = self.g, self.R
         total = np.broadcast_to(np.asarray(prologue, float), (R,))
         plan_part = np.zeros(R) if planning is None else np.broadcast_to(np.asarray(planning, float), (R,))
-        gather = g.add_fixed(np.arange(R), total - plan_part, kind="allgather", stream="host", label="all-gather")
+        gather = self.gather = g.add_fixed(np.arange(R), total - plan_part, kind="allgather", stream="host",
+                                           label="all-gather")
         self.pro = g.add_fixed(np.arange(R), plan_part, kind="plan", stream="host", label="plan")
         g.after(gather, self.pro)
         self.out["prologue"] = self.pro
@@ -434,6 +443,11 @@ class _LayerTasks:
         w, gran = self.work, self.work.granularity
         if self.mech.gemm1 == "arrival":
             w.dispatch = self._split(w.dispatch, None if gran is None else gran.groups, self.group_of, w.dispatch.dst)
+        self.free_hops = None
+        if self.mech.predispatch and w.single_slots is not None and w.dispatch.size:
+            self.free_hops = plan_free_hops(w.dispatch, w.owner, w.token, w.comp, w.slot, w.single_slots, self.R,
+                                            self.b.T, self.L)
+            w.dispatch = split_by_key(w.dispatch, self.free_hops.astype(np.int64))
         if self.mech.gemm2 == "waves":
             w.combine = self._split(w.combine, None if gran is None else gran.waves, self.wave_of, w.combine.src)
 
@@ -454,12 +468,18 @@ class _LayerTasks:
         b, g, mech, R, pro = self.b, self.g, self.mech, self.R, self.pro
         d = self.d = b.phase_messages(self.work.dispatch, mech.dispatch_puts, "dispatch",
                                       dispatch_row_bytes(b.spec, mech))
-        g.after(pro[d.src], d.entry_task)  # nothing leaves a rank before its planning is done
+        free = np.zeros(d.rows.size, bool)
+        if self.free_hops is not None:  # Mechanics.predispatch: one more kernel, after the gather
+            free[d.hop_msg[self.free_hops]] = True
+            pre = g.add_fixed(np.arange(R), np.full(R, self.call), kind="dispatch", stream=None, label="pre-dispatch")
+            g.after(self.gather, pre)
+            g.after(pre[d.src[free]], d.entry_task[free])
+        g.after(pro[d.src[~free]], d.entry_task[~free])  # nothing else leaves a rank before its planning is done
         if mech.kernel_calls[0]:
             self.kc_dispatch = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[0] * self.call), kind="dispatch",
                                            stream=None, label="dispatch kernels")
             g.after(pro, self.kc_dispatch)
-            g.after(self.kc_dispatch[d.src], d.entry_task)
+            g.after(self.kc_dispatch[d.src[~free]], d.entry_task[~free])
         b.stage_deps(self.work.dispatch, d)
         extra_tail = _extra_calls(b, d, pro, "dispatch")
         self.dispatch_done = _phase_end(g, b.net, R, mech.dispatch_barrier, d, extra_tail)

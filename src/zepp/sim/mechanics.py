@@ -136,6 +136,12 @@ class Mechanics:
       the system's own measured figure is known (``None``: the calibrated ``Net.put(W)``).
     - ``chunked``: messages on a relay path move as a stream of chunks and a forwarder passes
       each chunk on as it lands (DeepEP's normal kernels; ``zepp.sim.chunks``).
+    - ``ordered_sends``: (chunked mechanics with dispatch groups) each GPU sends its dispatch
+      messages per link kind one send class after another, so every receiver's groups land in
+      the order its GEMMs take them (``zepp.sim.chunks.order_sends``).
+    - ``predispatch``: rows no plan can reroute (straight to the single copy of an expert in the
+      owner's node) leave after the gather, during planning, in one more kernel call
+      (``zepp.sim.predispatch``).
     - ``sim_cost``: CPU time of simulating a layer with these mechanics relative to
       ``serial-barrier``'s (16 nodes, K2, 4 MB; measured once): only ``zepp bench``'s progress
       estimate and the order of its units of work read it, never a simulated figure.
@@ -161,6 +167,8 @@ class Mechanics:
     gemm2_splits: int = 1
     serial_put: float | None = None
     chunked: bool = False
+    ordered_sends: bool = False
+    predispatch: bool = False
     sim_cost: float = 1.0
 
 
@@ -223,7 +231,8 @@ MECHANICS: dict[str, Mechanics] = {
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35),
     "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), chunked=True, sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
-    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves", chunked=True),
+    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves", chunked=True,
+                                ordered_sends=True, predispatch=True),
     "deepep-ll-relay": Mechanics(**_DEEPEP, kernel_calls=(1, 1), chunked=True, sim_cost=0.8),
     "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=0,
                                 sim_cost=1.0),

@@ -16,6 +16,8 @@ The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
 - ``epic``: 2.2 ms + 34 ns per entry of the rank (2.5 ms at K2 16 MB).
 - ``moonep``: all-gather of the top-k ids (not the loads), then 1.4 ms + 91 ns per entry of the
   rank (2.2 ms at K2 16 MB).
+- ``zepp+lp`` (Zepp's flows over the LPLB routing): ``lplb``'s solve plus Zepp's flow-planning
+  rounds (below) without its water-fill; it all-gathers the loads, which give the LP its counts.
 - ``lplb``: SGLang's ``lp`` dispatch (DeepSeek's LPLB): the all-reduce of the per-expert counts
   on the simulated network, then the published solver time and one launch for the per-entry
   draw (``zepp/data/lp_solver.json``, which gives the sources).
@@ -62,14 +64,15 @@ def gpu_opmix_seconds(entries: int, hbm_bw: float) -> float:
     return measured_seconds(sizes, [table[k] for k in sizes], entries, float(d["gpu_opmix_source"]["hbm_bw"]), hbm_bw)
 
 
-def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = False) -> list[str]:
-    """The planner parts of a Zepp row (names of ``planner_cost.json``)."""
-    return (["route:zepp", f"flows:{dispatch}/{combine}"] + (["swap"] if swaps else [])
+def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = False, route: bool = True) -> list[str]:
+    """The planner parts of a Zepp row (names of ``planner_cost.json``); ``route`` False: without
+    Zepp's water-fill (a row whose routing is charged by another model)."""
+    return ((["route:zepp"] if route else []) + [f"flows:{dispatch}/{combine}"] + (["swap"] if swaps else [])
             + (["granularity"] if granularity else []))
 
 
 def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw: float,
-                  granularity: bool = False) -> float:
+                  granularity: bool = False, route: bool = True) -> float:
     """Seconds of Zepp's planner for a batch of ``entries``: per part the measured device time
     of the torch planner where one is recorded (``zepp.planner.torch.costs``), else its op-mix rounds
     times the op mix's GPU time."""
@@ -77,7 +80,7 @@ def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw
 
     r = cost_data()["rounds"]
     total = 0.0
-    for part in zepp_parts(dispatch, combine, swaps, granularity):
+    for part in zepp_parts(dispatch, combine, swaps, granularity, route):
         measured = device_part_seconds(part, entries, hbm_bw)
         if measured is not None:
             total += measured
@@ -148,9 +151,17 @@ def _lplb(system, cluster, rank_entries: int) -> float:
     return float(lp_solver_data()["solver_s"]) + cluster.kernel_launch
 
 
+def _zepp_lp(system, cluster, rank_entries: int) -> float:
+    """Zepp's flows over the LPLB routing: the LP solve (``lplb``), then Zepp's flow planning
+    (merge, NIC split) without its water-fill."""
+    return _lplb(system, cluster, rank_entries) + zepp_planning(
+        system.dispatch, system.combine, False, cluster.ranks * rank_entries, cluster.hbm_bw, route=False)
+
+
 MODELS = {"none": _none, "zepp-table": _zepp_table, "fast-host": _fast_host, "comet-routing": _comet_routing,
           "eplb-torch": _eplb_torch, "epic": _epic, "moonep": _moonep, "zepp": _zepp,
-          "zepp+swap": functools.partial(_zepp, swaps=True), "zepp+granularity": functools.partial(_zepp, granularity=True), "lplb": _lplb}
+          "zepp+swap": functools.partial(_zepp, swaps=True), "zepp+granularity": functools.partial(_zepp, granularity=True),
+          "lplb": _lplb, "zepp+lp": _zepp_lp}
 
 
 def _gather_loads(cluster, spec, rank_entries: int, net) -> float:
