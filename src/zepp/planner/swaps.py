@@ -23,6 +23,11 @@ Choices where the paper is silent (written down here):
   ``x >= 0`` copies ``x`` from a slot of the same node holding ``x`` in the *old* placement,
   preferring one whose content does not change (lowest id), else the lowest such slot. Copies
   read old weights, so an executor stages them (double buffer) before overwriting a source.
+
+``gate_swaps`` is the cost gate the simulator's ``zepp-swap`` runs on top (``zepp.sim.run``):
+Zepp's routing already keeps replica loads within ``(1 + C)``, so the band test at ``C`` on
+routed loads almost never fires; swaps are planned with ``C = 0`` and a node keeps them only
+where its busiest GPU's GEMM time drops by more than the copies' exposed time.
 """
 
 from __future__ import annotations
