@@ -3,7 +3,7 @@
 Writes ``benchmarks/results/ablation.{json,md,png}``: ``zepp ablation``'s six arms (K2, 4 nodes x
 4 A100, 64 MB per GPU, 32 batches per schedule) under the ``in-history``, ``rotating`` and
 ``unseen`` schedules, with the topics' statistics; and ``ablation_case_study.png``: ``zepp timeline
---schedule unseen --compare zepp-overlap,zepp-swap`` (its printed lines go into the markdown).
+--schedule unseen --compare zepp-overlap,zepp-swap --budget-mb 64`` (its printed lines go into the markdown).
 
     python benchmarks/ablation.py [--traces DIR] [--iters 32] [--budget-mb 64] [--schedules ...]
 """
@@ -24,9 +24,10 @@ from zepp.sim.plots import ablation_bars
 from zepp.traces.topics import format_statistics, model_topics
 
 
-def _case_study(traces: str, out: str) -> str:
+def _case_study(traces: str, out: str, budget_mb: float) -> str:
+    # the ablation's configuration (K2, 4x4 A100, its budget): the batch size where swaps pay
     cmd = [sys.executable, "-m", "zepp.cli", "timeline", "--schedule", "unseen", "--compare",
-           "zepp-overlap,zepp-swap", "--traces", traces, "--out", out]
+           "zepp-overlap,zepp-swap", "--budget-mb", f"{budget_mb:g}", "--traces", traces, "--out", out]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     def local(text: str) -> str:  # the paths as the repository names them
         return text.replace(str(RESULTS), "benchmarks/results").replace(traces, "../shared/traces")
@@ -74,7 +75,7 @@ def main() -> None:
     res["config"]["traces"] = "../shared/traces"
     (RESULTS / "ablation.json").write_text(json.dumps(res, indent=1) + "\n")
     ablation_bars(res, str(RESULTS / "ablation.png"), title=f"k2, 4x4 a100, {args.budget_mb:g} MB, recorded traces")
-    case = _case_study(traces, str(RESULTS / "ablation_case_study.png"))
+    case = _case_study(traces, str(RESULTS / "ablation_case_study.png"), args.budget_mb)
     topics = format_statistics(model_topics("k2", traces)).replace(traces, "../shared/traces")
     text = _markdown(res, topics, case, (load0, os.getloadavg()[0]))
     (RESULTS / "ablation.md").write_text(text)

@@ -58,10 +58,11 @@ def test_case_study_timeline_draws_swap_copies_on_nvlink_only(tmp_path, capsys):
     from zepp.sim.run import run_system
 
     png = tmp_path / "t.png"
-    code, out, err = run_cli(["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5", "--schedule",
+    # a batch size where swaps pay (zepp-swap's cost gate keeps none at 0.5 MB)
+    code, out, err = run_cli(["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "16", "--schedule",
                               "unseen", "--compare", "zepp-overlap,zepp-swap", "--out", str(png)], capsys)
     assert code == 0, err
-    job = make_jobs(["a100"], [2], 4, ["qwen"], [0.5], [], iters=1, warmup=1, seed=0, traces=None,
+    job = make_jobs(["a100"], [2], 4, ["qwen"], [16], [], iters=1, warmup=1, seed=0, traces=None,
                     schedule="unseen")[0]
     res = run_system("zepp-swap", make_config(job), keep_timeline=True)
     tl = res.timeline

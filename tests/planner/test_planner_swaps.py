@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zepp.errors import ZeppInputError
 from zepp.planner.placement import make_placement
 from zepp.planner.types import Placement
-from zepp.planner.swaps import gpu_loads, out_of_band, plan_swaps
+from zepp.planner.swaps import gate_swaps, gpu_loads, out_of_band, plan_swaps
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -136,3 +136,79 @@ def test_swap_errors():
         plan_swaps(p, np.array([1, 1, 0, 5]), 0.25)
     with pytest.raises(ZeppInputError, match="relaxation"):
         plan_swaps(p, np.zeros(4, int), -0.5)
+
+
+# ----------------------------------------------------------------------------- gate_swaps
+
+
+@SETTINGS
+@given(swap_cases(), st.sampled_from([0.0, 1e-6, 1.0]), st.sampled_from([0.0, 1e-3, 1e3]))
+def test_gate_keeps_or_reverts_whole_nodes(case, row_s, copy_s):
+    p, load, _, limit = case
+    full = plan_swaps(p, load, 0.0, max_changes_per_gpu=limit)
+    gated = gate_swaps(p, full, load, row_s, copy_s)
+    L, R, S = p.gpus_per_node, p.ranks, p.slots_per_rank
+    old_max = gpu_loads(load, R).reshape(-1, L).max(1)
+    new_max = gpu_loads(full.slot_load, R).reshape(-1, L).max(1)
+    kept_copies = set(map(tuple, gated.copies.tolist()))
+    for n in range(p.nodes):
+        rows = slice(n * L, (n + 1) * L)
+        same_as_plan = np.array_equal(gated.placement.slot_expert[rows], full.placement.slot_expert[rows])
+        same_as_old = np.array_equal(gated.placement.slot_expert[rows], p.slot_expert[rows])
+        assert same_as_plan or same_as_old
+        node_copies = {tuple(c) for c in full.copies.tolist() if c[1] // (L * S) == n}
+        if not same_as_plan:  # reverted: its loads are the input's, and none of its copies run
+            assert np.array_equal(gated.slot_load.reshape(R, S)[rows], load.reshape(R, S)[rows])
+            assert not node_copies & kept_copies
+        elif not same_as_old:
+            assert node_copies <= kept_copies
+            assert (old_max[n] - new_max[n]) * row_s > 0, "a node kept swaps that gain nothing"
+        if row_s == 0.0:
+            assert same_as_old, "with GEMMs free no swap can pay"
+        if copy_s == 0.0 and row_s > 0 and new_max[n] < old_max[n]:
+            assert same_as_plan, "free copies: every node whose busiest GPU got lighter keeps its swaps"
+
+
+def _two_gpu_case(heavy: int):
+    """One node of 2 GPUs x 2 slots: GPU 0 holds experts 0, 1 (loads ``heavy``, ``heavy``),
+    GPU 1 expert 2 (load 1) and an empty slot. The swap exchanges experts 0 and 2: GPU 0 gets
+    expert 2 (its other slot, load ``heavy``, hides that copy), GPU 1 gets expert 0 (nothing
+    hides it)."""
+    p = Placement(np.array([[0, 1], [2, -1]], np.int32), 3, 2)
+    load = np.array([heavy, heavy, 1, 0], np.int64)
+    return p, load, plan_swaps(p, load, 0.0)
+
+
+def test_gate_counts_only_the_copy_time_the_other_gemms_do_not_hide():
+    p, load, full = _two_gpu_case(100)
+    assert full.placement.slot_expert.tolist() == [[2, 1], [0, -1]]  # GPU 0's max: 200 -> 101
+    row_s = 1.0
+    # GPU 1's copy is fully exposed: the node keeps its swaps while the copy is under 99 rows' time
+    assert gate_swaps(p, full, load, row_s, copy_seconds=99.0 - 1e-6).num_swapped_slots == 2
+    assert gate_swaps(p, full, load, row_s, copy_seconds=99.0 + 1e-6).num_swapped_slots == 0
+    # the same copies counted blocking on GPU 0 (hidden there by 100 rows) would not change that:
+    # only the larger exposed time decides
+    kept = gate_swaps(p, full, load, row_s, 0.0)
+    assert np.array_equal(kept.placement.slot_expert, full.placement.slot_expert)
+    assert np.array_equal(kept.slot_load, full.slot_load)
+    assert np.array_equal(kept.copies, full.copies)
+
+
+def test_gate_hides_a_copy_behind_the_gpus_other_gemms():
+    # GPU 1 keeps a loaded slot (expert 3, load 40): its incoming copy hides behind 40 rows of GEMM
+    p = Placement(np.array([[0, 1], [2, 3]], np.int32), 4, 2)
+    load = np.array([100, 100, 50, 40], np.int64)
+    full = plan_swaps(p, load, 0.0)
+    assert full.placement.slot_expert.tolist() == [[2, 1], [0, 3]]  # max 200 -> 150: gain 50 rows
+    # exposed: GPU 0 copy - 100 rows, GPU 1 copy - 40 rows; kept while copy - 40 < 50
+    assert gate_swaps(p, full, load, 1.0, copy_seconds=89.0).num_swapped_slots == 2  # blocking, 89 > 50
+    assert gate_swaps(p, full, load, 1.0, copy_seconds=90.0 + 1e-6).num_swapped_slots == 0
+
+
+@pytest.mark.parametrize("field, value", [("row_seconds", -1.0), ("copy_seconds", float("nan"))])
+def test_gate_rejects_bad_seconds(field, value):
+    p, load, full = _two_gpu_case(10)
+    kw = dict(row_seconds=1.0, copy_seconds=1.0)
+    kw[field] = value
+    with pytest.raises(ZeppInputError, match=field):
+        gate_swaps(p, full, load, **kw)

@@ -28,7 +28,7 @@ def test_arms_are_rows_or_documented_combinations():
 
 
 def test_swap_once_swaps_only_before_the_second_batch():
-    job = make_jobs(["a100"], [2], 4, ["qwen"], [0.5], [], iters=8, warmup=0, seed=0, traces=None,
+    job = make_jobs(["a100"], [2], 4, ["qwen"], [32], [], iters=8, warmup=0, seed=0, traces=None,
                     schedule="rotating")[0]
     cfg = make_config(job)
     every = run_system("zepp-swap", cfg)
@@ -58,3 +58,17 @@ def test_ablation_table_is_the_mean_over_the_schedule():
     table = format_table(res)
     assert table.count("\n") == 3 and "swap1 ms (x)" in table
     assert "rotating: speedup over comet" in closing_note(res)
+
+
+def test_swaps_are_gated_by_the_clusters_copy_and_gemm_rates():
+    """zepp-swap keeps a node's swaps only where the busiest GPU's GEMM time drops by more than
+    the copies' exposed time: on drift it swaps; with NVLink a million times slower no copy can
+    hide behind the GEMMs and it keeps the static placement."""
+    from dataclasses import replace
+
+    job = make_jobs(["a100"], [2], 4, ["qwen"], [32], [], iters=8, warmup=0, seed=0, traces=None,
+                    schedule="rotating")[0]
+    cfg = make_config(job)
+    assert sum(run_system("zepp-swap", cfg).swapped_slots) > 0
+    slow = replace(cfg, cluster=replace(cfg.cluster, nvlink_bw=cfg.cluster.nvlink_bw * 1e-6))
+    assert sum(run_system("zepp-swap", slow).swapped_slots) == 0

@@ -23,6 +23,11 @@ Choices where the paper is silent (written down here):
   ``x >= 0`` copies ``x`` from a slot of the same node holding ``x`` in the *old* placement,
   preferring one whose content does not change (lowest id), else the lowest such slot. Copies
   read old weights, so an executor stages them (double buffer) before overwriting a source.
+
+``gate_swaps`` is the cost gate the simulator's ``zepp-swap`` runs on top (``zepp.sim.run``):
+Zepp's routing already keeps replica loads within ``(1 + C)``, so the band test at ``C`` on
+routed loads almost never fires; swaps are planned with ``C = 0`` and a node keeps them only
+where its busiest GPU's GEMM time drops by more than the copies' exposed time.
 """
 
 from __future__ import annotations
@@ -179,3 +184,36 @@ def _exchange(se: np.ndarray, ld: np.ndarray, changed: np.ndarray, hv: int, lt: 
     ld[hv, sa], ld[lt, sb] = ld[lt, sb], ld[hv, sa]
     changed[hv, sa] = changed[lt, sb] = True
     return True
+
+
+
+def gate_swaps(placement: Placement, plan: SwapPlan, slot_load, row_seconds: float, copy_seconds: float) -> SwapPlan:
+    """Keep a node's swaps of ``plan`` (from ``plan_swaps(placement, slot_load, ...)``) only where
+    they pay within one batch: the drop of the node's busiest GPU load times ``row_seconds`` (a
+    row's GEMM seconds on one GPU) must exceed the node's largest *exposed* copy time. A GPU's
+    copies (its incoming copies from other GPUs times ``copy_seconds``, one expert's weights over
+    NVLink) start with the batch on their own stream and its swapped slots' GEMMs run last, so
+    the GEMMs of its other slots (their loads times ``row_seconds``) hide them; only the excess
+    is exposed (the dispatch time, which also hides them, is not counted). Nodes that fail keep
+    their old slots and loads and get no copies. Returns a ``SwapPlan`` of the same form.
+    """
+    load = _check(placement, slot_load, 0, 0, 0)
+    for name, v in (("row_seconds", row_seconds), ("copy_seconds", copy_seconds)):
+        if not np.isfinite(v) or v < 0:
+            raise ZeppInputError(f"{name} must be a finite number >= 0 (seconds), got {v!r}")
+    L, (R, S) = placement.gpus_per_node, placement.slot_expert.shape
+    old_max = gpu_loads(load, R).reshape(-1, L).max(axis=1)
+    new_max = gpu_loads(plan.slot_load, R).reshape(-1, L).max(axis=1)
+    src_gpu, dst_gpu = plan.copies[:, 0] // S, plan.copies[:, 1] // S
+    fed = np.bincount(dst_gpu[src_gpu != dst_gpu], minlength=R)  # [R] copies each GPU waits for
+    swapped = np.zeros(R * S, bool)
+    swapped[plan.copies[:, 1]] = True
+    others = gpu_loads(np.where(swapped, 0, plan.slot_load), R)  # [R] rows whose GEMMs run first
+    exposed = np.maximum(fed * copy_seconds - others * row_seconds, 0.0)
+    exposed = np.where(fed > 0, exposed, 0.0).reshape(-1, L).max(axis=1)  # [N]
+    keep = (old_max - new_max) * row_seconds > exposed  # [N]
+    slot_keep = np.repeat(keep, L * S)  # [R * S]
+    se = np.where(slot_keep, plan.placement.slot_expert.ravel(), placement.slot_expert.ravel())
+    ld = np.where(slot_keep, plan.slot_load, load)
+    copies = plan.copies[keep[plan.copies[:, 1] // (L * S)]]
+    return SwapPlan(Placement(se.reshape(R, S).astype(np.int32), placement.num_experts, L), copies, ld)

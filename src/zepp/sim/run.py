@@ -250,12 +250,23 @@ def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep
 
 
 def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: Shared, res: SystemResult):
-    """``zepp-swap``: before batch ``i``, swaps planned from batch ``i-1``'s slot loads (the
-    runtime's order); their copies run during batch ``i`` and its routing uses the new placement.
-    ``zepp-swap-once``: only before batch 1 (from batch 0's loads); the placement then stays."""
-    from zepp.planner.swaps import plan_swaps
+    """``zepp-swap``: before batch ``i``, swaps planned from batch ``i-1``'s slot loads under
+    Zepp's routing (the runtime's order); their copies run during batch ``i`` and its routing
+    uses the new placement. ``zepp-swap-once``: only before batch 1 (from batch 0's loads); the
+    placement then stays.
+
+    The trigger is a cost gate, not the routing's band: Zepp's routing already keeps replica
+    loads within ``(1 + C)``, so the paper's out-of-band test at ``C`` on routed loads almost never
+    fires. Swaps are planned towards an even node (``plan_swaps`` with ``C = 0``, its rounds and
+    per-GPU limits as in the paper) and a node keeps them only where the drop of its busiest
+    GPU's GEMM time exceeds the copies' exposed time (``gate_swaps``, this cluster's roofline
+    GEMM rate and calibrated NVLink rate)."""
+    from zepp.planner.swaps import gate_swaps, plan_swaps
 
     placement = shared.placement(s.placement, cfg)
+    cl = cfg.cluster
+    row_s = cfg.spec.flops_per_row / cl.peak_flops
+    copy_s = cfg.spec.expert_weight_bytes / (cl.nvlink_bw * cfg.net.nvlink_eff) + cl.nvlink_msg_cost
     S = placement.slots_per_rank
     prev_loads = None
     iters = cfg.batches.shape[0]
@@ -263,7 +274,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
         copies = swapped = None
         n_swapped = 0
         if prev_loads is not None and (s.adaptation == "zepp-swap" or it == 1):
-            sp = plan_swaps(placement, prev_loads, cfg.C)
+            sp = gate_swaps(placement, plan_swaps(placement, prev_loads, 0.0), prev_loads, row_s, copy_s)
             if sp.num_swapped_slots:
                 n_swapped = sp.num_swapped_slots
                 c = np.stack([sp.copies[:, 0] // S, sp.copies[:, 1] // S], 1)
