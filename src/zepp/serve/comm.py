@@ -39,7 +39,8 @@ class ExpertParallel:
     """
 
     def __init__(self, system, placements: list[Placement], spec: MoESpec, relaxation: float = 0.25,
-                 device=None, record: bool = False, window: int = 4, group=None):
+                 device=None, record: bool = False, window: int = 4, group=None, demands: list | None = None,
+                 path_figures=None):
         self.system = system
         self.placements = list(placements)
         self.spec = spec
@@ -58,6 +59,14 @@ class ExpertParallel:
         self.expert_load = np.zeros((len(self.placements), spec.num_experts), np.int64)
         self.on_layer = None  # test hook: called with (layer) before each layer's dispatch (fault injection)
         self.moe_seconds = 0.0
+        # the table path (zepp.planner.decode_path): Zepp's routing without swaps or recording
+        self.demands = demands
+        self.table_ok = system.routing == "zepp" and not system.swaps and not record
+        self.path_figures = path_figures
+        self._tables: dict = {}  # layer -> (placement, RoutingTable): cached per placement
+        self.path = "planned"  # this step's path, the same on every rank
+        self.step_paths: list[str] = []
+        self.step_breakdown: list[dict] = []  # per step: {part: seconds summed over the step's layers}
 
     @property
     def layers(self) -> int:
@@ -72,7 +81,43 @@ class ExpertParallel:
         dist.all_gather(out, c, group=self.dispatcher.group)
         self.counts = torch.cat(out).cpu().numpy()
         self.dispatcher.expect_tokens(self.counts)
+        self.path = self._choose_path(self.counts)
+        self.step_paths.append(self.path)
+        self.step_breakdown.append({})
         return self.counts
+
+    def _choose_path(self, counts: np.ndarray) -> str:
+        """``zepp.planner.decode_path.choose_path`` on the step's counts (known to every rank)."""
+        if not self.table_ok or int(counts.sum()) == 0:
+            return "planned"
+        from zepp.planner.decode_path import choose_path, default_figures
+
+        last = self.dispatcher.last_plan
+        stages = 6 if last is None else last.dispatch.num_stages + last.combine.num_stages
+        fig = self.path_figures or default_figures()
+        row = self.spec.hidden * 4
+        return choose_path(counts, self.world, self.dispatcher.gpus_per_node, self.spec.num_experts,
+                           self.spec.top_k, row, stages, fig)
+
+    def table(self, layer: int):
+        """The routing table of ``layer``'s placement (built once per placement)."""
+        from zepp.planner.routing.table_routing import build_routing_table
+
+        p = self.placements[layer]
+        got = self._tables.get(layer)
+        if got is None or got[0] is not p:
+            R, E = self.world, self.spec.num_experts
+            dem = self.demands[layer] if self.demands is not None and self.demands[layer] is not None \
+                else np.ones((R, E))
+            got = (p, build_routing_table(p, dem, self.relaxation, p.gpus_per_node))
+            self._tables[layer] = got
+        return got[1]
+
+    def _add_breakdown(self, timing: dict) -> None:
+        if self.step_breakdown:
+            b = self.step_breakdown[-1]
+            for k, v in timing.items():
+                b[k] = b.get(k, 0.0) + v
 
     def moe(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, block) -> torch.Tensor:
         """One layer: ``x [T_r, H]``, the router's ``ids``/``w [T_r, k]`` -> ``y [T_r, H]`` (fp32 sum)."""
@@ -82,6 +127,8 @@ class ExpertParallel:
         d = self.dispatcher
         d.set_placement(self.placements[layer])
         act = block.act_fn
+        if self.path == "table":
+            return self._table_moe(layer, x, ids, w, block, t0)
         if not d.overlap:
             inputs, h = d.dispatch(x, ids, w)
             inter = grouped_gated_up(inputs.rows, inputs.slot, block.gate_up, act)
@@ -98,6 +145,26 @@ class ExpertParallel:
                 cs.submit(grp, grouped_linear_down(inter[d._idx(grp)], slot[grp], block.down))
             y = cs.finish()
         self._note(layer, h)
+        self._add_breakdown(d.timing)
+        self.moe_seconds += time.perf_counter() - t0
+        return y
+
+    def _table_moe(self, layer: int, x, ids, w, block, t0: float) -> torch.Tensor:
+        """One layer on the table path (``zepp.runtime.table_exchange``)."""
+        from zepp.planner.routing.table_routing import rank_slots
+        from zepp.runtime.table_exchange import table_layer
+
+        d, act = self.dispatcher, block.act_fn
+        tm = time.perf_counter()
+        ids_np = ids.cpu().numpy().astype(np.int32)
+        slot = torch.as_tensor(rank_slots(ids_np, self.rank, self.table(layer)), dtype=torch.int64, device=x.device)
+        timing = {"plan": time.perf_counter() - tm}
+
+        def experts(rows, s):
+            return grouped_linear_down(grouped_gated_up(rows, s, block.gate_up, act), s, block.down)
+
+        y = table_layer(d, x, slot, w, self.counts, experts, timing)  # (no global ids: expert_load skips it)
+        self._add_breakdown(timing)
         self.moe_seconds += time.perf_counter() - t0
         return y
 
