@@ -58,7 +58,9 @@ def test_simcheck_layer_is_the_shared_builders(plans, name):
 
 
 def test_overlap_systems_get_the_wave_and_arrival_stage_record():
-    assert gloo_mechanics(system("zepp-overlap")) == GLOO_OVERLAP
+    assert gloo_mechanics(system("zepp-overlap"), cpu=False) == GLOO_OVERLAP
+    # on CPU tensors the runtime's cost model (no separate compute engine) runs overlap blocking
+    assert gloo_mechanics(system("zepp-overlap")) == GLOO_BLOCKING
     assert gloo_mechanics(system("a2av")) == GLOO_BLOCKING == gloo_mechanics(system("zepp-sync"))
     with pytest.raises(ZeppInputError, match="zepp-p2p"):
         gloo_mechanics(system("zepp-p2p"))
@@ -164,3 +166,18 @@ def test_free_parameters_recover_known_costs(plans):
     assert fit["stage_overhead"] == pytest.approx(truth["stage_overhead"], rel=0.05)
     assert fit["cpu_per_byte"] == pytest.approx(truth["cpu_per_byte"], rel=0.05)
     assert np.max(np.abs(fit["rel_err"])) < 0.01
+
+
+def test_cpu_cost_model_picks_one_group_and_wave(plans):
+    """What ``gloo_mechanics`` assumes: with no separate compute engine (``overlap=0``) the
+    granularity model picks one dispatch group and one combine wave, with one (GPUs) it does not."""
+    from zepp.cluster import cluster_preset
+    from zepp.planner.granularity import Figures, choose
+
+    spec, ps = plans
+    plan = ps["zepp-overlap"]
+    cl = cluster_preset("a100", plan.ranks // plan.gpus_per_node, plan.gpus_per_node)
+    g = choose(plan, spec, Figures.of(cl, overlap=0.0))
+    assert (g.groups, g.waves) == (1, 1)
+    g = choose(plan, spec, Figures.of(cl, overlap=1.0))
+    assert (g.groups, g.waves) != (1, 1)

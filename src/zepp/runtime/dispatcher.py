@@ -241,9 +241,13 @@ class Dispatcher:
             raise ZeppInputError(f"system {s.name!r} does not run in the runtime (runs in: {', '.join(s.executors)})")
         if s.best_of:
             raise ZeppInputError(f"system {s.name!r} is the best of {', '.join(s.best_of)}; pick one of those")
+        # without a separate compute engine (the CPU) overlap pays only where the cost model says so:
+        # the granularity is chosen per batch (figures with overlap 0), as zepp-auto's always is
+        on_cpu = torch.device(kw.get("device") or "cpu").type == "cpu"
+        auto = s.overlap == "zepp-auto" or (s.overlap == "zepp" and s.overlap_comm == "collective" and on_cpu)
         return cls(spec, placement, routing=s.routing, relaxation=relaxation, dispatch=s.dispatch, combine=s.combine,
                    overlap=s.overlap in ("zepp", "zepp-auto"), overlap_comm=s.overlap_comm,
-                   granularity="auto" if s.overlap == "zepp-auto" else "per-node", **kw)
+                   granularity="auto" if auto else "per-node", **kw)
 
     # ------------------------------------------------------------------ buffers
     def _buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -379,7 +383,8 @@ class Dispatcher:
             from zepp.cluster import cluster_preset
 
             fig = self.figures = Figures.of(cluster_preset("a100", self.world // self.gpus_per_node,
-                                                           self.gpus_per_node))
+                                                           self.gpus_per_node),
+                                            overlap=0.0 if self.device.type == "cpu" else 1.0)
         return choose(plan, self.spec, fig)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):

@@ -145,7 +145,7 @@ class ExpertParallel:
                 cs.submit(grp, grouped_linear_down(inter[d._idx(grp)], slot[grp], block.down))
             y = cs.finish()
         self._note(layer, h)
-        self._add_breakdown(d.timing)
+        self._add_breakdown({**d.timing, "moe": time.perf_counter() - t0})
         self.moe_seconds += time.perf_counter() - t0
         return y
 
@@ -164,7 +164,7 @@ class ExpertParallel:
             return grouped_linear_down(grouped_gated_up(rows, s, block.gate_up, act), s, block.down)
 
         y = table_layer(d, x, slot, w, self.counts, experts, timing)  # (no global ids: expert_load skips it)
-        self._add_breakdown(timing)
+        self._add_breakdown({**timing, "moe": time.perf_counter() - t0})
         self.moe_seconds += time.perf_counter() - t0
         return y
 
