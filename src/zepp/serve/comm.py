@@ -67,6 +67,9 @@ class ExpertParallel:
         self.path = "planned"  # this step's path, the same on every rank
         self.step_paths: list[str] = []
         self.step_breakdown: list[dict] = []  # per step: {part: seconds summed over the step's layers}
+        if self.table_ok:  # what depends only on the placement is built once, before the first step
+            for layer in range(self.layers):
+                self.table(layer)
 
     @property
     def layers(self) -> int:
