@@ -54,19 +54,20 @@ def call_scopes(call: np.ndarray, src: np.ndarray, dst: np.ndarray, calls: int, 
                 gpus_per_node: int) -> CallScopes:
     """Scopes of ``calls`` calls from their non-empty messages ``call/src/dst [m]`` (vectorised)."""
     R, L = ranks, gpus_per_node
-    call, src, dst = (np.asarray(a, np.int64) for a in (call, src, dst))
-    off = src != dst  # a rank's rows to itself never leave it
-    call, src, dst = call[off], src[off], dst[off]
-    has = np.bincount(call, minlength=calls) > 0
-    cross_node = np.bincount(call, weights=(src // L != dst // L), minlength=calls) > 0
-    cross_rail = np.bincount(call, weights=(src % L != dst % L), minlength=calls) > 0
+    key = (np.asarray(call, np.int64) * R + np.asarray(src)) * R + np.asarray(dst)
+    pairs = (np.bincount(key, minlength=calls * R * R) > 0).reshape(calls, R, R)  # [K, src, dst]
+    rk = np.arange(R)
+    pairs[:, rk, rk] = False  # a rank's rows to itself never leave it
+    same_node = (rk[:, None] // L) == (rk[None, :] // L)
+    same_rail = (rk[:, None] % L) == (rk[None, :] % L)
+    has = pairs.any(axis=(1, 2))
+    cross_node = (pairs & ~same_node).any(axis=(1, 2))
+    cross_rail = (pairs & ~same_rail).any(axis=(1, 2))
     kind = np.where(~has, NONE, np.where(~cross_node, NODE, np.where(~cross_rail, RAIL, WORLD))).astype(np.int64)
     # which groups move something: a node (node scope) or a rail (rail scope) with a message
-    rk = np.arange(R)
-    node_busy = np.zeros((calls, R // L), bool)
-    node_busy[call, src // L] = True
-    rail_busy = np.zeros((calls, L), bool)
-    rail_busy[call, src % L] = True
+    sends = pairs.any(axis=2)  # [K, R] rank sends something in the call
+    node_busy = sends.reshape(calls, R // L, L).any(axis=2)  # [K, N]
+    rail_busy = sends.reshape(calls, R // L, L).any(axis=1)  # [K, L]
     active = np.zeros((calls, R), bool)
     active[kind == WORLD] = True
     active[kind == NODE] = node_busy[kind == NODE][:, rk // L]
