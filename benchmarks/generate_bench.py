@@ -42,7 +42,7 @@ def prepare(work: str) -> tuple[str, str]:
 
 
 def run_once(ckpt: str, ids: str, out: str, prefix: str, rate: float) -> dict:
-    cmd = [sys.executable, "-m", "zepp", "generate", "--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "2",
+    cmd = [sys.executable, "-m", "zepp.cli", "generate", "--checkpoint", ckpt, "--nodes", "2", "--gpus-per-node", "2",
            "--system", SYSTEMS, "--input-ids", ids, "--max-new-tokens", "8", "--emulate", "--rate-mbit", str(rate),
            "--json", out, "--timeout", "300", "--emulate-prefix", prefix]
     subprocess.run(cmd, check=True)
