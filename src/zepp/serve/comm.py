@@ -136,8 +136,11 @@ class ExpertParallel:
             inputs, h = d.dispatch(x, ids, w)
             inter = grouped_gated_up(inputs.rows, inputs.slot, block.gate_up, act)
             y = d.combine(grouped_linear_down(inter, inputs.slot, block.down), h)
+        elif (h := d.dispatch_begin(x, ids, w)).prog.single_gemm:  # the batch's granularity: blocking
+            d.dispatch_blocking(h)
+            inter = grouped_gated_up(h.inputs.rows, h.inputs.slot, block.gate_up, act)
+            y = d.combine_blocking(grouped_linear_down(inter, h.inputs.slot, block.down), h)
         else:
-            h = d.dispatch_begin(x, ids, w)
             rows, slot = h.inputs.rows, h.prog.e_slot
             inter = rows.new_empty(rows.shape[0], block.ffn)
             for grp in d.arrivals(h):
