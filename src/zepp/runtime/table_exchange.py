@@ -48,7 +48,8 @@ def table_layer(d, x: torch.Tensor, slot: torch.Tensor, w: torch.Tensor, counts:
     meta = torch.empty(R, T, 2 * k, dtype=torch.int32, device=dev)
     meta[:, :, :k] = torch.where(owner[None] == q, loc[None], torch.full_like(loc[None], -1))
     meta[:, :, k:] = w.to(torch.float32).view(torch.int32)[None]
-    send = torch.cat([x[None].expand(R, T, H), meta.view(dt).reshape(R, T, -1)], dim=2).reshape(R * T, -1)
+    m = _meta_cols(k, dt)  # explicit: a rank with no rows (T = 0) still sends a [0, H + m] buffer
+    send = torch.cat([x[None].expand(R, T, H), meta.view(dt).reshape(R, T, m)], dim=2).reshape(R * T, H + m)
     recv = send.new_empty(int(counts.sum()), send.shape[1])
     row = send.shape[1] * send.element_size()
     for p in range(R):
