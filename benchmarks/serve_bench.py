@@ -148,7 +148,7 @@ def bench_rank(cfg: dict) -> dict | None:
     from zepp.serve.comm import ExpertParallel
     from zepp.serve.engine import generate_rank
     from zepp.serve.loader import load_expert_parallel, moe_shape, read_config
-    from zepp.serve.rank import _param_bytes, layer_placements
+    from zepp.serve.rank import _param_bytes, layer_demands, layer_placements
 
     hf_logging.set_verbosity_error()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -159,7 +159,9 @@ def bench_rank(cfg: dict) -> dict | None:
     loaded = {}
     for name in cfg["systems"]:
         sysd = lookup(name)
-        comm = ExpertParallel(sysd, layer_placements(cfg, sysd, shape, world), spec, cfg["relaxation"], "cpu")
+        comm = ExpertParallel(sysd, layer_placements(cfg, sysd, shape, world), spec, cfg["relaxation"], "cpu",
+                              demands=layer_demands(cfg, shape, world))
+        comm.table_ok = comm.table_ok and cfg.get("table_path", True)
         loaded[name] = (load_expert_parallel(cfg["checkpoint"], comm, rank, "cpu"), comm)
     mem = {"param_bytes": {n: _param_bytes(m) for n, (m, _) in loaded.items()},
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -189,14 +191,38 @@ def bench_rank(cfg: dict) -> dict | None:
                     nic = torch.tensor([int(b["dispatch"][~same].sum() + b["combine"][~same].sum())],
                                        dtype=torch.int64)
                     dist.all_reduce(nic)
+                    part = slice(0, 1) if phase == "prefill" else slice(1, len(log.seconds))
+                    n = len(log.seconds)  # begin_step also ran once more, for the step that found everyone done
+                    paths = sorted(set(comm.step_paths[-n - 1:-1][part]))
+                    brk = _breakdown(comm.step_breakdown[-n - 1:-1][part], shape["layers"])
                     rows.append({"phase": phase, "batch": bs, "rep": rep, "system": name, "seconds": float(t),
-                                 "steps": len(secs), "nic_bytes": int(nic)})
+                                 "steps": len(secs), "nic_bytes": int(nic), "paths": paths, "breakdown_ms": brk,
+                                 "loadavg": os.getloadavg()[0]})
     loads = {n: c.expert_load.tolist() for n, (_, c) in loaded.items()}
     allmem = [None] * world
     dist.all_gather_object(allmem, mem)
     if rank:
         return None
     return {"rows": rows, "expert_load": loads, "memory": allmem}
+
+
+BREAKDOWN = ("metadata", "plan", "compile", "pack", "stages", "compute", "moe")
+
+
+def _breakdown(steps: list[dict], layers: int) -> dict:
+    """Per layer, mean over ``steps``, slowest rank (an all-reduce MAX): the host parts
+    (``zepp.runtime.dispatcher.HOST_PARTS``), the stages (``d<s>`` / ``c<s>`` summed; the blocking
+    calls, and the table path's two) and the table path's expert compute, in ms."""
+    import torch.distributed as dist
+
+    v = torch.zeros(len(BREAKDOWN), dtype=torch.float64)
+    for st in steps:
+        for k, sec in st.items():
+            key = "stages" if k[0] in "dc" and k[1:2].isdigit() else k
+            if key in BREAKDOWN:
+                v[BREAKDOWN.index(key)] += sec
+    dist.all_reduce(v, op=dist.ReduceOp.MAX)
+    return {k: float(x) * 1e3 / max(len(steps), 1) / layers for k, x in zip(BREAKDOWN, v.tolist())}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -231,9 +257,53 @@ def summarize(out: dict, systems: list[str]) -> dict:
         steps = rs[0]["steps"]
         table.setdefault(phase, {}).setdefault(str(bs), {})[name] = {
             "median_s": sec, "nic_bytes": rs[0]["nic_bytes"],
-            "value": (bs * out["world"] / sec) if phase == "prefill" else (sec / max(steps, 1) * 1e3)}
+            "value": (bs * out["world"] / sec) if phase == "prefill" else (sec / max(steps, 1) * 1e3),
+            "paths": sorted({p for r in rs for p in r.get("paths", [])}),
+            "breakdown_ms": {k: float(np.median([r["breakdown_ms"][k] for r in rs])) for k in rs[0].get("breakdown_ms", {})},
+            "loadavg": [r.get("loadavg") for r in rs]}
     load = {n: [float(np.max(l) / np.mean(l)) for l in np.asarray(v, np.float64)] for n, v in out["expert_load"].items()}
     return {"table": table, "expert_max_over_mean": load}
+
+
+def _ratios(row: dict, systems: list[str], phase: str) -> list[str]:
+    """Zepp's best variant over a2av, relay and the fastest other system (higher = Zepp faster)."""
+    z = [row[n]["value"] for n in systems if n.startswith("zepp")]
+    if not z:
+        return ["-"] * 3
+    best = max(z) if phase == "prefill" else min(z)
+    others = [n for n in systems if not n.startswith("zepp")]
+    fastest = (max if phase == "prefill" else min)(row[n]["value"] for n in others) if others else None
+    out = []
+    for ref in (row.get("a2av", {}).get("value"), row.get("relay", {}).get("value"), fastest):
+        out.append("-" if ref is None else f"{(best / ref if phase == 'prefill' else ref / best):.2f}x")
+    return out
+
+
+def _breakdown_table(t: dict, systems: list[str]) -> list[str]:
+    """Per layer (ms, slowest rank, median over repetitions) at the largest prefill and the
+    smallest decode batch: host parts, stages, and host work's share of the layer."""
+    out = []
+    for phase, pick in (("prefill", max), ("decode", min)):
+        bs = str(pick(int(b) for b in t[phase]))
+        row = t[phase][bs]
+        out += [f"per-layer breakdown, {phase} batch {bs} (ms per layer; host = metadata + plan + compile + pack)",
+                "", "| system | path | metadata | plan | compile | pack | stages | MoE layer | host share of the MoE layer |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for n in systems:
+            b = row[n].get("breakdown_ms") or {}
+            if not b:
+                continue
+            host = sum(b.get(k, 0.0) for k in ("metadata", "plan", "compile", "pack"))
+            tot = b.get("moe", 0.0)
+            out.append(f"| {n} | {', '.join(row[n]['paths'])} | " + " | ".join(
+                f"{b.get(k, 0.0):.1f}" for k in ("metadata", "plan", "compile", "pack", "stages", "moe")) +
+                (f" | {host / tot:.0%} |" if tot else " | - |"))
+        out.append("")
+    loads = [x for ph in t.values() for row in ph.values() for c in row.values() for x in c.get("loadavg", [])
+             if x is not None]
+    if loads:
+        out += [f"Load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f}", ""]
+    return out
 
 
 def markdown(report: dict) -> str:
@@ -252,16 +322,16 @@ def markdown(report: dict) -> str:
         systems = list(next(iter(t["prefill"].values())).keys())
         out += [f"## {shape} ranks ({sh['wall_s']:.0f} s)", ""]
         for phase, unit in (("prefill", "tokens/s (all ranks)"), ("decode", "ms per step")):
-            head = f"| {phase} batch per rank | " + " | ".join(systems) + " | zepp best / a2av |"
-            out += [f"{phase}: {unit}", "", head, "|" + " --- |" * (len(systems) + 2)]
+            head = (f"| {phase} batch per rank | " + " | ".join(systems) +
+                    " | zepp best / a2av | / relay | / fastest other | Zepp's paths |")
+            out += [f"{phase}: {unit}", "", head, "|" + " --- |" * (len(systems) + 5)]
             for bs, row in t[phase].items():
-                z = [row[n]["value"] for n in systems if n.startswith("zepp")]
-                best = (max(z) if phase == "prefill" else min(z)) if z else None
-                ratio = (best / row["a2av"]["value"] if phase == "prefill" else row["a2av"]["value"] / best) \
-                    if best and "a2av" in row else None
-                out.append(f"| {bs} | " + " | ".join(f"{row[n]['value']:.1f}" for n in systems) +
-                           (f" | {ratio:.2f}x |" if ratio else " | - |"))
+                out.append(f"| {bs} | " + " | ".join(f"{row[n]['value']:.1f}" for n in systems) + " | "
+                           + " | ".join(_ratios(row, systems, phase)) + " | " +
+                           ", ".join(sorted({p for n in systems if n.startswith("zepp") for p in row[n]["paths"]}))
+                           + " |")
             out.append("")
+        out += _breakdown_table(t, systems)
         big = t["prefill"][max(t["prefill"], key=int)]
         out.append("NIC payload bytes, largest prefill batch: " + ", ".join(
             f"{n} {big[n]['nic_bytes'] / 2**20:.1f} MB" for n in systems))
@@ -286,7 +356,8 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--ffn", type=int, default=64)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--systems", default="a2av,eplb,relay,zepp-a2av,zepp-overlap,zepp-direct")
+    ap.add_argument("--systems", default="a2av,eplb,relay,sglang,zepp-a2av,zepp-overlap,zepp-direct")
+    ap.add_argument("--no-table-path", action="store_true", help="Zepp's variants always take the planned path")
     ap.add_argument("--prefill", default="32,96,256", help="prompt tokens per rank")
     ap.add_argument("--decode", default="4,16,64", help="requests per rank")
     ap.add_argument("--decode-steps", type=int, default=4)
@@ -321,7 +392,7 @@ def main() -> int:
     cfg = dict(checkpoint=ckpt, history=os.path.join(ckpt, "history"), systems=systems, relaxation=0.25, extra=2,
                prefill=[int(x) for x in a.prefill.split(",")], decode=[int(x) for x in a.decode.split(",")],
                decode_steps=a.decode_steps, reps=a.reps, seed=7, timeout=a.timeout, backend="gloo", device="cpu",
-               limit_s=a.limit_s)
+               limit_s=a.limit_s, table_path=not a.no_table_path)
     report = {"args": vars(a), "skew_fit": skew, "real_trace_max_over_mean": real, "shapes": {}}
     for shape in a.shapes.split(","):
         n, l = (int(x) for x in shape.split("x"))

@@ -13,6 +13,8 @@ from zepp.emulate.glooexec import (GLOO_BLOCKING, GLOO_OVERLAP, emulated_cluster
 from zepp.errors import ZeppInputError
 from zepp.planner.grouping import arrival_stage
 from zepp.registry import system
+from zepp.planner.stage_groups import NODE, RAIL, WORLD
+from zepp.runtime.dispatcher import plan_scopes
 from zepp.runtime.program import compile_rank
 from zepp.runtime.worker import default_config
 from zepp.sim.engine import TaskGraph, simulate
@@ -56,7 +58,9 @@ def test_simcheck_layer_is_the_shared_builders(plans, name):
 
 
 def test_overlap_systems_get_the_wave_and_arrival_stage_record():
-    assert gloo_mechanics(system("zepp-overlap")) == GLOO_OVERLAP
+    assert gloo_mechanics(system("zepp-overlap"), cpu=False) == GLOO_OVERLAP
+    # on CPU tensors the runtime's cost model (no separate compute engine) runs overlap blocking
+    assert gloo_mechanics(system("zepp-overlap")) == GLOO_BLOCKING
     assert gloo_mechanics(system("a2av")) == GLOO_BLOCKING == gloo_mechanics(system("zepp-sync"))
     with pytest.raises(ZeppInputError, match="zepp-p2p"):
         gloo_mechanics(system("zepp-p2p"))
@@ -64,17 +68,26 @@ def test_overlap_systems_get_the_wave_and_arrival_stage_record():
 
 @pytest.mark.parametrize("name", ["a2av", "relay", "zepp-overlap"])
 def test_calls_per_rank_are_the_runtimes_all_to_alls(plans, name):
-    """One posted call per ``all_to_all_single`` the runtime issues for that rank's program."""
+    """One costed post per ``all_to_all_single`` the runtime issues for that rank's program: every
+    call of the program whose group moves something (the runtime's ``plan_scopes``), none where
+    this rank's group has nothing to move."""
     spec, ps = plans
     plan, mech = ps[name], gloo_mechanics(system(name))
     g, _ = _graph(plan, spec, mech)
     c = g.columns()
-    posts = np.array([lab == "post call" for lab in c["label"]])
+    posts = np.array([lab == "post call" for lab in c["label"]]) & (np.asarray(c["dur"]) > 0)
     waves = mech.gemm2 == "waves"
+    N = plan.ranks // plan.gpus_per_node
     for r in range(plan.ranks):
         prog = compile_rank(plan, r, waves=waves)
         runtime_calls = len(prog.dispatch) + (prog.num_waves if waves else 1) + len(prog.combine) - 1
-        assert int(np.sum(posts & (c["rank"] == r))) == runtime_calls
+        sc = plan_scopes(plan, prog.num_waves, np.arange(N) if waves else None)
+        assert sc.active.shape[0] == runtime_calls
+        assert int(np.sum(posts & (c["rank"] == r))) == int(sc.active[:, r].sum())
+    if name != "a2av":  # relay and Zepp: intra-node stages on node groups, the NIC stage on rail groups
+        assert {NODE, RAIL} <= set(sc.kind.tolist())
+    else:
+        assert set(sc.kind.tolist()) == {WORLD}
 
 
 def test_a_serial_ring_call_takes_at_least_its_messages_link_times(plans):
@@ -153,3 +166,18 @@ def test_free_parameters_recover_known_costs(plans):
     assert fit["stage_overhead"] == pytest.approx(truth["stage_overhead"], rel=0.05)
     assert fit["cpu_per_byte"] == pytest.approx(truth["cpu_per_byte"], rel=0.05)
     assert np.max(np.abs(fit["rel_err"])) < 0.01
+
+
+def test_cpu_cost_model_picks_one_group_and_wave(plans):
+    """What ``gloo_mechanics`` assumes: with no separate compute engine (``overlap=0``) the
+    granularity model picks one dispatch group and one combine wave, with one (GPUs) it does not."""
+    from zepp.cluster import cluster_preset
+    from zepp.planner.granularity import Figures, choose
+
+    spec, ps = plans
+    plan = ps["zepp-overlap"]
+    cl = cluster_preset("a100", plan.ranks // plan.gpus_per_node, plan.gpus_per_node)
+    g = choose(plan, spec, Figures.of(cl, overlap=0.0))
+    assert (g.groups, g.waves) == (1, 1)
+    g = choose(plan, spec, Figures.of(cl, overlap=1.0))
+    assert (g.groups, g.waves) != (1, 1)

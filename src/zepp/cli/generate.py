@@ -148,7 +148,23 @@ def format_report(rep: dict) -> str:
                          f"{s['swap_bytes_cross_node']} B; ms between steps (plan + post) "
                          f"{[round(v, 2) for v in s['swap_ms_per_step']]}; ms waited for copies inside steps "
                          f"{[round(v, 2) for v in s.get('swap_wait_ms_per_step', [])]}")
-    return "\n".join(lines)
+    return "\n".join(lines + host_lines(rep))
+
+
+def host_lines(rep: dict) -> list[str]:
+    """Per system: host ms per MoE layer (metadata + plan + compile + pack) of the prefill step and
+    of a decode step, and the path each step took."""
+    from zepp.runtime.dispatcher import HOST_PARTS
+
+    out = []
+    for name, s in rep["systems"].items():
+        b = s.get("breakdown_ms_per_layer") or {}
+        host = {p: sum(b[p].get(k, 0.0) for k in HOST_PARTS) for p in b}
+        moe = {p: b[p].get("moe", 0.0) for p in b}
+        parts = ", ".join(f"{p} {host[p]:.1f} of {moe[p]:.1f} ms" for p in host)
+        paths = ", ".join(f"{p} x{s.get('paths', []).count(p)}" for p in sorted(set(s.get("paths", []))))
+        out.append(f"{name}: host work per MoE layer {parts or '-'}; steps by path: {paths or '-'}")
+    return out
 
 
 def check_against_reference(cfg: dict, rep: dict) -> bool:

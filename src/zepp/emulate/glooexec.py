@@ -33,12 +33,15 @@ GLOO_BLOCKING = Mechanics(dispatch_puts="serial", combine_puts="serial", dispatc
 GLOO_OVERLAP = replace(GLOO_BLOCKING, gemm1="stage", gemm2="waves")
 
 
-def gloo_mechanics(system) -> Mechanics:
-    """The record of a registry ``System`` run by the runtime on gloo (collective overlap only)."""
+def gloo_mechanics(system, cpu: bool = True) -> Mechanics:
+    """The record of a registry ``System`` run by the runtime on gloo (collective overlap only).
+    On CPU tensors (``cpu``: the emulated cluster) an overlap system's granularity comes from the
+    cost model with no separate compute engine (``Figures.overlap = 0``), which picks one
+    dispatch group and one combine wave: the blocking schedule (``zepp.runtime.dispatcher``)."""
     if system.overlap == "none":
         return GLOO_BLOCKING
     if system.overlap == "zepp" and system.overlap_comm == "collective":
-        return GLOO_OVERLAP
+        return GLOO_BLOCKING if cpu else GLOO_OVERLAP
     raise ZeppInputError(f"system {system.name!r}: the gloo executor model covers blocking and collective-overlap "
                          f"systems, not overlap={system.overlap!r} over {system.overlap_comm!r}")
 

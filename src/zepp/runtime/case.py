@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
+from zepp.runtime.dispatcher import HOST_PARTS
 from zepp.runtime.inputs import DTYPES, activations, cost_figures, gate_weights, load_traces
 
 
@@ -134,7 +135,7 @@ class SystemRun:
                                   device=case.device, figures=cost_figures(cfg))
         self.record = {"times": [], "plan_times": [], "max_rel_err": 0.0, "bytes_ok": True, "bytes": [],
                        "swapped_slots": 0, "swap_bytes": 0, "metadata_bytes": {}, "weights_ok": True,
-                       "granularity": []}
+                       "granularity": [], "breakdown": []}
         self.digest = hashlib.sha1()  # of every output of this rank, all iterations
         self.layer = MoELayer(d, seed=cfg["seed"], dtype=case.dtype)
         self.swaps = None
@@ -169,7 +170,9 @@ class SystemRun:
             g = d.last_granularity
             self.record["granularity"].append(None if g is None else [g.groups, g.waves])
             self.record["times"].append(elapsed)
-            self.record["plan_times"].append(d.timing.get("metadata", 0.0) + d.timing.get("plan", 0.0))
+            self.record["plan_times"].append(sum(d.timing.get(k, 0.0) for k in HOST_PARTS))
+            self.record["breakdown"].append({**d.timing, **{k: v for k, v in self.layer.timing.items()
+                                                            if k == "compute"}})
             self.record["bytes"].append({"measured": measured, "planned": planned})
         if case.cfg["check"]:
             self._check(it, x, ids_np, w, y)

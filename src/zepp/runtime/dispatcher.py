@@ -52,7 +52,51 @@ from zepp.errors import ZeppInputError
 from zepp.planner.flows import check_transports
 from zepp.model import MoESpec
 from zepp.planner.types import FlowPlan, Placement
+from zepp.planner.grouping import combine_wave
+from zepp.planner.stage_groups import NODE, RAIL, CallScopes, call_scopes
 from zepp.runtime.program import RankProgram, Stage, compile_rank
+
+# per-layer host work the Dispatcher times (``Dispatcher.timing``): the id/weight all-gather
+# (``metadata``), routing and flows (``plan``), this rank's program and the call scopes
+# (``compile``), the gate weights and staging buffers (``pack``); the stages are ``d<s>`` / ``c<s>``
+HOST_PARTS = ("metadata", "plan", "compile", "pack")
+
+_GROUPS: list = []  # [(world group, ranks, L, node groups, rail groups)]: created once per process group
+
+
+def stage_groups(world, ranks: int, gpus_per_node: int) -> tuple[list, list]:
+    """``(node groups [N], rail groups [L])`` of process group ``world`` (the default group):
+    created on first use, by every rank in the same order (``new_group`` is collective over the
+    default group), then reused by every Dispatcher of the process. A group of one rank is ``None``."""
+    for w, r, l, nodes, rails in _GROUPS:
+        if w is world and r == ranks and l == gpus_per_node:
+            return nodes, rails
+    L, N = gpus_per_node, ranks // gpus_per_node
+
+    def new(members):
+        return dist.new_group(members) if len(members) > 1 else None
+
+    nodes = [new(list(range(n * L, n * L + L))) for n in range(N)]
+    rails = [new(list(range(q, ranks, L))) for q in range(L)]
+    _GROUPS.append((world, ranks, L, nodes, rails))
+    return nodes, rails
+
+
+def plan_scopes(plan: FlowPlan, waves: int, wmap: np.ndarray | None) -> CallScopes:
+    """Scopes (``zepp.planner.stage_groups``) of a plan's calls: dispatch stages, then combine
+    stage 0 (``waves`` calls, wave of a hop ``wmap[combine_wave]``; ``wmap=None``: one call), then
+    the other combine stages. The same on every rank (the plan is)."""
+    d, c, L = plan.dispatch, plan.combine, plan.gpus_per_node
+    R = plan.routing.topk_ids.shape[0]
+    nd = d.num_stages
+    if wmap is not None:
+        w = wmap[combine_wave(c.owner, c.src, L, R // L)]
+        c_call = np.where(c.stage == 0, w, waves - 1 + c.stage.astype(np.int64))
+        n_cc = waves + max(c.num_stages - 1, 0) if c.num_stages else 0
+    else:
+        c_call, n_cc = c.stage.astype(np.int64), c.num_stages
+    call = np.concatenate([d.stage.astype(np.int64), nd + c_call])
+    return call_scopes(call, np.concatenate([d.src, c.src]), np.concatenate([d.dst, c.dst]), nd + n_cc, R, L)
 
 
 
@@ -87,6 +131,14 @@ class DispatchHandle:
     dtype: torch.dtype
     inputs: ExpertInputs
     _held: torch.Tensor | None = field(default=None, repr=False)
+    scopes: CallScopes | None = None  # per call (see ``plan_scopes``): which group runs it
+
+    def call(self, phase: str, stage: int, wave: int = 0) -> int:
+        """Index of a stage's (wave's) call in ``scopes``."""
+        nd = len(self.prog.dispatch)
+        if phase == "dispatch":
+            return stage
+        return nd + (wave if stage == 0 else self.prog.num_waves - 1 + stage)
 
 
 class LinkCounter:
@@ -172,6 +224,12 @@ class Dispatcher:
         self.last_plan: FlowPlan | None = None
         self._expected: np.ndarray | None = None  # [R] token counts of the coming batches (expect_tokens)
         self.last_ids: torch.Tensor | None = None  # [R, Tmax, k] ids of the last batch, -1 padded (device)
+        # stages on the groups that carry them (zepp.planner.stage_groups): only over the default group
+        self.use_groups = group is None or group is dist.group.WORLD
+        self._node_g, self._rail_g = (stage_groups(dist.group.WORLD, self.world, self.gpus_per_node)
+                                      if self.use_groups and self.world > 1 else ([], []))
+        self.calls_run = 0  # collective calls this rank ran (cumulative), and skipped (no rows on its group)
+        self.calls_skipped = 0
 
     @classmethod
     def for_system(cls, spec: MoESpec, placement: Placement, system, relaxation: float = 0.25, **kw) -> "Dispatcher":
@@ -183,9 +241,13 @@ class Dispatcher:
             raise ZeppInputError(f"system {s.name!r} does not run in the runtime (runs in: {', '.join(s.executors)})")
         if s.best_of:
             raise ZeppInputError(f"system {s.name!r} is the best of {', '.join(s.best_of)}; pick one of those")
+        # without a separate compute engine (the CPU) overlap pays only where the cost model says so:
+        # the granularity is chosen per batch (figures with overlap 0), as zepp-auto's always is
+        on_cpu = torch.device(kw.get("device") or "cpu").type == "cpu"
+        auto = s.overlap == "zepp-auto" or (s.overlap == "zepp" and s.overlap_comm == "collective" and on_cpu)
         return cls(spec, placement, routing=s.routing, relaxation=relaxation, dispatch=s.dispatch, combine=s.combine,
                    overlap=s.overlap in ("zepp", "zepp-auto"), overlap_comm=s.overlap_comm,
-                   granularity="auto" if s.overlap == "zepp-auto" else "per-node", **kw)
+                   granularity="auto" if auto else "per-node", **kw)
 
     # ------------------------------------------------------------------ buffers
     def _buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -294,17 +356,22 @@ class Dispatcher:
         t1 = time.perf_counter()
         plan = self.plan(ids_all, x.shape[1] * x.element_size())
         gran = self._choose_granularity(plan) if self.overlap and self.granularity == "auto" else None
+        t2 = time.perf_counter()
         prog = compile_rank(plan, self.rank, waves=self.overlap, granularity=gran)
+        wmap = None if not self.overlap else (gran.wave_map() if gran is not None else
+                                              np.arange(self.world // self.gpus_per_node))
+        scopes = plan_scopes(plan, prog.num_waves, wmap) if self.use_groups else None
+        t3 = time.perf_counter()
         self.last_plan = plan
         self.last_granularity = gran
         weights = w_all[self._idx(prog.e_owner), self._idx(prog.e_token), self._idx(prog.e_j)]
         held = self._buffer("held", prog.held_size, x.shape[1], x.dtype)
         held[: prog.tokens].copy_(x)
         rows = self._buffer("inputs", prog.n_entries, x.shape[1], x.dtype)
-        self.timing["metadata"] = t1 - t0
-        self.timing["plan"] = time.perf_counter() - t1
+        self.timing = {"metadata": t1 - t0, "plan": t2 - t1, "compile": t3 - t2,
+                       "pack": time.perf_counter() - t3}
         inputs = ExpertInputs(rows, prog.counts, prog.e_slot)
-        return DispatchHandle(plan, prog, weights, x.dtype, inputs, held)
+        return DispatchHandle(plan, prog, weights, x.dtype, inputs, held, scopes=scopes)
 
     def _choose_granularity(self, plan: FlowPlan):
         """``zepp.planner.granularity.choose`` on this batch's plan with ``self.figures`` (default: the
@@ -316,7 +383,8 @@ class Dispatcher:
             from zepp.cluster import cluster_preset
 
             fig = self.figures = Figures.of(cluster_preset("a100", self.world // self.gpus_per_node,
-                                                           self.gpus_per_node))
+                                                           self.gpus_per_node),
+                                            overlap=0.0 if self.device.type == "cpu" else 1.0)
         return choose(plan, self.spec, fig)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
@@ -342,7 +410,7 @@ class Dispatcher:
         for s, st in enumerate(h.prog.dispatch):
             send = self._gather_rows("send", held, st.send_idx)
             recv = held[st.recv_off: st.recv_off + st.n_recv]
-            self._a2a(recv, send, st, "dispatch")
+            self._a2a(recv, send, st, "dispatch", h=h, stage=s)
         torch.index_select(held, 0, self._idx(h.prog.e_pos), out=h.inputs.rows)
 
     def dispatch_begin(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:
@@ -362,7 +430,7 @@ class Dispatcher:
             send = self._gather_rows("send", held, st.send_idx)
             recv = held[st.recv_off: st.recv_off + st.n_recv]
             if not self.p2p:  # one asynchronous all-to-all per stage
-                work = self._a2a(recv, send, st, "dispatch", wave=0, async_op=True)
+                work = self._a2a(recv, send, st, "dispatch", wave=0, async_op=True, h=h, stage=s)
                 yield from groups.ready(pending)
                 work.wait()
                 pending = [(1 + 2 * s, 2 + 2 * s)]
@@ -414,7 +482,7 @@ class Dispatcher:
         for s, st in enumerate(prog.combine):
             send = self._take_units(store, st.send_idx, h)
             recv = self._buffer("crecv", st.n_recv, store.shape[1], send.dtype)
-            self._a2a(recv, send, st, "combine")
+            self._a2a(recv, send, st, "combine", h=h, stage=s)
             self._accumulate_received(store, recv, st)
         return self._final(store, h)
 
@@ -466,15 +534,43 @@ class Dispatcher:
         return y.to(h.dtype)
 
     def _a2a(self, recv: torch.Tensor, send: torch.Tensor, st: Stage, phase: str, wave: int = 0,
-             async_op: bool = False):
+             async_op: bool = False, h: DispatchHandle | None = None, stage: int = 0):
         """All-to-all of one wave of a stage (``W == 1``: the whole stage). ``send``/``recv`` hold
-        exactly that wave's rows, by destination / by source."""
+        exactly that wave's rows, by destination / by source. With the handle's scopes the call
+        runs on the group that carries it (a node's or a rail's), or not at all where that group
+        moves nothing (then only this rank's rows to itself are copied)."""
         sc = st.send_counts[:, wave]
         rc = st.recv_counts[:, wave]
         row = send.shape[1] * send.element_size()
         for d in np.flatnonzero(sc).tolist():
             self.counter.add(phase, d, sc[d] * row)
-        return dist.all_to_all_single(recv, send, rc.tolist(), sc.tolist(), group=self.group, async_op=async_op)
+        t0 = time.perf_counter()
+        key = f"{phase[0]}{stage}" + (f"w{wave}" if st.send_counts.shape[1] > 1 else "")
+        group, members = self.group, None
+        if h is not None and h.scopes is not None:
+            k = h.call(phase, stage, wave)
+            kind = int(h.scopes.kind[k])
+            if not h.scopes.active[k, self.rank]:
+                self.calls_skipped += 1
+                r = self.rank
+                n = int(sc[r])
+                if n:
+                    recv[int(rc[:r].sum()): int(rc[:r].sum()) + n].copy_(send[int(sc[:r].sum()): int(sc[:r].sum()) + n])
+                return _Done()
+            if kind == NODE:
+                group = self._node_g[self.rank // self.gpus_per_node]
+                members = slice(self.rank // self.gpus_per_node * self.gpus_per_node,
+                                (self.rank // self.gpus_per_node + 1) * self.gpus_per_node)
+            elif kind == RAIL:
+                group = self._rail_g[self.rank % self.gpus_per_node]
+                members = slice(self.rank % self.gpus_per_node, self.world, self.gpus_per_node)
+        if members is not None:
+            sc, rc = sc[members], rc[members]
+        self.calls_run += 1
+        work = dist.all_to_all_single(recv, send, rc.tolist(), sc.tolist(), group=group, async_op=async_op)
+        if not async_op:
+            self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - t0
+        return work
 
     def _p2p(self, recv: torch.Tensor, send: torch.Tensor, st: Stage, phase: str, tag: int, wave: int,
              send_offset: int = 0):
@@ -566,6 +662,13 @@ class _HostStaged:
         self.dev.copy_(self.host)
 
 
+class _Done:
+    """The work of a call this rank did not run (its group moves nothing)."""
+
+    def wait(self):
+        return True
+
+
 class _AllOf:
     def __init__(self, works):
         self.works, self.done = works, False
@@ -622,7 +725,7 @@ class CombineStream:
             self.pending.append((list(recv_w.values()) + send_w, part))
         else:
             ro = np.r_[0, np.cumsum(st.recv_counts.sum(axis=0))]
-            work = d._a2a(self._recv0[ro[w]: ro[w + 1]], part, st, "combine", wave=w, async_op=True)
+            work = d._a2a(self._recv0[ro[w]: ro[w + 1]], part, st, "combine", wave=w, async_op=True, h=h, stage=0)
             self.pending.append(([work], part))
 
     def finish(self) -> torch.Tensor:
@@ -642,7 +745,7 @@ class CombineStream:
                 for w in [recv_w[q] for q in sorted(recv_w)] + send_w:
                     w.wait()
             else:
-                d._a2a(recv, send, st, "combine")
+                d._a2a(recv, send, st, "combine", h=h, stage=s)
             d._accumulate_received(self.store, recv, st)
         return d._final(self.store, h)
 

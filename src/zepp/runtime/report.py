@@ -55,6 +55,7 @@ def _system(cfg: dict, recs: list[dict], tol: float) -> dict:
         "swapped_slots": recs[0]["swapped_slots"], "swap_bytes": sum(r["swap_bytes"] for r in recs),
         # zepp-auto: (groups, waves) per timed iteration, and whether every rank chose the same
         "granularity": recs[0]["granularity"],
+        "breakdown_ms": breakdown_ms([r.get("breakdown", []) for r in recs]),
         "granularity_same_on_all_ranks": all(r["granularity"] == recs[0]["granularity"] for r in recs),
     }
     if "swaps" in recs[0]:  # a swapping system: per step swaps, bytes, time (zepp.runtime.swap_steps)
@@ -62,3 +63,15 @@ def _system(cfg: dict, recs: list[dict], tol: float) -> dict:
 
         out["swaps"] = dict(fold_swaps(recs), mode=cfg.get("swap_copies") or "hidden")
     return out
+
+
+def breakdown_ms(per_rank: list[list[dict]]) -> dict:
+    """Per part of a layer (``zepp.runtime.dispatcher.HOST_PARTS``, the stages ``d<s>`` / ``c<s>``,
+    ``compute``): the median over iterations of the slowest rank's milliseconds (a part a rank
+    did not run counts 0 there)."""
+    if not per_rank or not per_rank[0]:
+        return {}
+    keys = sorted({k for rank in per_rank for it in rank for k in it})
+    iters = min(len(rank) for rank in per_rank)
+    return {k: float(np.median([max(rank[i].get(k, 0.0) for rank in per_rank) for i in range(iters)]) * 1e3)
+            for k in keys}

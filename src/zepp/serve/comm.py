@@ -39,7 +39,8 @@ class ExpertParallel:
     """
 
     def __init__(self, system, placements: list[Placement], spec: MoESpec, relaxation: float = 0.25,
-                 device=None, record: bool = False, window: int = 4, group=None):
+                 device=None, record: bool = False, window: int = 4, group=None, demands: list | None = None,
+                 path_figures=None):
         self.system = system
         self.placements = list(placements)
         self.spec = spec
@@ -62,6 +63,17 @@ class ExpertParallel:
         # layer's GEMMs wait slot by slot, the layer finishes them; seconds this thread waited
         self.pending: dict = {}
         self.swap_wait_s = 0.0
+        # the table path (zepp.planner.decode_path): Zepp's routing without swaps or recording
+        self.demands = demands
+        self.table_ok = system.routing == "zepp" and not system.swaps and not record
+        self.path_figures = path_figures
+        self._tables: dict = {}  # layer -> (placement, RoutingTable): cached per placement
+        self.path = "planned"  # this step's path, the same on every rank
+        self.step_paths: list[str] = []
+        self.step_breakdown: list[dict] = []  # per step: {part: seconds summed over the step's layers}
+        if self.table_ok:  # what depends only on the placement is built once, before the first step
+            for layer in range(self.layers):
+                self.table(layer)
 
     def _gemm(self, pending, fn, x: torch.Tensor, slot: np.ndarray, w: torch.Tensor) -> torch.Tensor:
         """``fn(x, slot, w)``, with the slots of a swap in flight last (``PendingCopies.grouped``)."""
@@ -80,7 +92,43 @@ class ExpertParallel:
         dist.all_gather(out, c, group=self.dispatcher.group)
         self.counts = torch.cat(out).cpu().numpy()
         self.dispatcher.expect_tokens(self.counts)
+        self.path = self._choose_path(self.counts)
+        self.step_paths.append(self.path)
+        self.step_breakdown.append({})
         return self.counts
+
+    def _choose_path(self, counts: np.ndarray) -> str:
+        """``zepp.planner.decode_path.choose_path`` on the step's counts (known to every rank)."""
+        if not self.table_ok or int(counts.sum()) == 0:
+            return "planned"
+        from zepp.planner.decode_path import choose_path, default_figures
+
+        last = self.dispatcher.last_plan
+        stages = 6 if last is None else last.dispatch.num_stages + last.combine.num_stages
+        fig = self.path_figures or default_figures()
+        row = self.spec.hidden * 4
+        return choose_path(counts, self.world, self.dispatcher.gpus_per_node, self.spec.num_experts,
+                           self.spec.top_k, row, stages, fig)
+
+    def table(self, layer: int):
+        """The routing table of ``layer``'s placement (built once per placement)."""
+        from zepp.planner.routing.table_routing import build_routing_table
+
+        p = self.placements[layer]
+        got = self._tables.get(layer)
+        if got is None or got[0] is not p:
+            R, E = self.world, self.spec.num_experts
+            dem = self.demands[layer] if self.demands is not None and self.demands[layer] is not None \
+                else np.ones((R, E))
+            got = (p, build_routing_table(p, dem, self.relaxation, p.gpus_per_node))
+            self._tables[layer] = got
+        return got[1]
+
+    def _add_breakdown(self, timing: dict) -> None:
+        if self.step_breakdown:
+            b = self.step_breakdown[-1]
+            for k, v in timing.items():
+                b[k] = b.get(k, 0.0) + v
 
     def moe(self, layer: int, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, block) -> torch.Tensor:
         """One layer: ``x [T_r, H]``, the router's ``ids``/``w [T_r, k]`` -> ``y [T_r, H]`` (fp32 sum)."""
@@ -92,12 +140,17 @@ class ExpertParallel:
         pend = self.pending.pop(layer, None)
         act = block.act_fn
         up = lambda rows, slot, wt: grouped_gated_up(rows, slot, wt, act)  # noqa: E731
+        if self.path == "table":  # (never with swaps: table_ok excludes them)
+            return self._table_moe(layer, x, ids, w, block, t0)
         if not d.overlap:
             inputs, h = d.dispatch(x, ids, w)
             inter = self._gemm(pend, up, inputs.rows, inputs.slot, block.gate_up)
             y = d.combine(self._gemm(pend, grouped_linear_down, inter, inputs.slot, block.down), h)
+        elif (h := d.dispatch_begin(x, ids, w)).prog.single_gemm:  # the batch's granularity: blocking
+            d.dispatch_blocking(h)
+            inter = self._gemm(pend, up, h.inputs.rows, h.inputs.slot, block.gate_up)
+            y = d.combine_blocking(self._gemm(pend, grouped_linear_down, inter, h.inputs.slot, block.down), h)
         else:
-            h = d.dispatch_begin(x, ids, w)
             rows, slot = h.inputs.rows, h.prog.e_slot
             inter = rows.new_empty(rows.shape[0], block.ffn)
             for grp in d.arrivals(h):
@@ -110,6 +163,26 @@ class ExpertParallel:
         if pend is not None:
             self.swap_wait_s += pend.finish().wait_s
         self._note(layer, h)
+        self._add_breakdown({**d.timing, "moe": time.perf_counter() - t0})
+        self.moe_seconds += time.perf_counter() - t0
+        return y
+
+    def _table_moe(self, layer: int, x, ids, w, block, t0: float) -> torch.Tensor:
+        """One layer on the table path (``zepp.runtime.table_exchange``)."""
+        from zepp.planner.routing.table_routing import rank_slots
+        from zepp.runtime.table_exchange import table_layer
+
+        d, act = self.dispatcher, block.act_fn
+        tm = time.perf_counter()
+        ids_np = ids.cpu().numpy().astype(np.int32)
+        slot = torch.as_tensor(rank_slots(ids_np, self.rank, self.table(layer)), dtype=torch.int64, device=x.device)
+        timing = {"plan": time.perf_counter() - tm}
+
+        def experts(rows, s):
+            return grouped_linear_down(grouped_gated_up(rows, s, block.gate_up, act), s, block.down)
+
+        y = table_layer(d, x, slot, w, self.counts, experts, timing)  # (no global ids: expert_load skips it)
+        self._add_breakdown({**timing, "moe": time.perf_counter() - t0})
         self.moe_seconds += time.perf_counter() - t0
         return y
 

@@ -42,6 +42,22 @@ def default_config() -> dict:
                 keep_logits=False, fault=None, out=None, dtype="float32")
 
 
+def layer_demands(cfg: dict, shape: dict, world: int) -> list | None:
+    """Per MoE layer the history's expected demand ``[G, E]`` (each node's histogram shared by its
+    GPUs), for the routing tables of the table path; ``None`` without a history."""
+    from zepp.traces import node_demand, read_trace
+
+    if not cfg.get("history"):
+        return None
+    E, k, L = shape["experts"], shape["top_k"], cfg["gpus_per_node"]
+    out = []
+    for i in range(shape["layers"]):
+        tr = read_trace(os.path.join(cfg["history"], f"layer_{i:03d}.txt"), num_experts=E, top_k=k)
+        hist = node_demand(tr, cfg["nodes"], L).astype(np.float64)
+        out.append(np.repeat(hist, L, axis=0)[:world] / L)
+    return out
+
+
 def layer_placements(cfg: dict, system, shape: dict, world: int) -> list:
     """One placement per MoE layer: from ``cfg["history"]`` (``layer_{i:03d}.txt``) with the
     system's placement choice, else home."""
@@ -99,7 +115,10 @@ class ServedSystem:
         self.device = torch.device(cfg["device"])
         self.record = bool(cfg.get("record")) and name == cfg["systems"][0]
         self.comm = ExpertParallel(self.system, layer_placements(cfg, self.system, shape, self.world), spec,
-                                   cfg["relaxation"], self.device, record=self.record)
+                                   cfg["relaxation"], self.device, record=self.record,
+                                   demands=layer_demands(cfg, shape, self.world))
+        if cfg.get("paths") == "planned":  # the table path off (zepp generate --paths planned)
+            self.comm.table_ok = False
         self.placements_at_load = list(self.comm.placements)
         t_load = time.perf_counter()
         self.model = load_expert_parallel(cfg["checkpoint"], self.comm, self.rank, self.device)
@@ -132,6 +151,7 @@ class ServedSystem:
                 "local_experts": int(sum(int((p.slot_expert[self.rank] >= 0).sum()) for p in self.placements_at_load)),
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "load_s": self.load_s,
                 "wall_s": wall, "moe_s": comm.moe_seconds, "probes": log.probes,
+                "paths": comm.step_paths[:len(log.seconds)], "breakdown": comm.step_breakdown[:len(log.seconds)],
                 "swap_bytes_cross_node": int(adapt.sent_to[~same].sum()) if adapt is not None else 0}
 
     def _phase_bytes(self, log, same: np.ndarray) -> dict:
@@ -213,7 +233,25 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
         "load_s": max(pr["load_s"] for pr in per_rank), "wall_s": max(pr["wall_s"] for pr in per_rank),
         "moe_s_max": max(pr["moe_s"] for pr in per_rank),
         "wire_nic_tx_bytes": _wire(per_rank),
+        "paths": per_rank[0].get("paths", []),
+        "breakdown_ms_per_layer": _breakdown(per_rank, shape["layers"]),
     }
+
+
+def _breakdown(per_rank: list[dict], layers: int) -> dict:
+    """Per part of a MoE layer (``zepp.runtime.dispatcher.HOST_PARTS``, stages ``d<s>`` / ``c<s>``,
+    ``compute`` on the table path): milliseconds per layer, the slowest rank's, for the prefill
+    step and averaged over the decode steps."""
+    steps = min(len(pr.get("breakdown", [])) for pr in per_rank)
+    out = {}
+    for part, sl in (("prefill", slice(0, 1)), ("decode", slice(1, steps))):
+        idx = range(steps)[sl]
+        if not idx:
+            continue
+        keys = sorted({k for pr in per_rank for i in idx for k in pr["breakdown"][i]})
+        out[part] = {k: float(np.mean([max(pr["breakdown"][i].get(k, 0.0) for pr in per_rank) for i in idx])
+                              * 1e3 / layers) for k in keys}
+    return out
 
 
 def _wire(per_rank: list[dict]) -> dict | None:

@@ -7,8 +7,10 @@ or, with combine waves (``gemm2 == "waves"``), one wave of combine stage 0.
 
 Rules per call:
 
-- every ordered pair of ranks exchanges one message, an empty one where the plan moves nothing
-  (``all_to_all_single`` sends to every peer);
+- a call runs on the group that carries it (``zepp.planner.stage_groups``: a node's ranks, a
+  rail's ranks, or all), only where that group moves something; every ordered pair of its
+  members exchanges one message, an empty one where the plan moves nothing (``all_to_all_single``
+  sends to every peer); a rank outside every busy group of the call does not post it;
 - each rank sends its messages one after another in ring order (step ``i``: to ``rank + i``);
 - a message starts once both its ends have posted the call; posting costs the rank
   ``net.call_cpu + net.cpu_per_byte * (bytes it sends and receives in the call)`` seconds on its
@@ -28,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from zepp.planner.grouping import Messages, combine_wave
+from zepp.planner.stage_groups import NODE, RAIL, WORLD, call_scopes
 from zepp.planner.types import Hops
 
 
@@ -77,12 +80,17 @@ class _Calls:
         self.nbytes = np.concatenate([d.rows, cm.rows]).astype(float) * row_bytes
         self.entry = np.concatenate([d.entry_task, cm.entry_task])
         self.exit_ = np.concatenate([d.exit_task, cm.exit_task])
+        # the group each call runs on, and which ranks take part (the runtime's rule)
+        self.scopes = call_scopes(self.call, self.src, self.dst, self.K, self.R, L)
 
     def add_empty_messages(self, b) -> None:
         """Empty messages for the pairs a call moves nothing between."""
         K, R = self.K, self.R
         k_all, s_all, t_all = (a.ravel() for a in np.meshgrid(np.arange(K), np.arange(R), np.arange(R), indexing="ij"))
-        pair = s_all != t_all
+        kind, act, L = self.scopes.kind[k_all], self.scopes.active, b.L
+        same_group = np.where(kind == NODE, s_all // L == t_all // L, np.where(kind == RAIL, s_all % L == t_all % L,
+                                                                              kind == WORLD))
+        pair = (s_all != t_all) & same_group & act[k_all, s_all] & act[k_all, t_all]
         k_all, s_all, t_all = k_all[pair], s_all[pair], t_all[pair]
         has = np.zeros(K * R * R, bool)
         has[(self.call * R + self.src) * R + self.dst] = True
@@ -112,7 +120,8 @@ class _Calls:
         moved = (np.bincount(call * R + src, weights=self.nbytes, minlength=K * R)
                  + np.bincount(call * R + dst, weights=self.nbytes, minlength=K * R))
         ranks = np.tile(np.arange(R), K)
-        post = g.add_fixed(ranks, net.call_cpu + net.cpu_per_byte * moved, kind="other", stream="compute",
+        joins = self.scopes.active.ravel()  # a rank whose group moves nothing does not call
+        post = g.add_fixed(ranks, (net.call_cpu + net.cpu_per_byte * moved) * joins, kind="other", stream="compute",
                            label="post call").reshape(K, R)
         done = g.add_fixed(ranks, np.zeros(K * R), kind="barrier", stream=None, label="call done").reshape(K, R)
         g.after(post[call, src], self.entry)
