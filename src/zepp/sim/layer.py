@@ -216,6 +216,20 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return u // base, u % base
 
 
+def stage_pairs(h: Hops, hop_msg: np.ndarray, R: int, T: int, join=_join) -> tuple[np.ndarray, np.ndarray]:
+    """The message pairs ``(a, b)`` (sorted, distinct) where message ``b`` carries on a row that
+    an earlier-stage message ``a`` delivered to ``b``'s source: hops ``[M]`` of one phase,
+    ``hop_msg [M]`` each hop's message. ``join``: the key join (``_join``; tests pass others)."""
+    later = np.flatnonzero(h.stage > 0)
+    early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
+    key_in = (h.dst[early].astype(np.int64) * R + h.owner[early]) * T + h.token[early]
+    key_out = (h.src[later].astype(np.int64) * R + h.owner[later]) * T + h.token[later]
+    i, j = join(key_in, key_out)
+    i, j = early[i], later[j]
+    ok = h.stage[i] < h.stage[j]
+    return _unique_pairs(hop_msg[i[ok]], hop_msg[j[ok]])
+
+
 class LayerBuilder:
     """Builds one layer's tasks into a ``TaskGraph``; see ``build_layer``."""
 
@@ -282,17 +296,9 @@ class LayerBuilder:
 
     def stage_deps(self, h: Hops, m: Messages) -> None:
         """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``."""
-        T = self.T
-        later = np.flatnonzero(h.stage > 0)
-        if later.size == 0:
+        if not (h.stage > 0).any():
             return
-        early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
-        key_in = (h.dst[early].astype(np.int64) * self.R + h.owner[early]) * T + h.token[early]
-        key_out = (h.src[later].astype(np.int64) * self.R + h.owner[later]) * T + h.token[later]
-        i, j = _join(key_in, key_out)
-        i, j = early[i], later[j]
-        ok = h.stage[i] < h.stage[j]
-        a, b = _unique_pairs(m.hop_msg[i[ok]], m.hop_msg[j[ok]])
+        a, b = stage_pairs(h, m.hop_msg, self.R, self.T)
         self.g.after(m.exit_task[a], m.entry_task[b])
         if self.mech.stage_node_barrier:
             for s in range(1, int(h.stage.max()) + 1):
