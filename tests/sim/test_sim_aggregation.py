@@ -14,12 +14,12 @@ import pytest
 
 from zepp import registry
 from zepp.planner.grouping import messages
-from zepp.sim.layer import _join, _join_blocked, _join_sorted, stage_pairs
+from zepp.sim.layer import _join, _join_blocked, _join_sorted, stage_message_pairs
 from zepp.model import model_preset
 from zepp.sim.calibrate import calibrated
 from zepp.sim.run import Config, Shared
 
-# systems whose dispatch or combine has more than one stage (the only phases stage_pairs joins)
+# systems whose dispatch or combine has more than one stage (the only phases stage_message_pairs joins)
 SYSTEMS = ("sglang-deepep-normal", "vllm-eplb-normal", "zepp-deepep-normal", "zepp-deepep-overlap", "epic")
 SHAPES = (("h200-8", 2, 8, "qwen", 64), ("h200-8", 4, 8, "k2", 32), ("gb200-nvl72", 2, 64, "deepseek-v3", 16))
 
@@ -47,9 +47,9 @@ def test_blocked_join_gives_the_same_stage_dependencies(shape):
             if not (h.stage > 0).any():
                 continue
             hop_msg = messages(h, R).hop_msg
-            exact = stage_pairs(h, hop_msg, R, T, join=_join_sorted)
+            exact = stage_message_pairs(h, hop_msg, R, T, join=_join_sorted)
             for join in (partial(_join_blocked, bits=4), partial(_join_blocked, bits=9), _join):
-                got = stage_pairs(h, hop_msg, R, T, join=join)
+                got = stage_message_pairs(h, hop_msg, R, T, join=join)
                 assert np.array_equal(got[0], exact[0]) and np.array_equal(got[1], exact[1]), name
             joined += exact[0].size
     assert joined > 0  # the shapes do have multi-stage phases

@@ -216,11 +216,13 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return u // base, u % base
 
 
-def stage_pairs(h: Hops, hop_msg: np.ndarray, R: int, T: int, join=_join) -> tuple[np.ndarray, np.ndarray]:
+def stage_message_pairs(h: Hops, hop_msg: np.ndarray, R: int, T: int, join=_join) -> tuple[np.ndarray, np.ndarray]:
     """The message pairs ``(a, b)`` (sorted, distinct) where message ``b`` carries on a row that
     an earlier-stage message ``a`` delivered to ``b``'s source: hops ``[M]`` of one phase,
     ``hop_msg [M]`` each hop's message. ``join``: the key join (``_join``; tests pass others)."""
     later = np.flatnonzero(h.stage > 0)
+    if later.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
     key_in = (h.dst[early].astype(np.int64) * R + h.owner[early]) * T + h.token[early]
     key_out = (h.src[later].astype(np.int64) * R + h.owner[later]) * T + h.token[later]
@@ -298,7 +300,7 @@ class LayerBuilder:
         """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``."""
         if not (h.stage > 0).any():
             return
-        a, b = stage_pairs(h, m.hop_msg, self.R, self.T)
+        a, b = stage_message_pairs(h, m.hop_msg, self.R, self.T)
         self.g.after(m.exit_task[a], m.entry_task[b])
         if self.mech.stage_node_barrier:
             for s in range(1, int(h.stage.max()) + 1):
