@@ -135,6 +135,21 @@ _ROWS = (
     System("sglang-deepep-normal", "EPLB replicas, SGLang static dispatch, DeepEP normal kernels (NIC once per node, reduced combine)",
            "SGLang + DeepEP normal mode (prefill)", "eplb", "locality", "relay", "reduce", mechanics="deepep-normal",
            executors=("plan", "sim")),
+    # SGLang 0.5.23's --ep-dispatch-algorithm lp (read in its wheel: sglang/srt/eplb/lplb_solver.py,
+    # expert_location_dispatch.py): DeepSeek's LPLB solved per batch over the EPLB placement,
+    # each entry drawing a copy with the LP's shares (zepp.planner.routing.lp_routing); the
+    # solver's time is the lplb planning model (zepp/data/lp_solver.json).
+    System("sglang-lp", "SGLang + DeepEP + EPLB with the lp dispatch (per-batch LP over redundant experts): "
+           "low-latency kernels up to 256 tokens per GPU, normal kernels above",
+           "SGLang --moe-a2a-backend deepep --deepep-mode auto --enable-eplb --ep-dispatch-algorithm lp",
+           "eplb", "lp", "relay", "reduce", mechanics="by-tokens", planning="lplb",
+           best_of=("sglang-lp-ll", "sglang-lp-normal"), switch_tokens=256, executors=("plan", "sim")),
+    System("sglang-lp-ll", "EPLB replicas, SGLang lp dispatch (DeepSeek LPLB), DeepEP low-latency kernels",
+           "SGLang + DeepEP low-latency mode, --ep-dispatch-algorithm lp (decode)", "eplb", "lp", "a2av", "a2av",
+           mechanics="deepep-ll", planning="lplb", executors=("plan", "sim")),
+    System("sglang-lp-normal", "EPLB replicas, SGLang lp dispatch (DeepSeek LPLB), DeepEP normal kernels",
+           "SGLang + DeepEP normal mode, --ep-dispatch-algorithm lp (prefill)", "eplb", "lp", "relay", "reduce",
+           mechanics="deepep-normal", planning="lplb", executors=("plan", "sim")),
     System("vllm-eplb", "vLLM + EPLB: pseudo-random replica per entry over DeepEP, low-latency up to 256 tokens per GPU",
            "vLLM --enable-eplb with the DeepEP all2all backends", "eplb", "random", "relay", "reduce",
            mechanics="by-tokens", best_of=("vllm-eplb-ll", "vllm-eplb-normal"), switch_tokens=256,
@@ -145,13 +160,32 @@ _ROWS = (
     System("vllm-eplb-normal", "EPLB replicas, vLLM's random replica choice, DeepEP normal kernels",
            "vLLM + EPLB, deepep_high_throughput (prefill)", "eplb", "random", "relay", "reduce",
            mechanics="deepep-normal", executors=("plan", "sim")),
-    System("zepp-deepep", "Zepp on DeepEP's kernels: the best of zepp-deepep-ll, zepp-deepep-normal and zepp-deepep-overlap",
+    System("zepp-deepep", "Zepp on DeepEP's kernels: the best of its table-routed low-latency variants, zepp-deepep-ll, "
+           "zepp-deepep-normal and zepp-deepep-overlap",
            "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",
-           planning="zepp", best_of=("zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
+           planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-lean", "zepp-deepep-table-relay",
+                                     "zepp-deepep-ll", "zepp-deepep-normal", "zepp-deepep-overlap"),
            executors=("plan", "sim")),
     System("zepp-deepep-ll", "Zepp's placement and routing over DeepEP's low-latency kernels",
            "Zepp variant (DeepEP low-latency)", "zepp", "zepp", "a2av", "a2av", mechanics="deepep-ll", planning="zepp",
            executors=("plan", "sim")),
+    System("zepp-deepep-table", "Zepp's placement, its routing table looked up per entry on the device, DeepEP-style "
+           "low-latency kernels sending a token once per destination GPU (outputs summed there)",
+           "Zepp variant (low-latency kernels, table routing)", "zepp", "zepp-table", "dedup", "dedup",
+           mechanics="deepep-ll", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-cols", "zepp-deepep-table with GEMM 2 in column splits, each sending its slice of the "
+           "partials as it finishes (the combine overlaps GEMM 2)",
+           "Zepp variant (low-latency kernels, table routing, column-split combine)", "zepp", "zepp-table", "dedup",
+           "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-lean", "zepp-deepep-table-cols routed over the fewest replicas that leave every GPU the "
+           "fewest slots with work (a decode GEMM reads the weights of every slot it serves)",
+           "Zepp variant (low-latency kernels, lean table routing, column-split combine)", "zepp", "zepp-table-lean",
+           "dedup", "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+    System("zepp-deepep-table-relay", "Zepp's placement and routing table over a hierarchical low-latency kernel: a "
+           "token crosses the NIC once per node to the GPU of its local index, which forwards it over NVLink; "
+           "partials reduced in the node before the NIC",
+           "Zepp variant (low-latency kernels, table routing, node merge)", "zepp", "zepp-table", "relay", "reduce",
+           mechanics="deepep-ll-relay", planning="zepp-table", executors=("sim",)),
     System("zepp-deepep-normal", "Zepp's placement, routing and transport over DeepEP's normal-kernel figures",
            "Zepp variant (DeepEP normal)", "zepp", "zepp", "zepp", "reduce", mechanics="deepep-normal", planning="zepp",
            executors=("plan", "sim")),

@@ -32,11 +32,11 @@ def test_bench_json_schema(tmp_path):
                                      "--plot", str(tmp_path / "b.png")])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert set(data) == {"rows", "geomean_speedup"}
+    assert set(data) == {"rows", "geomean_speedup", "geomean_speedup_paper"}
     assert len(data["rows"]) == 1
     row = data["rows"][0]
     assert set(row) == {"cluster", "nodes", "gpus_per_node", "model", "budget_mb", "latency_ms", "lower_bound_ms",
-                        "measured_ms", "variant", "run"}
+                        "measured_ms", "variant", "run", "best_baseline", "zepp_best"}
     assert (row["cluster"], row["nodes"], row["model"], row["budget_mb"]) == ("a100", 1, "k2", 1.0)
     variants = registry.SYSTEMS["zepp"].best_of
     assert set(row["latency_ms"]) == set(registry.PAPER_BASELINES) | {"zepp", *variants}
@@ -46,7 +46,9 @@ def test_bench_json_schema(tmp_path):
     assert set(row["measured_ms"]) == set(registry.PAPER_BASELINES)
     assert all(v is None for v in row["measured_ms"].values())
     best = min(row["latency_ms"][s] for s in registry.PAPER_BASELINES)
-    assert data["geomean_speedup"] == best / row["latency_ms"]["zepp"]
+    assert data["geomean_speedup"] == data["geomean_speedup_paper"] == best / row["latency_ms"]["zepp"]
+    assert row["best_baseline"] == min(registry.PAPER_BASELINES, key=row["latency_ms"].get)
+    assert row["zepp_best"] in {"zepp", *variants} and row["latency_ms"][row["zepp_best"]] == row["latency_ms"]["zepp"]
     assert (tmp_path / "b.png").stat().st_size > 0
     assert "speedup" in res.output and "1 configuration," in res.output
 

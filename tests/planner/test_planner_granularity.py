@@ -175,3 +175,15 @@ def test_transfers_sharing_the_cores_favour_fewer_splits():
         assert compile_rank(plan, r, waves=True, granularity=Granularity.single(4)).single_gemm
         assert not compile_rank(plan, r, waves=True, granularity=Granularity.per_node(4)).single_gemm
         assert not compile_rank(plan, r, waves=True).single_gemm
+
+
+def test_column_splits_grow_with_the_combine_and_stay_in_range():
+    from zepp.planner.granularity import MAX_COLUMN_SPLITS, column_splits
+
+    fig = Figures.of(cluster_preset("h200-8", 2, 8))
+    got = [column_splits(t, 8, 14336, 8, 8, fig) for t in (1, 8, 40, 144, 512, 4096)]
+    assert got == sorted(got) and got[0] == 1 and got[-1] == MAX_COLUMN_SPLITS
+    # s = round(sqrt(combine / launch)): 40 tokens of K2 on 2 nodes, half the rows on the NIC
+    combine = 40 * 8 * 14336 / 2 / fig.nic_bw
+    assert column_splits(40, 8, 14336, 2, 8, fig) == round((combine / fig.launch) ** 0.5)
+    assert column_splits(40, 8, 14336, 1, 8, fig) < column_splits(40, 8, 14336, 2, 8, fig)  # NVLink is faster

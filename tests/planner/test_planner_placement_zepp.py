@@ -150,3 +150,21 @@ def test_zepp_slots_fills_any_slot_count():
     assert p.replica_count.sum() == 8
     h8 = np.array([[9, 1, 4, 0, 2, 6, 3, 3], [1, 8, 0, 5, 2, 3, 7, 0]])
     assert np.array_equal(zepp_slots(h8, 2, 3).slot_expert, place_zepp(h8, 2, 1).slot_expert)
+
+
+def test_rack_scale_node_puts_hot_experts_on_several_gpus():
+    # one node of 16 GPUs (a rack-scale NVLink domain): the spare slots go to hot experts, at most
+    # one copy per GPU; on a board (8 GPUs or fewer) the one-copy-per-node rule stays
+    from zepp.planner.placement.zepp_placement import BOARD_GPUS, copies_per_node
+
+    assert copies_per_node(BOARD_GPUS) == 1 and copies_per_node(BOARD_GPUS + 1) == BOARD_GPUS + 1
+    E, L = 32, 16
+    load = (np.arange(E, 0, -1) ** 2).astype(np.int64)
+    p = place_zepp(load[None, :], gpus_per_node=L, extra=1)
+    assert (p.slot_expert >= 0).all()  # every spare slot holds a copy
+    assert p.replica_count[0] > 2  # the hottest expert has copies on several GPUs of the node
+    for r in range(L):  # never two copies of an expert on one GPU
+        row = p.slot_expert[r]
+        assert len(set(row.tolist())) == row.size
+    q = place_zepp(load[None, :], gpus_per_node=8, extra=1)  # a board: one copy per node
+    assert (q.replica_count == 1).all()

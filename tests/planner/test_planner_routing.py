@@ -15,10 +15,12 @@ from zepp.planner.types import Placement, PlanInvariantError, Routing
 
 def test_every_name_routes_and_has_a_one_line_meaning():
     assert ROUTING_NAMES == tuple(ROUTINGS) == ("home", "replica-rr", "locality", "fixed", "dynamic", "random",
-                                                "zepp", "moonep")
+                                                "zepp", "moonep", "lp", "zepp-table", "zepp-table-lean")
     pl = Placement(np.arange(8).reshape(4, 2), 8, 2)
     ids = np.array([[[0, 5]], [[2, 7]], [[4, 1]], [[6, 3]]], np.int32)
     for name in ROUTINGS:
+        if name.startswith("zepp-table"):  # route by a table built from history: test_planner_table_routing.py
+            continue
         r = route(name, ids, pl)
         r.validate()
         assert (r.placement.slot_expert.ravel()[r.slot.ravel()] == ids.ravel()).all(), name

@@ -52,8 +52,26 @@ def test_speedup_and_model_error_against_the_fastest_baseline():
     assert table.model_error(r) == ("fast", pytest.approx(-0.2))
     assert table.model_error(dict(r, measured_ms={"fast": None})) == ("fast", None)
     assert table.speedup(dict(r, latency_ms={"zepp": 1.0})) is None
+    assert table.speedup(r, paper=True) == 2.0
     assert table.geomean([2.0, 8.0, None]) == pytest.approx(4.0)
     assert table.geomean([None]) is None
+
+
+def test_todays_systems_count_as_baselines_and_zepps_fastest_system_is_zepp():
+    """Every system of the run that is not Zepp's is a baseline (today's included); Zepp is the
+    fastest zepp* system; the paper's figure (zepp against its seven) stays available."""
+    r = dict(cluster="h200-8", nodes=2, gpus_per_node=8, model="k2", budget_mb=0.5, lower_bound_ms=0.5,
+             latency_ms={"a2av": 6.0, "sglang-deepep": 3.0, "sglang-lp": 2.5, "sglang-lp-ll": 2.5, "zepp": 4.0,
+                         "zepp-deepep": 2.0, "zepp-deepep-ll": 2.0}, measured_ms={"a2av": None})
+    assert table.best_baseline(r) == "sglang-lp" and table.zepp_best(r) == "zepp-deepep"
+    assert table.speedup(r) == 2.5 / 2.0
+    assert table.best_baseline(r, paper=True) == "a2av" and table.speedup(r, paper=True) == 6.0 / 4.0
+    assert table.model_error(r) == ("sglang-lp", None)
+    line = table.format_table([r], list(r["latency_ms"])).splitlines()[2]
+    assert line.endswith("| sglang-lp | 1.25x (zepp-deepep) | not measured | 0.50 |")
+    slower = dict(r, latency_ms=dict(r["latency_ms"], **{"zepp-deepep": 5.0, "zepp-deepep-ll": 5.0}))
+    assert table.zepp_best(slower) == "zepp" and table.speedup(slower) == 2.5 / 4.0
+    assert table.speedup(dict(r, latency_ms={"zepp": 1.0})) is None
 
 
 def test_format_table_shows_baselines_first_and_the_speedup(tmp_path):

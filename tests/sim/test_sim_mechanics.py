@@ -153,3 +153,29 @@ def test_special_phases_survive_ranks_without_gemm_work():
     for name in ("fast", "a2av", "comet", "zepp-overlap", "eplb", "epic", "moonep"):
         res = run_system(name, c)
         assert np.isfinite(res.latencies).all() and min(res.latencies) > 0
+
+
+def test_column_sends_split_the_combine_and_overlap_gemm2(cfg):
+    # zepp-deepep-table-cols: GEMM 2 in column splits, each split's slice of the partials leaves at once
+    plain = replace(mechanics("deepep-ll-cols"), gemm2="single", gemm2_splits=1)
+    split = replace(mechanics("deepep-ll-cols"), gemm2_splits=3)
+    a, _ = sim(cfg, "zepp-deepep-table-cols", plain)
+    b, _ = sim(cfg, "zepp-deepep-table-cols", split)
+    comb_a = np.array([k == "combine" for k in a.kind]) & (a.bytes > 0)
+    comb_b = np.array([k == "combine" for k in b.kind]) & (b.bytes > 0)
+    assert np.isclose(a.bytes[comb_a].sum(), b.bytes[comb_b].sum())  # the same bytes, in three slices
+    assert comb_b.sum() == 3 * comb_a.sum()
+    gemm2_b = np.flatnonzero(np.array([lab.startswith("gemm2") for lab in b.label]))
+    assert len(gemm2_b) == 3 * len(np.flatnonzero(np.array([lab.startswith("gemm2") for lab in a.label])))
+    last_gemm2 = b.end[gemm2_b].max()
+    assert (b.start[comb_b] < last_gemm2).any()  # a slice leaves while GEMM 2 still runs
+    assert not (a.start[comb_a] < a.end[np.array([lab.startswith("gemm2") for lab in a.label])].min()).any()
+
+
+def test_table_routing_planning_is_one_lookup_kernel_and_no_gather(cfg):
+    tl, planning = sim(cfg, "zepp-deepep-table")
+    assert 0 < planning < 2 * cfg.cluster.kernel_launch
+    gather = np.array([k == "allgather" for k in tl.kind])
+    assert np.allclose(tl.end[gather] - tl.start[gather], 0.0)
+    _, zepp_planning = sim(cfg, "zepp-deepep-ll")
+    assert zepp_planning > 3 * planning

@@ -362,3 +362,21 @@ def choose(plan, spec, fig: Figures) -> Granularity:
     best = float(cost.min())
     gi, wi = np.argwhere(cost <= best * (1.0 + TIE))[0]  # row-major: fewest groups, then fewest waves
     return Granularity(N, groups[gi], waves[wi], predicted=float(cost[gi, wi]))
+
+
+MAX_COLUMN_SPLITS = 4  # GEMM 2 column splits of a low-latency combine (zepp.sim.mechanics deepep-ll-cols)
+
+
+def column_splits(tokens_per_rank: int, top_k: int, row_bytes: float, nodes: int, gpus_per_node: int,
+                  fig: Figures) -> int:
+    """How many column splits GEMM 2 runs in when each split sends its slice of the partials at
+    once (``zepp-deepep-table-cols``): ``s`` splits cost ``s - 1`` extra launches and leave about
+    ``1 / s`` of the combine after the last one, so the best ``s`` is ``sqrt(combine / launch)``,
+    rounded, in ``1 .. MAX_COLUMN_SPLITS``. The combine's time is predicted from the batch shape
+    alone (``T * k`` rows, the remote share ``(N - 1) / N`` on the NIC and the rest on the GPU's
+    NVLink peers), so every rank computes the same choice before it routes."""
+    rows_bytes = float(tokens_per_rank) * top_k * row_bytes
+    remote = rows_bytes * (nodes - 1) / nodes
+    local = rows_bytes - remote
+    combine = max(remote / fig.nic_bw, local / (fig.nvlink_bw * max(gpus_per_node - 1, 1)))
+    return int(min(MAX_COLUMN_SPLITS, max(1, round((combine / fig.launch) ** 0.5))))

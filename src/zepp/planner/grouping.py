@@ -100,7 +100,9 @@ def split_by_key(h: Hops, key: np.ndarray) -> Hops:
 class Messages:
     """The messages of one phase: ``hop_msg [M]`` message index of each hop; per message
     ``stage``, ``src``, ``dst``, ``rows`` (``[m]`` each). ``entry_task`` / ``exit_task`` are
-    filled by the simulator (the task that receives the message's dependencies, the transfer)."""
+    filled by the simulator (the task that receives the message's dependencies, the transfer);
+    so are ``pieces`` and ``pairs`` where it cuts messages into pieces (``zepp.sim.chunks``:
+    pieces per message, and the stage dependencies ``(pre, post)`` between messages)."""
 
     hop_msg: np.ndarray
     stage: np.ndarray
@@ -109,6 +111,8 @@ class Messages:
     rows: np.ndarray
     entry_task: np.ndarray = field(default=None)
     exit_task: np.ndarray = field(default=None)
+    pieces: np.ndarray = field(default=None)
+    pairs: tuple = field(default=None)
 
 
 def messages(h: Hops, ranks: int) -> Messages:

@@ -38,6 +38,7 @@ from zepp.planner.grouping import (Messages, arrival_stage, combine_wave, dispat
 from zepp.planner.intsort import sorted_with_order
 from zepp.model import MoESpec
 from zepp.planner.types import FlowPlan, Hops
+from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, piece_counts
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.engine import SimulationError, TaskGraph
 from zepp.sim.mechanics import Mechanics, Net
@@ -279,6 +280,8 @@ class LayerBuilder:
 
     def phase_messages(self, h: Hops, mode: str, kind: str, row_bytes: float) -> Messages:
         m = messages(h, self.R)
+        if self.mech.chunked:
+            return self.chunked_messages(h, m, kind, row_bytes)
         m.entry_task = np.zeros(m.rows.size, np.int64)
         m.exit_task = np.zeros(m.rows.size, np.int64)
         serial_stage = np.isin(m.stage, self.mech.serial_stages) if mode == "serial" else np.zeros(m.rows.size, bool)
@@ -296,11 +299,29 @@ class LayerBuilder:
             self.chain_serial(m, np.flatnonzero(serial_stage))
         return m
 
+    def chunked_messages(self, h: Hops, m: Messages, kind: str, row_bytes: float) -> Messages:
+        """``phase_messages`` of ``Mechanics.chunked``: GPU-initiated puts, a message on a relay
+        path cut into pieces that a forwarder passes on as they land (``zepp.sim.chunks``)."""
+        m.pairs = self.stage_pairs(h, m)
+        nvl, rdma = chunk_tokens(self.R, kind)
+        cross = (m.src // self.L) != (m.dst // self.L)
+        m.pieces = piece_counts(m.rows, cross, *m.pairs, nvl, rdma)
+        fixed = np.where(cross, self.net.put(self.R), self.cl.nvlink_msg_cost)
+        m.entry_task, m.exit_task = add_pieces(self.g, m.src, m.dst, m.rows * row_bytes, fixed, m.pieces, kind)
+        return m
+
+    def stage_pairs(self, h: Hops, m: Messages) -> tuple[np.ndarray, np.ndarray]:
+        """``(pre, post)`` message pairs: ``post`` (stage ``s``, from ``x``) carries a row that
+        ``pre`` (an earlier stage) delivers to ``x``."""
+        return stage_message_pairs(h, m.hop_msg, self.R, self.T)
+
     def stage_deps(self, h: Hops, m: Messages) -> None:
-        """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``."""
-        if not (h.stage > 0).any():
+        """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``
+        (piece by piece where the messages are cut into pieces)."""
+        if m.pieces is not None:
+            link_pieces(self.g, m.entry_task, m.pieces, *m.pairs)
             return
-        a, b = stage_message_pairs(h, m.hop_msg, self.R, self.T)
+        a, b = self.stage_pairs(h, m)
         self.g.after(m.exit_task[a], m.entry_task[b])
         if self.mech.stage_node_barrier:
             for s in range(1, int(h.stage.max()) + 1):
@@ -504,7 +525,7 @@ class _LayerTasks:
                 else self.group_of(w.owner, w.comp))
         self.tab1 = b.gemm_tasks(swapped * G + grp1, w.slot, 2 * G,
                                  lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
-        col_splits = self.L if mech.gemm2 == "columns" else 1
+        col_splits = self.L if mech.gemm2 == "columns" else mech.gemm2_splits if mech.gemm2 == "column-sends" else 1
         self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(w.owner, w.comp), w.slot, 2 * N,
                                  lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
         self.tab2_end = b.column_splits[-1] if col_splits > 1 else self.tab2
@@ -568,13 +589,18 @@ class _LayerTasks:
             self.combine_done = custom_combine(self.b, self._partials_ready())
             return
         b, g, mech, R, N = self.b, self.g, self.mech, self.R, self.N
-        h = self.work.combine
-        cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes))
-        # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves)
-        key = _uniq(cm.hop_msg * N + self.wave_of(h.owner.astype(np.int64), h.src.astype(np.int64)))
-        msg, wv = key // N, key % N
+        h, splits = self.work.combine, 1
+        if mech.gemm2 == "column-sends":  # each GEMM 2 column split sends its slice of every partial
+            h, splits = _column_slices(h, mech.gemm2_splits), mech.gemm2_splits
+        cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes) / splits)
+        # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves); a
+        # column slice once its column split is done
+        part = h.msg.astype(np.int64) % splits
+        key = _uniq((cm.hop_msg * N + self.wave_of(h.owner.astype(np.int64), h.src.astype(np.int64))) * splits + part)
+        msg, wv, c = key // (N * splits), (key // splits) % N, key % splits
+        tabs = b.column_splits if splits > 1 else self.tab2_end[None]
         for sw in (0, 1):
-            t = self.tab2_end[sw * N + wv, cm.src[msg]]
+            t = tabs[c, sw * N + wv, cm.src[msg]]
             ok = t >= 0
             g.after(t[ok], cm.entry_task[msg[ok]])
         b.stage_deps(h, cm)
@@ -622,6 +648,16 @@ class _LayerTasks:
         if self.kc_combine is not None:
             g.after(self.kc_combine, red)
         self.out.update(gemm1=self.all1, gemm2=self.all2, reduce=red)
+
+
+def _column_slices(h: Hops, splits: int) -> Hops:
+    """A one-stage combine's hops, each repeated ``splits`` times as its column slices: slice ``c``
+    of a message is message ``msg * splits + c`` (``msg % splits`` names the slice), carrying
+    ``1 / splits`` of each row (the caller's row bytes)."""
+    if h.num_stages > 1:
+        raise SimulationError("column-sends mechanics need a one-stage combine (a2av or dedup)")
+    rep = Hops(**{f: np.repeat(getattr(h, f), splits) for f in Hops._fields()})
+    return split_by_key(rep, np.tile(np.arange(splits, dtype=np.int64), h.size))
 
 
 def dispatch_row_bytes(spec: MoESpec, mech: Mechanics) -> float:

@@ -34,6 +34,16 @@ DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections
   (one NIC crossing per token and node, NVLink fan-out) and ``reduce`` combine.
 - ``deepep-ll``: DeepEP's low-latency kernels: the same GPU-initiated puts straight to the
   computing GPU (``a2av`` both ways, one row per entry), one kernel per phase.
+- ``deepep-ll-cols``: ``deepep-ll`` for Zepp's table-routed variants: one row per (token, GPU)
+  both ways (``dedup``, outputs of a token's experts on one GPU summed there), and GEMM 2 in
+  column splits (as many as ``zepp.planner.granularity.column_splits`` chooses per batch) whose
+  epilogues send their slice of the partials at once, so the combine overlaps the rest of GEMM 2
+  (weights still read once; a launch and a message per split).
+- ``deepep-ll-relay``: a hierarchical low-latency kernel for Zepp's table-routed ``relay`` /
+  ``reduce`` variant (one kernel per phase, GPU-initiated, worst-case buffers, no host sync, as
+  NVIDIA's Hybrid-EP): a token crosses the NIC once per node to the GPU of its local index, which
+  forwards it over NVLink chunk by chunk as it arrives (``chunked``, DeepEP's normal-kernel
+  pipelining); partials are reduced in the node before the NIC.
 - ``deepep-overlap``: ``deepep-normal``'s figures with Zepp's dispatch groups and combine waves
   (Zepp's overlap on DeepEP's transport, not a DeepEP kernel).
 """
@@ -115,10 +125,17 @@ class Mechanics:
     - ``kernel_calls``: ``(dispatch, combine)`` kernels per phase, each costing every rank a
       kernel launch plus one flag wait (``Net.signal``): dispatch ones before its first put
       leaves, combine ones after its last partial arrives.
+    - ``gemm2_splits``: with ``gemm2 = "column-sends"``, GEMM 2 runs as this many column splits
+      (0: as many as the planner chooses per batch)
+      in sequence (each reading its slice of the weights once, plus a launch) and each split's
+      slice of every partial leaves as soon as the split is done (its own message; one-stage
+      combines only); the receivers' combine kernel waits for every slice.
     - ``dispatch_value_bytes``: bytes per hidden value on the dispatch wire (``None``: the
       model's dtype); the combine always moves the model's dtype.
     - ``serial_put``: seconds of fixed cost of one cross-node put of the ``serial`` stages where
       the system's own measured figure is known (``None``: the calibrated ``Net.put(W)``).
+    - ``chunked``: messages on a relay path move as a stream of chunks and a forwarder passes
+      each chunk on as it lands (DeepEP's normal kernels; ``zepp.sim.chunks``).
     - ``sim_cost``: CPU time of simulating a layer with these mechanics relative to
       ``serial-barrier``'s (16 nodes, K2, 4 MB; measured once): only ``zepp bench``'s progress
       estimate and the order of its units of work read it, never a simulated figure.
@@ -141,7 +158,9 @@ class Mechanics:
     proxy: bool = True
     kernel_calls: tuple[int, int] = (0, 0)
     dispatch_value_bytes: float | None = None
+    gemm2_splits: int = 1
     serial_put: float | None = None
+    chunked: bool = False
     sim_cost: float = 1.0
 
 
@@ -162,6 +181,9 @@ DEEPEP_NET = Net(put_c0=2e-6, put_c1=0.0, nic_eff=1.0, signal=2e-6, nvlink_eff=1
 DEEPEP_FP8 = 1.0 + 4.0 / 128
 
 
+# deepep-ll-cols: GEMM 2 in column splits, each sending its slice of the partials from its epilogue
+# (puts issued by the GEMM kernel, as COMET's tile-level sends; no extra kernel); gemm2_splits = 0:
+# the count is chosen per batch (zepp.planner.granularity.column_splits, in zepp.sim.run).
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
 # EPIC's serial relay stages: "about 0.34-0.45 ms per proxy put per round" (PAPER.md section 7, epic); midpoint.
 EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)
@@ -199,9 +221,12 @@ MECHANICS: dict[str, Mechanics] = {
     # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
     # rounds, each ending in a world barrier, are the fast-rounds phase; one GEMM after them).
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35),
-    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), sim_cost=0.8),
+    "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), chunked=True, sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
-    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves"),
+    "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves", chunked=True),
+    "deepep-ll-relay": Mechanics(**_DEEPEP, kernel_calls=(1, 1), chunked=True, sim_cost=0.8),
+    "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=0,
+                                sim_cost=1.0),
 }
 
 

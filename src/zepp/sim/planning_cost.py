@@ -16,6 +16,9 @@ The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
 - ``epic``: 2.2 ms + 34 ns per entry of the rank (2.5 ms at K2 16 MB).
 - ``moonep``: all-gather of the top-k ids (not the loads), then 1.4 ms + 91 ns per entry of the
   rank (2.2 ms at K2 16 MB).
+- ``lplb``: SGLang's ``lp`` dispatch (DeepSeek's LPLB): the all-reduce of the per-expert counts
+  on the simulated network, then the published solver time and one launch for the per-entry
+  draw (``zepp/data/lp_solver.json``, which gives the sources).
 
 Zepp's planner (``zepp``, ``zepp+swap``, ``zepp+granularity``: plus the per-batch choice of
 ``zepp.planner.granularity``, its rounds recorded by ``benchmarks/fit/granularity_cost.py``): counted
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from importlib import resources
 
 from zepp.errors import ZeppInputError
@@ -118,9 +122,35 @@ def _zepp(system, cluster, rank_entries: int, swaps: bool = False, granularity: 
                          granularity=granularity)
 
 
-MODELS = {"none": _none, "fast-host": _fast_host, "comet-routing": _comet_routing, "eplb-torch": _eplb_torch,
-          "epic": _epic, "moonep": _moonep, "zepp": _zepp, "zepp+swap": functools.partial(_zepp, swaps=True),
-          "zepp+granularity": functools.partial(_zepp, granularity=True)}
+# ``zepp-table``: a batch routes by lookup in the routing table built once per placement
+# (zepp.planner.routing.table_routing): per entry of the rank's own batch an integer hash, a
+# compare against the entry's m cumulative shares and a gather of the pick, no host read. Counted:
+# TABLE_LOOKUP_KERNELS kernels (the hash, compare and gather fuse into one elementwise kernel over
+# the rank's entries; it runs on the device before the dispatch kernel) at the cluster's kernel
+# launch cost, plus the bytes it moves at HBM rate (ids in, m shares and m choices read, slot out).
+# Nothing is gathered first: the table is local and the low-latency kernels exchange their counts
+# themselves (their own flag waits, zepp.sim.mechanics kernel_calls).
+TABLE_LOOKUP_KERNELS = 1
+TABLE_LOOKUP_BYTES_PER_ENTRY = 4 + 4 + 2 * 4 * 4  # id, slot, 4 shares and 4 choices (int32; m <= 4 read)
+
+
+def _zepp_table(system, cluster, rank_entries: int) -> float:
+    return TABLE_LOOKUP_KERNELS * cluster.kernel_launch + rank_entries * TABLE_LOOKUP_BYTES_PER_ENTRY / cluster.hbm_bw
+
+
+@functools.lru_cache(maxsize=1)
+def lp_solver_data() -> dict:
+    """The LPLB solver record (``zepp/data/lp_solver.json``)."""
+    return json.loads((resources.files("zepp") / "data" / "lp_solver.json").read_text())
+
+
+def _lplb(system, cluster, rank_entries: int) -> float:
+    return float(lp_solver_data()["solver_s"]) + cluster.kernel_launch
+
+
+MODELS = {"none": _none, "zepp-table": _zepp_table, "fast-host": _fast_host, "comet-routing": _comet_routing,
+          "eplb-torch": _eplb_torch, "epic": _epic, "moonep": _moonep, "zepp": _zepp,
+          "zepp+swap": functools.partial(_zepp, swaps=True), "zepp+granularity": functools.partial(_zepp, granularity=True), "lplb": _lplb}
 
 
 def _gather_loads(cluster, spec, rank_entries: int, net) -> float:
@@ -133,8 +163,24 @@ def _gather_topk_ids(cluster, spec, rank_entries: int, net) -> float:
     return net.allgather(cluster.ranks, rank_entries * 4.0, cluster.nic_bw)
 
 
+def _allreduce_counts(cluster, spec, rank_entries: int, net) -> float:
+    """The all-reduce of the ``[E]`` fp32 per-expert counts (SGLang's LPLB solver): recursive
+    doubling, ``ceil(log2 W)`` rounds of one put (a flag wait inside one node) plus the counts."""
+    W, nbytes = cluster.ranks, spec.num_experts * 4.0
+    if W <= 1:
+        return 0.0
+    if cluster.nodes > 1:
+        step = net.put(W) + nbytes / (cluster.nic_bw * net.nic_eff)
+    else:
+        step = net.signal + nbytes / (cluster.nvlink_bw * net.nvlink_eff)
+    return math.ceil(math.log2(W)) * step
+
+
 # what each model gathers before it plans (default: the loads)
-GATHERS = {"moonep": _gather_topk_ids}
+
+
+GATHERS = {"moonep": _gather_topk_ids, "lplb": _allreduce_counts,
+           "zepp-table": lambda cluster, spec, rank_entries, net: 0.0}
 
 
 def planning_seconds(model: str, system, cluster, spec, tokens_per_rank: int, net) -> tuple[float, float]:

@@ -17,7 +17,7 @@ A meta-system (``zepp``: ``best_of``) is its variants' best median per configura
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,11 +25,11 @@ from zepp import registry
 from zepp.cluster import Cluster
 from zepp.errors import ZeppInputError
 from zepp.planner.flows import build_flows
-from zepp.planner.granularity import Figures, Granularity, choose
+from zepp.planner.granularity import Figures, Granularity, choose, column_splits
 from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.routing import route
+from zepp.planner.routing import LEAN_TABLE_ROUTING, TABLE_ROUTINGS, RoutingTable, build_routing_table, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
@@ -93,6 +93,7 @@ class Shared:
     def __init__(self):
         self.placements: dict[str, Placement] = {}
         self.routings: dict[tuple, object] = {}
+        self.tables: dict[tuple, RoutingTable] = {}
 
     def placement(self, kind: str, cfg: Config) -> Placement:
         if kind not in self.placements:
@@ -101,12 +102,25 @@ class Shared:
                                                    extra=cfg.extra)
         return self.placements[kind]
 
+    def table(self, kind: str, routing: str, cfg: Config) -> RoutingTable:
+        """The routing table (``zepp-table`` / ``zepp-table-lean``) of placement ``kind``, built once
+        from the same history as the placement: each GPU of node ``n`` expects ``hist[n] / L`` of
+        its node's demand."""
+        if (kind, routing) not in self.tables:
+            L = cfg.cluster.gpus_per_node
+            demand = np.repeat(np.asarray(cfg.hist, float) / L, L, axis=0)  # [R, E]
+            self.tables[kind, routing] = build_routing_table(self.placement(kind, cfg), demand, cfg.C, L,
+                                                             lean=routing == LEAN_TABLE_ROUTING)
+        return self.tables[kind, routing]
+
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
         """System ``s``'s FlowPlan of batch ``it``. Not ``zepp.planner.plan_batch``: one routing
         serves every transport pair of the systems that share its placement and routing."""
         rkey = (s.placement, s.routing, it)
         if rkey not in self.routings:
-            self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C)
+            table = self.table(s.placement, s.routing, cfg) if s.routing in TABLE_ROUTINGS else None
+            self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C,
+                                        table=table)
         return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
 
 
@@ -162,6 +176,12 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     # a phase may replace its hop table
     lp = LayerWork.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     mech = mech or mechanics(s.mechanics)
+    if mech.gemm2 == "column-sends" and mech.gemm2_splits == 0:  # the planner's per-batch choice
+        cl = cfg.cluster
+        fig = Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks))
+        fig = replace(fig, nvlink_bw=cl.nvlink_bw * cfg.net.nvlink_eff)
+        mech = replace(mech, gemm2_splits=column_splits(plan.tokens_per_rank, cfg.spec.top_k, cfg.spec.row_bytes,
+                                                        cl.nodes, cl.gpus_per_node, fig))
     floor = own_floor(cfg, lp, ctx.extra_nic, dispatch_row_bytes(cfg.spec, mech))
     T = plan.routing.topk_ids.shape[1]
     prologue, planning = planning_seconds(s.planning, s, cfg.cluster, cfg.spec, T, cfg.net)

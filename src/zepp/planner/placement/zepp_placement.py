@@ -1,6 +1,8 @@
 """``zepp``: Zepp's history-driven placement (PAPER.md section 2.1).
 
-Replicas from node demand, at most one per node, snake-dealt to GPUs. Every decision is exact:
+Replicas from node demand, at most one per node, snake-dealt to GPUs; on a node that is a whole
+NVLink rack (more than ``BOARD_GPUS`` GPUs: GB200 NVL72 and its kin), at most one per GPU instead
+(``copies_per_node``). Every decision is exact:
 loads per replica ``l / c`` are compared as the integers ``l * (M // c)``, ``M = lcm(1..N)``
 (Python ints, no overflow), so every rank computes the same placement.
 """
@@ -14,6 +16,18 @@ import numpy as np
 from zepp.errors import ZeppInputError
 from zepp.planner.placement.base_placement import check_divisible, check_extra, check_hist, lcm_scale
 from zepp.planner.types import Placement
+
+# A node of at most this many GPUs is a board (HGX / DGX, the paper's 4-GPU nodes): a second copy of
+# an expert on the node saves no NIC bytes, so Zepp keeps one copy per node and spends the slots
+# on other experts. A node of more GPUs is a rack-scale NVLink domain (NVL32 / NVL72): its GPUs
+# exchange rows over NVLink at about ten times the NIC's rate, the busiest GPU's GEMM is what is
+# scarce, and a hot expert gets copies on several of the rack's GPUs (at most one per GPU).
+BOARD_GPUS = 8
+
+
+def copies_per_node(gpus_per_node: int) -> int:
+    """Most copies of one expert on one node: 1 on a board, one per GPU on a rack-scale node."""
+    return 1 if gpus_per_node <= BOARD_GPUS else int(gpus_per_node)
 
 
 def place_zepp(hist, gpus_per_node: int, extra: int = 2) -> Placement:
@@ -35,6 +49,13 @@ def place_zepp(hist, gpus_per_node: int, extra: int = 2) -> Placement:
        the node rule of step 2.
     4. GPUs: each node's replicas, in descending share (ties: lower id), are dealt snake-wise
        to its GPUs (0..L-1, L-1..0, ...); the i-th dealt replica of a GPU sits in local slot i.
+
+    On a rack-scale node (``gpus_per_node > BOARD_GPUS``) "node" reads "GPU of the node" in the
+    caps: step 1 caps ``c_e`` at ``N * L``, steps 2-3 let a node take up to ``L`` copies of an
+    expert, and step 4 deals each node's copies greedily (next copy in descending share to the GPU
+    with the lowest accumulated share, then the fewest filled slots, then the lowest index, among
+    those with a free slot not holding the expert yet: longest-processing-time-first packing), so
+    the copies of an expert sit on different GPUs and the GPUs' shares come out even.
 
     Choices where the paper is silent (written down here):
 
@@ -74,11 +95,12 @@ def zepp_slots(h: np.ndarray, gpus_per_node: int, slots_per_gpu: int) -> Placeme
     if R * S < e_num:
         raise ZeppInputError(f"{R} GPUs x {S} slots cannot hold {e_num} experts")
     load = [int(x) for x in h.sum(axis=0)]
-    m = lcm_scale(n_nodes)
-    # 1. Counts, at most one replica per node.
-    planned = _zepp_counts(load, R * S - e_num, n_nodes, m)
+    per_node = copies_per_node(L)
+    m = lcm_scale(n_nodes * per_node)
+    # 1. Counts, at most one replica per node (per GPU on a rack-scale node).
+    planned = _zepp_counts(load, R * S - e_num, n_nodes * per_node, m)
     # 2. Nodes, experts in descending planned share.
-    nodes = _NodeFill(h, L * S)
+    nodes = _NodeFill(h, L * S, per_node)
     share = [load[e] * (m // planned[e]) for e in range(e_num)]
     for e in sorted(range(e_num), key=lambda e: (-share[e], e)):
         for _ in range(planned[e]):
@@ -88,6 +110,8 @@ def zepp_slots(h: np.ndarray, gpus_per_node: int, slots_per_gpu: int) -> Placeme
     nodes.fill_leftover(load, m)
     # 4. GPUs: each node's replicas dealt snake-wise.
     final_share = [load[e] * (m // nodes.counts[e]) for e in range(e_num)]
+    if per_node > 1:
+        return Placement(_deal_distinct(nodes.held, final_share, L, S), e_num, L)
     return Placement(_deal_snake(nodes.on_node, final_share, L, S), e_num, L)
 
 
@@ -110,16 +134,18 @@ def _zepp_counts(load: list[int], spare: int, cap: int, m: int) -> list[int]:
 class _NodeFill:
     """Steps 2 and 3: which node each replica goes to.
 
-    Per node: ``free`` slots, accumulated ``node_load`` (scaled shares), ``on_node [N, E]``
-    (experts it holds); per expert: ``counts`` (replicas placed so far).
+    Per node: ``free`` slots, accumulated ``node_load`` (scaled shares), ``held [N, E]`` (copies
+    of each expert it holds, at most ``per_node``) and ``on_node [N, E]`` (``held > 0``); per
+    expert: ``counts`` (replicas placed so far).
     """
 
-    def __init__(self, h: np.ndarray, node_slots: int):
+    def __init__(self, h: np.ndarray, node_slots: int, per_node: int = 1):
         n_nodes, e_num = h.shape
         self.n_nodes = n_nodes
+        self.per_node = per_node
         self.free = [node_slots] * n_nodes
         self.node_load = [0] * n_nodes
-        self.on_node = np.zeros((n_nodes, e_num), dtype=bool)
+        self.held = np.zeros((n_nodes, e_num), dtype=np.int64)
         self.counts = [0] * e_num
         self.hist_rows = h.T.tolist()  # [E][N] python ints
 
@@ -130,16 +156,20 @@ class _NodeFill:
         best, best_key = None, None
         req = self.hist_rows[e]
         for n in range(self.n_nodes):
-            if self.free[n] and not self.on_node[n, e]:
+            if self.free[n] and self.held[n, e] < self.per_node:
                 key = (-req[n], self.node_load[n], n)
                 if best_key is None or key < best_key:
                     best, best_key = n, key
         if best is not None:
             self.free[best] -= 1
             self.node_load[best] += add
-            self.on_node[best, e] = True
+            self.held[best, e] += 1
             self.counts[e] += 1
         return best
+
+    @property
+    def on_node(self) -> np.ndarray:
+        return self.held > 0
 
     def fill_leftover(self, load: list[int], m: int) -> None:
         """While a node has a free slot some expert is missing from, the missing expert of highest
@@ -148,7 +178,7 @@ class _NodeFill:
             free_nodes = np.array([f > 0 for f in self.free])
             if not free_nodes.any():
                 break
-            missing = (~self.on_node & free_nodes[:, None]).any(axis=0)
+            missing = ((self.held < self.per_node) & free_nodes[:, None]).any(axis=0)
             cand = np.flatnonzero(missing)
             if cand.size == 0:
                 break
@@ -167,4 +197,29 @@ def _deal_snake(on_node: np.ndarray, share: list[int], L: int, S: int) -> np.nda
             rnd, pos = divmod(i, L)
             gpu = pos if rnd % 2 == 0 else L - 1 - pos
             slot_expert[n * L + gpu, rnd] = e
+    return slot_expert
+
+
+def _deal_distinct(held: np.ndarray, share: list[int], L: int, S: int) -> np.ndarray:
+    """``slot_expert [N*L, S]`` for a rack-scale node: each node's copies (``held [N, E]`` per
+    expert) in descending ``share`` (ties: lower id), each to the GPU with the lowest accumulated
+    share, then the fewest filled slots, then the lowest index, among the GPUs with a free slot
+    that do not hold the expert yet (a copy with no such GPU is dropped: its slot stays ``-1``)."""
+    n_nodes = held.shape[0]
+    slot_expert = np.full((n_nodes * L, S), -1, dtype=np.int32)
+    for n in range(n_nodes):
+        filled = [0] * L
+        acc = [0] * L
+        holds = [set() for _ in range(L)]
+        experts = sorted(np.flatnonzero(held[n]).tolist(), key=lambda x: (-share[x], x))
+        for e in experts:
+            for _ in range(int(held[n, e])):
+                cand = [g for g in range(L) if filled[g] < S and e not in holds[g]]
+                if not cand:
+                    break
+                g = min(cand, key=lambda g: (acc[g], filled[g], g))
+                slot_expert[n * L + g, filled[g]] = e
+                filled[g] += 1
+                acc[g] += share[e]
+                holds[g].add(e)
     return slot_expert

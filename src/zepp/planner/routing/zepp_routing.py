@@ -42,7 +42,7 @@ def water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) ->
     multi = np.flatnonzero(placement.replica_count.astype(np.int64) > 1)
     if multi.size == 0:
         return slot
-    fill = _WaterFill(topk_ids, placement, relaxation, multi)
+    fill = _WaterFill(_rank_demand(topk_ids, placement.num_experts)[:, multi], placement, relaxation, multi)
     fill.run()
     return _entries_to_replicas(topk_ids, slot, placement, multi, fill.assigned)
 
@@ -64,16 +64,18 @@ def visit_order(placement: Placement, multi: np.ndarray) -> np.ndarray:
 
 
 class _WaterFill:
-    """The sweeps' state over the experts ``multi [M]`` with several replicas.
+    """The sweeps' state over the experts ``multi [M]`` with several replicas, from the demand
+    ``remaining [R, M]`` int64 of each source rank (entries of a batch, or the routing table's
+    expected demand in integer units: ``zepp.planner.routing.table_routing``).
 
     ``multi [M]``: the experts; ``remaining [R, M]``: demand of each source not placed yet; ``assigned [R, M, C]``: placed per
     source and replica; ``load [M, C]`` per replica; ``unassigned [M]`` per expert; bounds
     ``lower`` / ``upper [M]``; ``visit [R, M, C]`` (``visit_order``); ``valid [M, C]``.
     """
 
-    def __init__(self, topk_ids: np.ndarray, placement: Placement, relaxation: float, multi: np.ndarray):
+    def __init__(self, remaining: np.ndarray, placement: Placement, relaxation: float, multi: np.ndarray):
         self.multi = multi
-        self.remaining = _rank_demand(topk_ids, placement.num_experts)[:, multi]  # [R, M]
+        self.remaining = np.asarray(remaining, np.int64).copy()  # [R, M]
         total = self.remaining.sum(0)
         self.lower, self.upper = expert_load_bounds(total, placement.replica_count.astype(np.int64)[multi], relaxation)
         self.valid = placement.replicas[multi] >= 0
