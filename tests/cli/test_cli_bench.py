@@ -88,6 +88,13 @@ def test_todays_clusters_run_their_deepep_systems(capsys):
     assert "sglang-deepep ms" in head and "zepp-deepep ms" in head
     row = next(line for line in out.splitlines() if line.startswith("| h200-8 | 1x8 | qwen | 0.5 |"))
     assert len(row.split("|")) == len(head.split("|"))
+    # today's systems are baselines too: the best one is named, Zepp's speedup over it shown
+    cell = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")]))
+    # (a meta-system's variants run too: the fastest of them may be the one named)
+    assert cell["best baseline"] in ("sglang-deepep", *registry.SYSTEMS["sglang-deepep"].best_of)
+    speedup, zepp_name = cell["speedup"].split("x (")
+    assert float(speedup) > 0 and zepp_name.rstrip(")") in ("zepp-deepep", *registry.SYSTEMS["zepp-deepep"].best_of)
+    assert "over the fastest simulated baseline per row" in out
 
 
 def test_missing_traces_folder_names_what_it_looked_for(tmp_path, capsys):
