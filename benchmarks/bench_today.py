@@ -241,6 +241,7 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
             "Not run:", *[f"- {x}" for x in NOT_RUN],
             *[f"- {c} {n}x{g}, {m}, {t} tokens per GPU: in the grid, not finished in this run (see the JSON's "
               "'missing')" for c, n, g, m, t in meta.get("missing", [])], "",
+            *([meta["state"], ""] if meta.get("state") else []),
             f"CPU: {meta['cpu_s']:.0f} s in all ({meta['grid']} configurations; "
             f"{meta.get('startup_cpu_s', 0.0):.1f} s of imports before the first), wall {meta.get('wall_s', 0.0):.0f} s, "
             f"load average at the end {meta.get('loadavg', '-')}, seed {meta['seed']}."]
