@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -38,9 +39,12 @@ from zepp.model import model_preset
 from zepp.sim.run import Config, Shared, run_system
 from zepp.traces import node_demand, sample_batches
 
-BASELINES = ("sglang-deepep", "vllm-eplb")
-DECODE_ZEPP = ("zepp-deepep-ll", "zepp-deepep-normal")  # Zepp's variants run on decode-sized batches
-PREFILL_ZEPP = ("zepp-deepep-normal", "zepp-deepep-overlap")  # and on prefill-sized ones
+# today's engines, each switching DeepEP's kernels by batch size; sglang-lp where the registry has it
+BASELINES = tuple(b for b in ("sglang-deepep", "vllm-eplb", "sglang-lp") if b in registry.SYSTEMS)
+# Zepp's variants (zepp-deepep's own list in the registry): every one but the overlap on decode-sized
+# batches, the normal kernels with and without overlap on prefill-sized ones
+DECODE_ZEPP = tuple(v for v in registry.SYSTEMS["zepp-deepep"].best_of if v != "zepp-deepep-overlap")
+PREFILL_ZEPP = ("zepp-deepep-normal", "zepp-deepep-overlap")
 
 # (cluster, nodes, gpus per node, model, tokens per GPU)
 GRID = (
@@ -48,8 +52,9 @@ GRID = (
     *[("h200-8", n, 8, m, t) for m in ("deepseek-v3", "k2", "qwen") for n in (2, 8, 32) for t in (64, 256)
       if not (m != "deepseek-v3" and n == 32)],
     *[("h200-8", n, 8, m, 128) for m in ("deepseek-v3", "k2", "qwen") for n in (4, 16)],
-    # prefill-sized batches, h200-8
-    *[("h200-8", n, 8, m, 4096) for m in ("deepseek-v3", "k2", "qwen") for n in (2, 4, 8)],
+    # prefill-sized batches, h200-8 (4-8M routed entries per batch at 16-32 nodes)
+    *[("h200-8", n, 8, m, 4096) for m in ("deepseek-v3", "k2", "qwen") for n in (2, 4, 8, 16)],
+    ("h200-8", 32, 8, "deepseek-v3", 4096),
     *[("h200-8", 2, 8, m, 16384) for m in ("deepseek-v3", "k2", "qwen")],
     ("h200-8", 4, 8, "deepseek-v3", 16384),
     # GB200 NVL72: 64 of the rack's 72 GPUs run EP (the experts must divide the GPUs)
@@ -66,9 +71,10 @@ CAVEATS = (
 )
 NOT_RUN = (
     "k2 and qwen at 32 nodes of 8: their 384 and 128 experts do not divide over 256 GPUs (16 nodes is their largest)",
-    "prefill at 16-32 nodes (4-33M routed entries per batch; a 32x8 batch of 16K tokens is ~33M), and 16K tokens "
-    "per GPU above 4 nodes: each would take longer to simulate on this machine's two shared cores than the grid's "
-    "budget (~15 CPU minutes)",
+    "16K tokens per GPU above 4 nodes (16.8M routed entries per batch at 16x8, 33.5M at 32x8): the 32x8 prefill "
+    "row at 4K tokens (8.4M entries) already takes the CPU seconds and peak memory in its row (about 7 GB with "
+    "five systems); 4x the entries is over the 60-CPU-second budget per configuration, and 32x8 at 16K would "
+    "need more memory than this machine's 23 GB",
     "gb200-nvl72 at 72 GPUs per rack: 256/384/128 experts do not divide over 72 GPUs (64 run EP)",
 )
 
@@ -111,11 +117,20 @@ def run_config(point, traces_dir, seed: int) -> dict:
     zepp = [v for v in (DECODE_ZEPP if decode else PREFILL_ZEPP)]
     best = min(zepp, key=lambda v: out[v]["median_ms"])
     out["zepp-deepep"] = dict(out[best], variant=best)
-    return dict(cluster=cluster, nodes=nodes, gpus_per_node=gpn, model=model, tokens_per_gpu=tokens,
-                regime="decode" if decode else "prefill", traces=source, iters=iters, systems=out,
-                speedup_vs_sglang=out["sglang-deepep"]["median_ms"] / out["zepp-deepep"]["median_ms"],
-                speedup_vs_vllm=out["vllm-eplb"]["median_ms"] / out["zepp-deepep"]["median_ms"],
-                floor_ms=min(v["floor_ms"] for v in out.values()), cpu_s=time.process_time() - t0)
+    z = out["zepp-deepep"]["median_ms"]
+    fastest = min(BASELINES, key=lambda b: out[b]["median_ms"])
+    row = dict(cluster=cluster, nodes=nodes, gpus_per_node=gpn, model=model, tokens_per_gpu=tokens,
+               regime="decode" if decode else "prefill", traces=source, iters=iters, systems=out,
+               speedup_vs_sglang=out["sglang-deepep"]["median_ms"] / z,
+               speedup_vs_vllm=out["vllm-eplb"]["median_ms"] / z,
+               fastest_baseline=fastest, speedup_vs_fastest=out[fastest]["median_ms"] / z,
+               floor_ms=min(v["floor_ms"] for v in out.values()))
+    if "sglang-lp" in out:
+        row["speedup_vs_lp"] = out["sglang-lp"]["median_ms"] / z
+    # CPU seconds of this configuration (this process; the simulator starts no child process)
+    row["cpu_s"] = time.process_time() - t0
+    row["max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    return row
 
 
 DIAGNOSE = (("gb200-nvl72", 2, 64, "deepseek-v3", 4096),)  # where vllm-eplb beats everyone: what differs
@@ -144,16 +159,24 @@ def diagnose(point, traces_dir, seed: int) -> dict:
     return dict(point=list(point), systems=out)
 
 
+def fastest_of(r: dict) -> str:
+    """The row's fastest baseline (rows written before ``fastest_baseline`` existed: of sglang / vllm)."""
+    return r.get("fastest_baseline") or min(("sglang-deepep", "vllm-eplb"), key=lambda b: r["systems"][b]["median_ms"])
+
+
+def speedup_vs_fastest(r: dict) -> float:
+    return r["systems"][fastest_of(r)]["median_ms"] / r["systems"]["zepp-deepep"]["median_ms"]
+
+
 def note(r: dict) -> str:
-    """Why Zepp does not beat ``sglang-deepep`` on a row, read off the row's own figures."""
-    s, z = r["systems"]["sglang-deepep"], r["systems"]["zepp-deepep"]
-    if r["speedup_vs_sglang"] >= 1.0:
+    """Why Zepp does not beat the row's fastest baseline, read off the row's own figures."""
+    s, z = r["systems"][fastest_of(r)], r["systems"]["zepp-deepep"]
+    if speedup_vs_fastest(r) >= 1.0:
         return ""
     gap = z["median_ms"] - s["median_ms"]
     parts = []
     if r["nodes"] == 1:
-        parts.append("one NVLink domain: no NIC bytes to save, and Zepp's placement (at most one replica per "
-                     "node) leaves its extra slots empty")
+        parts.append("one NVLink domain: no NIC bytes to save")
     if z["planning_ms"] >= 0.3 * gap:
         parts.append(f"Zepp's planner {z['planning_ms'] * 1e3:.0f} us (gap {gap * 1e3:.0f} us)")
     if z["floor_ms"] > 1.02 * s["floor_ms"]:
@@ -167,9 +190,11 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     payload = dict(meta, rows=rows)
     (out / "bench_today.json").write_text(json.dumps(payload, indent=1))
+    lp = "sglang-lp" in BASELINES and all("sglang-lp" in r["systems"] for r in rows)
     head = ["cluster", "nodes", "model", "tokens/GPU", "traces", "sglang-deepep ms", "vllm-eplb ms",
-            "zepp-deepep ms (variant)", "vs sglang", "vs vllm", "zepp's planner ms", "floor ms sglang / vllm / zepp",
-            "note"]
+            *(["sglang-lp ms"] if lp else []), "zepp-deepep ms (variant)", "vs sglang", "vs vllm",
+            *(["vs sglang-lp"] if lp else []), "fastest baseline", "vs fastest", "zepp's planner ms",
+            "floor ms sglang / vllm / zepp", "CPU s", "note"]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for r in rows:
         s, v, z = (r["systems"][k] for k in ("sglang-deepep", "vllm-eplb", "zepp-deepep"))
@@ -177,37 +202,60 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
         lines.append("| " + " | ".join([
             r["cluster"], f"{r['nodes']}x{r['gpus_per_node']}", r["model"], str(r["tokens_per_gpu"]), r["traces"],
             f"{s['median_ms']:.3f} ({mode})", f"{v['median_ms']:.3f}",
+            *([f"{r['systems']['sglang-lp']['median_ms']:.3f}"] if lp else []),
             f"{z['median_ms']:.3f} ({z['variant'].removeprefix('zepp-deepep-')})",
-            f"{r['speedup_vs_sglang']:.2f}x", f"{r['speedup_vs_vllm']:.2f}x", f"{z['planning_ms']:.3f}",
-            f"{s['floor_ms']:.3f} / {v['floor_ms']:.3f} / {z['floor_ms']:.3f}", note(r)]) + " |")
-    gm = lambda key, reg: float(np.exp(np.mean([np.log(r[key]) for r in rows if r["regime"] == reg])))  # noqa: E731
+            f"{r['speedup_vs_sglang']:.2f}x", f"{r['speedup_vs_vllm']:.2f}x",
+            *([f"{r['speedup_vs_lp']:.2f}x"] if lp else []), fastest_of(r), f"{speedup_vs_fastest(r):.2f}x",
+            f"{z['planning_ms']:.3f}", f"{s['floor_ms']:.3f} / {v['floor_ms']:.3f} / {z['floor_ms']:.3f}",
+            f"{r['cpu_s']:.1f}", note(r)]) + " |")
     summary = []
     for reg in ("decode", "prefill"):
-        if any(r["regime"] == reg for r in rows):
-            summary.append(f"- {reg}: geomean speedup of Zepp's best over sglang-deepep {gm('speedup_vs_sglang', reg):.2f}x, "
-                           f"over vllm-eplb {gm('speedup_vs_vllm', reg):.2f}x "
-                           f"({sum(r['regime'] == reg for r in rows)} configurations, "
-                           f"{sum(r['regime'] == reg and r['speedup_vs_sglang'] < 1 for r in rows)} where Zepp loses "
-                           f"to sglang-deepep)")
-    lose = [r for r in rows if r["speedup_vs_sglang"] < 1]
+        sel = [r for r in rows if r["regime"] == reg]
+        if sel:
+            g = lambda f: float(np.exp(np.mean([np.log(f(r)) for r in sel])))  # noqa: E731
+            summary.append(f"- {reg}: geomean speedup of Zepp's best over the fastest baseline of each row "
+                           f"{g(speedup_vs_fastest):.2f}x, over sglang-deepep {g(lambda r: r['speedup_vs_sglang']):.2f}x, "
+                           f"over vllm-eplb {g(lambda r: r['speedup_vs_vllm']):.2f}x"
+                           + (f", over sglang-lp {g(lambda r: r['speedup_vs_lp']):.2f}x" if lp else "")
+                           + f" ({len(sel)} configurations, {sum(speedup_vs_fastest(r) < 1 for r in sel)} where Zepp "
+                           f"loses to the fastest baseline)")
+    lose = [r for r in rows if speedup_vs_fastest(r) < 1]
     planner = [r for r in lose if r["systems"]["zepp-deepep"]["planning_ms"]
-               >= r["systems"]["zepp-deepep"]["median_ms"] - r["systems"]["sglang-deepep"]["median_ms"]]
+               >= r["systems"]["zepp-deepep"]["median_ms"] - r["systems"][fastest_of(r)]["median_ms"]]
     if lose:
-        summary.append(f"- where Zepp loses to sglang-deepep ({len(lose)} rows): in {len(planner)} its planner's "
+        summary.append(f"- where Zepp loses to the fastest baseline ({len(lose)} rows): in {len(planner)} its planner's "
                        f"simulated time alone exceeds the gap; {sum(r['nodes'] == 1 for r in lose)} are one "
-                       f"NVLink domain (no NIC bytes to save, no replicas in Zepp's placement)")
+                       f"NVLink domain")
+    cpu = [r["cpu_s"] for r in rows]
+    summary.append(f"- CPU seconds per configuration (this machine, the process's own CPU time): largest "
+                   f"{max(cpu):.1f} s ({sum(c > 60 for c in cpu)} over 60 s), median {float(np.median(cpu)):.1f} s")
     text = ["# Today's clusters: Zepp on DeepEP's kernels vs SGLang + DeepEP + EPLB and vLLM + EPLB", "",
             "Simulated MoE layer latency (ms, median of the timed batches), `benchmarks/bench_today.py`. "
             "Network: DeepEP's published figures (`zepp.sim.mechanics.DEEPEP_NET`, PAPER.md section 5), not fitted. "
-            "sglang-deepep / vllm-eplb run the DeepEP mode the batch size picks (ll: low-latency, normal); "
+            "The baselines (" + ", ".join(BASELINES) + ") run the DeepEP mode the batch size picks (ll: low-latency, "
+            "normal); 'fastest baseline' names the fastest of them on the row and 'vs fastest' is Zepp against it; "
             "Zepp's best of " + ", ".join(dict.fromkeys(DECODE_ZEPP)) + " (decode) and "
             + ", ".join(PREFILL_ZEPP) + " (prefill). Floors: each system's own physical lower bound; "
             "the configuration's floor is the smallest.", "", *summary, "",
-            *lines, "", *diagnosis_lines(meta.get("diagnosis", [])), "Caveats:", *[f"- {x}" for x in CAVEATS], "",
-            "Not run:", *[f"- {x}" for x in NOT_RUN], "",
-            f"CPU: {meta['cpu_s']:.0f} s in all ({meta['grid']} configurations), seed {meta['seed']}."]
+            *lines, "", *diagnosis_lines(meta.get("diagnosis", [])), *caveat_lines(),
+            "Not run:", *[f"- {x}" for x in NOT_RUN],
+            *[f"- {c} {n}x{g}, {m}, {t} tokens per GPU: in the grid, not finished in this run (see the JSON's "
+              "'missing')" for c, n, g, m, t in meta.get("missing", [])], "",
+            *([meta["state"], ""] if meta.get("state") else []),
+            f"CPU: {meta['cpu_s']:.0f} s in all ({meta['grid']} configurations; "
+            f"{meta.get('startup_cpu_s', 0.0):.1f} s of imports before the first), wall {meta.get('wall_s', 0.0):.0f} s, "
+            f"load average at the end {meta.get('loadavg', '-')}, seed {meta['seed']}."]
     (out / "bench_today.md").write_text("\n".join(text) + "\n")
     plot(rows, out / "bench_today.png")
+
+
+def caveat_lines() -> list[str]:
+    """``CAVEATS`` while DeepEP's normal kernels are simulated without their chunks (``Mechanics.chunked``)."""
+    from zepp.sim.mechanics import mechanics
+
+    if getattr(mechanics("deepep-normal"), "chunked", False):
+        return []
+    return ["Caveats:", *[f"- {x}" for x in CAVEATS], ""]
 
 
 def diagnosis_lines(diag: list[dict]) -> list[str]:
@@ -230,11 +278,14 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows)), 4.5))
     x = np.arange(len(rows))
-    w = 0.27
-    for j, (name, color) in enumerate((("sglang-deepep", "tab:blue"), ("vllm-eplb", "tab:orange"),
-                                       ("zepp-deepep", "gold"))):
+    series = [("sglang-deepep", "tab:blue"), ("vllm-eplb", "tab:orange"), ("sglang-lp", "tab:green"),
+              ("zepp-deepep", "gold")]
+    series = [(n, c) for n, c in series if all(n in r["systems"] for r in rows)]
+    w = 0.8 / len(series)
+    for j, (name, color) in enumerate(series):
         vals = [r["systems"][name]["median_ms"] / r["systems"]["sglang-deepep"]["median_ms"] for r in rows]
-        ax.bar(x + (j - 1) * w, vals, w, label=name, color=color, edgecolor="black" if name == "zepp-deepep" else "none")
+        ax.bar(x + (j - (len(series) - 1) / 2) * w, vals, w, label=name, color=color,
+               edgecolor="black" if name == "zepp-deepep" else "none")
     floors = [r["floor_ms"] / r["systems"]["sglang-deepep"]["median_ms"] for r in rows]
     ax.scatter(x, floors, marker="_", s=120, color="black", label="configuration floor", zorder=3)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
@@ -273,17 +324,24 @@ def main() -> None:
         network_of(c)
         if model_preset(m).num_experts % (n * gpn):
             raise SystemExit(f"grid point {c} {n}x{gpn} {m}: experts do not divide")
+    import torch  # noqa: F401  (EPLB's placement imports it: a one-off cost, kept out of the first row)
+
+    startup = time.process_time()
     rows = []
     t0 = time.process_time()
+    w0 = time.perf_counter()
     out = Path(args.out)
     for i, p in enumerate(grid):
         r = run_config(p, traces, args.seed)
         rows.append(r)
         print(f"[{i + 1}/{len(grid)}] {p}: sglang {r['systems']['sglang-deepep']['median_ms']:.3f} ms, zepp "
               f"{r['systems']['zepp-deepep']['median_ms']:.3f} ms ({r['systems']['zepp-deepep']['variant']}) "
-              f"{r['speedup_vs_sglang']:.2f}x, {r['cpu_s']:.1f} s", flush=True)
+              f"{r['speedup_vs_sglang']:.2f}x, fastest baseline {r['fastest_baseline']} "
+              f"{r['speedup_vs_fastest']:.2f}x, {r['cpu_s']:.1f} s CPU", flush=True)
         meta = dict(grid=len(rows), seed=args.seed, traces=traces and os.path.basename(traces.rstrip("/")),
-                    cpu_s=time.process_time() - t0, not_run=list(NOT_RUN),
+                    cpu_s=time.process_time() - t0, startup_cpu_s=startup, wall_s=time.perf_counter() - w0,
+                    loadavg=" ".join(f"{x:.1f}" for x in os.getloadavg()), baselines=list(BASELINES),
+                    not_run=list(NOT_RUN),
                     network="DeepEP published (zepp.sim.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
                     prefill_zepp=list(PREFILL_ZEPP))
         write(rows, meta, out)

@@ -96,7 +96,9 @@ def entries_of(routing) -> tuple[np.ndarray, ...]:
     return (idx // (T * k)), (idx // k) % T, slot // routing.placement.slots_per_rank, slot, idx % k
 
 
-_DENSE_KEYS = 1 << 24  # key tables up to 64 MB (int32); larger key ranges are sorted
+_DENSE_BITS = 24
+_DENSE_KEYS = 1 << _DENSE_BITS  # key tables up to 64 MB (int32); larger key ranges are joined block by block
+_BLOCK_BITS = 22  # wider keys: blocks of 4M keys, one 16 MB table reused
 
 
 def _join(left_key: np.ndarray, right_key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -106,23 +108,63 @@ def _join(left_key: np.ndarray, right_key: np.ndarray) -> tuple[np.ndarray, np.n
     if nl == 0 or nr == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     hi = max(int(left_key.max()), int(right_key.max())) + 1
-    if min(int(left_key.min()), int(right_key.min())) >= 0 and hi <= _DENSE_KEYS and max(nl, nr) < 2**31:
-        if nl <= nr:
-            return _join_table(left_key, right_key, hi)
-        j, i = _join_table(right_key, left_key, hi)
-        return i, j
+    if min(int(left_key.min()), int(right_key.min())) < 0 or max(nl, nr) >= 2**31:
+        return _join_sorted(left_key, right_key)
+    if hi <= _DENSE_KEYS:
+        return _join_dense(left_key, right_key, hi)
+    if (hi - 1) >> _BLOCK_BITS < 2**31:
+        return _join_blocked(left_key, right_key)
     return _join_sorted(left_key, right_key)
 
 
-def _join_table(a: np.ndarray, b: np.ndarray, hi: int) -> tuple[np.ndarray, np.ndarray]:
+def _join_dense(left_key: np.ndarray, right_key: np.ndarray, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_join`` of keys in ``[0, hi)``, ``hi <= _DENSE_KEYS``, through a table of the smaller side."""
+    if left_key.size <= right_key.size:
+        return _join_table(left_key, right_key, hi)
+    j, i = _join_table(right_key, left_key, hi)
+    return i, j
+
+
+def _join_blocked(left_key: np.ndarray, right_key: np.ndarray, bits: int = _BLOCK_BITS) -> tuple[np.ndarray, np.ndarray]:
+    """``_join`` of keys too wide for one table: both sides radix-sorted by block (``2**bits``
+    consecutive keys), each block joined through one reused table. Equal keys share a block, so
+    the pairs are exactly ``_join_sorted``'s (as a set)."""
+    mask = (1 << bits) - 1
+    nb = (max(int(left_key.max()), int(right_key.max())) >> bits) + 1
+    sides = []
+    for key in (left_key, right_key):
+        blk = np.asarray(key, np.int64) >> bits
+        order = np.argsort(blk.astype(np.int16 if nb < 2**15 else np.int32), kind="stable")  # a radix sort
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(blk, minlength=nb))))
+        sides.append((order, bounds, (np.asarray(key, np.int64)[order] & mask).astype(np.int32)))
+    (lo, lb, ll), (ro, rb, rl) = sides
+    tab = np.full(1 << bits, -1, np.int32)
+    parts_i, parts_j = [], []
+    for b in np.flatnonzero((np.diff(lb) > 0) & (np.diff(rb) > 0)).tolist():
+        lk, rk = ll[lb[b]:lb[b + 1]], rl[rb[b]:rb[b + 1]]
+        if lk.size <= rk.size:
+            i, j = _join_table(lk, rk, tab.size, tab)
+        else:
+            j, i = _join_table(rk, lk, tab.size, tab)
+        parts_i.append(lo[lb[b] + i])
+        parts_j.append(ro[rb[b] + j])
+    if not parts_i:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(parts_i).astype(np.int64), np.concatenate(parts_j).astype(np.int64)
+
+
+def _join_table(a: np.ndarray, b: np.ndarray, hi: int, tab: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``_join`` through a key -> index table of ``a``: one pass where ``a``'s keys are distinct
     (nearly so in practice: each row arrives at a rank once in dispatch, leaves it once in
-    combine); the few keys ``a`` holds more than once are joined by sorting."""
-    tab = np.full(hi, -1, np.int32)
+    combine); the few keys ``a`` holds more than once are joined by sorting. ``tab``: a table
+    of at least ``hi`` entries all -1 (left so again), else one is made."""
+    if tab is None:
+        tab = np.full(hi, -1, np.int32)
     idx = np.arange(a.size, dtype=np.int32)
     tab[a] = idx
     lost = np.flatnonzero(tab[a] != idx)  # overwritten: their keys appear more than once in a
     hit = tab[b]
+    tab[a] = -1
     if lost.size == 0:
         bj = np.flatnonzero(hit >= 0)
         return hit[bj].astype(np.int64), bj
@@ -176,6 +218,22 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     base = int(b.max()) + 1
     u = _uniq(a.astype(np.int64) * base + b)
     return u // base, u % base
+
+
+def stage_message_pairs(h: Hops, hop_msg: np.ndarray, R: int, T: int, join=_join) -> tuple[np.ndarray, np.ndarray]:
+    """The message pairs ``(a, b)`` (sorted, distinct) where message ``b`` carries on a row that
+    an earlier-stage message ``a`` delivered to ``b``'s source: hops ``[M]`` of one phase,
+    ``hop_msg [M]`` each hop's message. ``join``: the key join (``_join``; tests pass others)."""
+    later = np.flatnonzero(h.stage > 0)
+    if later.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
+    key_in = (h.dst[early].astype(np.int64) * R + h.owner[early]) * T + h.token[early]
+    key_out = (h.src[later].astype(np.int64) * R + h.owner[later]) * T + h.token[later]
+    i, j = join(key_in, key_out)
+    i, j = early[i], later[j]
+    ok = h.stage[i] < h.stage[j]
+    return _unique_pairs(hop_msg[i[ok]], hop_msg[j[ok]])
 
 
 class LayerBuilder:
@@ -263,17 +321,7 @@ class LayerBuilder:
     def stage_pairs(self, h: Hops, m: Messages) -> tuple[np.ndarray, np.ndarray]:
         """``(pre, post)`` message pairs: ``post`` (stage ``s``, from ``x``) carries a row that
         ``pre`` (an earlier stage) delivers to ``x``."""
-        T = self.T
-        later = np.flatnonzero(h.stage > 0)
-        if later.size == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        early = np.flatnonzero(h.stage < h.stage.max())  # only these can feed a later stage
-        key_in = (h.dst[early].astype(np.int64) * self.R + h.owner[early]) * T + h.token[early]
-        key_out = (h.src[later].astype(np.int64) * self.R + h.owner[later]) * T + h.token[later]
-        i, j = _join(key_in, key_out)
-        i, j = early[i], later[j]
-        ok = h.stage[i] < h.stage[j]
-        return _unique_pairs(m.hop_msg[i[ok]], m.hop_msg[j[ok]])
+        return stage_message_pairs(h, m.hop_msg, self.R, self.T)
 
     def stage_deps(self, h: Hops, m: Messages) -> None:
         """A hop of stage ``s`` from ``x`` waits for earlier-stage arrivals of its row at ``x``
