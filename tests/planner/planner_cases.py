@@ -96,3 +96,21 @@ def histories(draw, max_nodes=4, max_gpus=4):
 def gpu_duplicates(p: Placement) -> int:
     """The most replicas of one expert on one GPU."""
     return max(int(np.bincount(row[row >= 0], minlength=p.num_experts).max(initial=0)) for row in p.slot_expert)
+
+
+def route_any(name: str, ids: np.ndarray, pl: Placement, relaxation: float):
+    """``route(name, ids, pl, relaxation)`` for every routing name; the table routings
+    (``zepp-table``, ``zepp-table-lean``) get a table built from the batch's own demand
+    ``[R, E]`` (what a history would hold)."""
+    from zepp.planner.routing import TABLE_ROUTINGS, build_routing_table, route
+
+    if name not in TABLE_ROUTINGS:
+        return route(name, ids, pl, relaxation)
+    R = ids.shape[0]
+    flat = ids.reshape(R, -1).astype(np.int64)
+    rows = np.repeat(np.arange(R), flat.shape[1])
+    keep = flat.ravel() >= 0
+    demand = np.zeros((R, pl.num_experts))
+    np.add.at(demand, (rows[keep], flat.ravel()[keep]), 1.0)
+    table = build_routing_table(pl, demand, relaxation, pl.gpus_per_node, lean=name.endswith("-lean"))
+    return route(name, ids, pl, relaxation, table=table)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner_cases import SETTINGS, assert_same_flows, random_placement, routing_case, routing_cases, skewed_batch
+from planner_cases import SETTINGS, assert_same_flows, random_placement, route_any, routing_case, routing_cases, skewed_batch
 from zepp import registry
 from zepp.errors import ZeppInputError
 from zepp.planner import plan_batch
@@ -45,7 +45,7 @@ def test_bad_transports_are_named():
 def test_every_routing_and_transport_is_valid(case):
     pl, ids = routing_case(case)
     for name in ROUTING_NAMES:
-        routing = route(name, ids, pl, case["relaxation"])
+        routing = route_any(name, ids, pl, case["relaxation"])
         routing.validate()
         for dispatch, combine in transport_pairs(with_hops=False):
             plan = build_flows(routing, dispatch, row_bytes=16, combine=combine)
@@ -68,7 +68,7 @@ def test_missing_entries_move_nothing(case, absent):
     ids[rng.random(ids.shape) < 0.1] = -1
     present = int((ids >= 0).sum())
     for name in [n for n in ROUTING_NAMES if n != "moonep"]:
-        routing = route(name, ids, pl, case["relaxation"])
+        routing = route_any(name, ids, pl, case["relaxation"])
         routing.validate()
         assert ((routing.slot < 0) == (ids < 0)).all()
         assert routing.slot_loads().sum() == present
