@@ -126,3 +126,13 @@ def test_a_cluster_file_means_the_same_to_every_command(tmp_path):
     (tmp_path / "d.yaml").write_text("nodes: 2\nkernel_launch: -1e-6\n")
     with pytest.raises(ZeppInputError, match=r"field 'kernel_launch' must be a finite number in \[0, 0.01\]"):
         load_cluster_file(tmp_path / "d.yaml")
+
+
+def test_readme_lists_every_cluster_file_field_with_its_range():
+    from pathlib import Path
+
+    from zepp.cluster import FIELD_RANGES, field_ranges_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert field_ranges_markdown() in readme, "README's cluster-file table differs from zepp.cluster.FIELD_RANGES"
+    assert all(f"| `{k}` |" in field_ranges_markdown() for k in FIELD_RANGES)

@@ -136,6 +136,14 @@ FIELD_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "gemm_rows_half": (0.0, 1e6, True, "rows per expert at half the GEMM efficiency"),
     "kernel_launch": (0.0, 1e-2, False, "seconds per kernel launch"),
 }
+
+
+def field_ranges_markdown() -> str:
+    """The README's table of cluster-file fields (``FIELD_RANGES``): name, range, meaning."""
+    rows = ["| field | range | meaning |", "| --- | --- | --- |"]
+    for key, (lo, hi, lo_open, what) in FIELD_RANGES.items():
+        rows.append(f"| `{key}` | {'(' if lo_open else '['}{lo:g}, {hi:g}] | {what} |")
+    return "\n".join(rows) + "\n"
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
