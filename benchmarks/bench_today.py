@@ -41,10 +41,13 @@ from zepp.traces import node_demand, sample_batches
 
 # today's engines, each switching DeepEP's kernels by batch size; sglang-lp where the registry has it
 BASELINES = tuple(b for b in ("sglang-deepep", "vllm-eplb", "sglang-lp") if b in registry.SYSTEMS)
-# Zepp's variants (zepp-deepep's own list in the registry): every one but the overlap on decode-sized
-# batches, the normal kernels with and without overlap on prefill-sized ones
-DECODE_ZEPP = tuple(v for v in registry.SYSTEMS["zepp-deepep"].best_of if v != "zepp-deepep-overlap")
-PREFILL_ZEPP = ("zepp-deepep-normal", "zepp-deepep-overlap")
+# Zepp's variants (zepp-deepep's own list in the registry): on decode-sized batches every one but
+# those on the normal kernels' overlap mechanics; on prefill-sized ones the normal-kernel variants
+# (with and without overlap, and the LP-balanced one). Leaving variants out can only slow Zepp.
+PREFILL_ZEPP = tuple(v for v in ("zepp-deepep-normal", "zepp-deepep-overlap", "zepp-deepep-lp")
+                     if v in registry.SYSTEMS["zepp-deepep"].best_of)
+DECODE_ZEPP = tuple(v for v in registry.SYSTEMS["zepp-deepep"].best_of
+                    if v not in ("zepp-deepep-overlap", "zepp-deepep-lp"))
 
 # (cluster, nodes, gpus per node, model, tokens per GPU)
 GRID = (
@@ -133,7 +136,9 @@ def run_config(point, traces_dir, seed: int) -> dict:
     return row
 
 
-DIAGNOSE = (("gb200-nvl72", 2, 64, "deepseek-v3", 4096),)  # where vllm-eplb beats everyone: what differs
+DIAGNOSE = (("gb200-nvl72", 2, 64, "deepseek-v3", 4096),)  # two racks at prefill: why the systems differ
+DIAGNOSE_SYSTEMS = tuple(n for n in ("sglang-deepep", "vllm-eplb", "sglang-lp", "zepp-deepep-overlap", "zepp-deepep-lp")
+                         if n in registry.SYSTEMS)
 
 
 def diagnose(point, traces_dir, seed: int) -> dict:
@@ -145,7 +150,7 @@ def diagnose(point, traces_dir, seed: int) -> dict:
     shared = Shared()
     R = cfg.cluster.ranks
     out = {}
-    for name in ("sglang-deepep", "vllm-eplb", "zepp-deepep-overlap"):
+    for name in DIAGNOSE_SYSTEMS:
         s = registry.system(registry.pick_variant(name, point[4], {}) if registry.SYSTEMS[name].best_of else name)
         plan = shared.plan(s, cfg, 0)
         slot = plan.routing.slot.ravel()
@@ -262,7 +267,7 @@ def diagnosis_lines(diag: list[dict]) -> list[str]:
     out = []
     for d in diag:
         c, n, gpn, m, t = d["point"]
-        out.append(f"Where vllm-eplb is fastest ({c} {n}x{gpn}, {m}, {t} tokens per GPU, first batch): "
+        out.append(f"Why the systems differ ({c} {n}x{gpn}, {m}, {t} tokens per GPU, first batch): "
                    + "; ".join(f"{k}: busiest GPU {v['busiest_gpu_rows_over_mean']:.2f}x the mean rows, "
                                f"{v['busiest_gpu_gemm_ms']:.2f} ms of GEMM, dispatch ends at {v['dispatch_end_ms']:.2f} ms, "
                                f"layer {v['latency_ms']:.2f} ms" for k, v in d["systems"].items()) + ".")
@@ -300,6 +305,19 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def join_runs(runs: list[dict]) -> tuple[list[dict], dict]:
+    """Rows and meta of several ``--only`` runs as one run: rows in ``GRID`` order (each point once),
+    CPU seconds summed, wall seconds of the longest (they ran side by side), every load average."""
+    by_point = {tuple(r[k] for k in ("cluster", "nodes", "gpus_per_node", "model", "tokens_per_gpu")): r
+                for run in runs for r in run["rows"]}
+    rows = [by_point[g[:5]] for g in GRID if g[:5] in by_point]
+    meta = {k: v for k, v in runs[-1].items() if k != "rows"}
+    meta.update(grid=len(rows), cpu_s=sum(r["cpu_s"] for r in rows), wall_s=max(m.get("wall_s", 0.0) for m in runs),
+                startup_cpu_s=max(m.get("startup_cpu_s", 0.0) for m in runs), processes=len(runs),
+                loadavg=" / ".join(m.get("loadavg", "-") for m in runs))
+    return rows, meta
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_traces_option(ap)
@@ -308,9 +326,16 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma list of grid indices (timing)")
     ap.add_argument("--from-json", default=None, help="rewrite the .md and .png from a results JSON (no simulation)")
     ap.add_argument("--diagnose-only", action="store_true", help="add the DIAGNOSE figures to --from-json's file")
+    ap.add_argument("--join", nargs="+", default=None,
+                    help="join the JSONs of --only runs (run side by side) into one, rows in GRID order, and write it")
     args = ap.parse_args()
     traces = find_traces(args.traces, required=False)
     traces = traces and str(traces)
+    if args.join:
+        rows, meta = join_runs([json.loads(Path(f).read_text()) for f in args.join])
+        meta["diagnosis"] = [diagnose(p, traces, args.seed) for p in DIAGNOSE]
+        write(rows, meta, Path(args.out))
+        return
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         rows = data.pop("rows")
