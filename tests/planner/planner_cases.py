@@ -98,19 +98,19 @@ def gpu_duplicates(p: Placement) -> int:
     return max(int(np.bincount(row[row >= 0], minlength=p.num_experts).max(initial=0)) for row in p.slot_expert)
 
 
+def batch_demand(batch: np.ndarray, E: int) -> np.ndarray:
+    """``[R, E]`` entries per (source rank, expert) of a batch ``[R, T, k]`` (``-1``: none), as the
+    expected demand a history would hold."""
+    return np.stack([np.bincount(b[b >= 0], minlength=E) for b in batch.reshape(batch.shape[0], -1)]).astype(float)
+
+
 def route_any(name: str, ids: np.ndarray, pl: Placement, relaxation: float):
     """``route(name, ids, pl, relaxation)`` for every routing name; the table routings
-    (``zepp-table``, ``zepp-table-lean``) get a table built from the batch's own demand
-    ``[R, E]`` (what a history would hold)."""
+    (``zepp-table``, ``zepp-table-lean``) get a table built from the batch's own demand."""
     from zepp.planner.routing import TABLE_ROUTINGS, build_routing_table, route
 
     if name not in TABLE_ROUTINGS:
         return route(name, ids, pl, relaxation)
-    R = ids.shape[0]
-    flat = ids.reshape(R, -1).astype(np.int64)
-    rows = np.repeat(np.arange(R), flat.shape[1])
-    keep = flat.ravel() >= 0
-    demand = np.zeros((R, pl.num_experts))
-    np.add.at(demand, (rows[keep], flat.ravel()[keep]), 1.0)
-    table = build_routing_table(pl, demand, relaxation, pl.gpus_per_node, lean=name.endswith("-lean"))
+    table = build_routing_table(pl, batch_demand(ids, pl.num_experts), relaxation, pl.gpus_per_node,
+                                lean=name.endswith("-lean"))
     return route(name, ids, pl, relaxation, table=table)

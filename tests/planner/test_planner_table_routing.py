@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from planner_cases import SETTINGS, random_placement, routing_case, routing_cases, skewed_batch
+from planner_cases import SETTINGS, batch_demand, random_placement, routing_case, routing_cases, skewed_batch
 from zepp.errors import ZeppInputError
 from zepp.planner.routing import ROUTINGS, build_routing_table, rank_slots, route, route_by_table
 from zepp.planner.routing.table_routing import SHARE_ONE, expected_slot_loads
@@ -16,14 +16,9 @@ from zepp.planner.torch.table_routing import rank_slots_torch, table_tensors
 from zepp.planner.types import Placement
 
 
-def _demand(batch: np.ndarray, E: int) -> np.ndarray:
-    """``[R, E]`` entries per (source rank, expert) of a batch, as the expected demand."""
-    return np.stack([np.bincount(b[b >= 0], minlength=E) for b in batch.reshape(batch.shape[0], -1)]).astype(float)
-
-
 def _case(case):
     pl, batch = routing_case(case)
-    return pl, batch, _demand(batch, pl.num_experts)
+    return pl, batch, batch_demand(batch, pl.num_experts)
 
 
 def test_zepp_table_is_a_routing_name_and_needs_its_table():
@@ -32,7 +27,7 @@ def test_zepp_table_is_a_routing_name_and_needs_its_table():
     ids = np.array([[[0, 5]], [[2, 7]], [[4, 1]], [[6, 3]]], np.int32)
     with pytest.raises(ZeppInputError, match="needs a routing table"):
         route("zepp-table", ids, pl)
-    t = build_routing_table(pl, _demand(ids, 8), 0.25, 2)
+    t = build_routing_table(pl, batch_demand(ids, 8), 0.25, 2)
     r = route("zepp-table", ids, pl, table=t)
     r.validate()
     assert (r.slot == pl.replicas[ids, 0]).all()  # one replica each: the only choice
@@ -153,7 +148,7 @@ def test_table_matches_a_skewed_batch_close_to_zepps_balance():
     rng = np.random.default_rng(3)
     pl = random_placement(rng, 2, 4, 4, 2)
     hist = skewed_batch(rng, pl.ranks, 2000, 4, pl.num_experts, 1.0)
-    t = build_routing_table(pl, _demand(hist, pl.num_experts), 0.25, 4)
+    t = build_routing_table(pl, batch_demand(hist, pl.num_experts), 0.25, 4)
     batch = skewed_batch(np.random.default_rng(4), pl.ranks, 2000, 4, pl.num_experts, 1.0)
     table_max = route_by_table(batch, t).rows_per_rank().max()
     home_max = route("home", batch, pl).rows_per_rank().max()
@@ -168,7 +163,7 @@ def test_lean_table_uses_fewer_slots_per_gpu_and_keeps_every_expert():
     rng = np.random.default_rng(5)
     pl = random_placement(rng, 2, 4, 4, 2)
     hist = skewed_batch(rng, pl.ranks, 500, 4, pl.num_experts, 1.0)
-    demand = _demand(hist, pl.num_experts)
+    demand = batch_demand(hist, pl.num_experts)
     lean = lean_placement(pl, demand.sum(0))
     assert (lean.replica_count >= 1).all()
     kept = lean.slot_expert >= 0
@@ -179,3 +174,13 @@ def test_lean_table_uses_fewer_slots_per_gpu_and_keeps_every_expert():
     assert kept.ravel()[used].all()  # routes only to kept replicas
     r = route("zepp-table-lean", hist, pl, table=t)
     r.validate()
+
+
+def test_demand_per_gpu_spreads_each_node_over_its_gpus():
+    from zepp.planner.routing import demand_per_gpu
+
+    hist = np.array([[4, 0, 8], [2, 6, 0]])
+    got = demand_per_gpu(hist, 2)
+    assert got.shape == (4, 3)
+    np.testing.assert_array_equal(got, [[2, 0, 4], [2, 0, 4], [1, 3, 0], [1, 3, 0]])
+    np.testing.assert_array_equal(got.reshape(2, 2, 3).sum(axis=1), hist)

@@ -45,6 +45,7 @@ def default_config() -> dict:
 def layer_demands(cfg: dict, shape: dict, world: int) -> list | None:
     """Per MoE layer the history's expected demand ``[G, E]`` (each node's histogram shared by its
     GPUs), for the routing tables of the table path; ``None`` without a history."""
+    from zepp.planner.routing.table_routing import demand_per_gpu
     from zepp.traces import node_demand, read_trace
 
     if not cfg.get("history"):
@@ -53,8 +54,7 @@ def layer_demands(cfg: dict, shape: dict, world: int) -> list | None:
     out = []
     for i in range(shape["layers"]):
         tr = read_trace(os.path.join(cfg["history"], f"layer_{i:03d}.txt"), num_experts=E, top_k=k)
-        hist = node_demand(tr, cfg["nodes"], L).astype(np.float64)
-        out.append(np.repeat(hist, L, axis=0)[:world] / L)
+        out.append(demand_per_gpu(node_demand(tr, cfg["nodes"], L), L)[:world])
     return out
 
 

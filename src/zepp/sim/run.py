@@ -29,7 +29,8 @@ from zepp.planner.granularity import Figures, Granularity, choose, column_splits
 from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.routing import LEAN_TABLE_ROUTING, TABLE_ROUTINGS, RoutingTable, build_routing_table, route
+from zepp.planner.routing import (LEAN_TABLE_ROUTING, TABLE_ROUTINGS, RoutingTable, build_routing_table, demand_per_gpu,
+                                  route)
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
@@ -108,7 +109,7 @@ class Shared:
         its node's demand."""
         if (kind, routing) not in self.tables:
             L = cfg.cluster.gpus_per_node
-            demand = np.repeat(np.asarray(cfg.hist, float) / L, L, axis=0)  # [R, E]
+            demand = demand_per_gpu(cfg.hist, L)  # [R, E]
             self.tables[kind, routing] = build_routing_table(self.placement(kind, cfg), demand, cfg.C, L,
                                                              lean=routing == LEAN_TABLE_ROUTING)
         return self.tables[kind, routing]

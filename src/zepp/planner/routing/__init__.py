@@ -27,13 +27,13 @@ from zepp.planner.routing.lp_routing import route_lp
 from zepp.planner.routing.moonep_routing import moonep_plan, route_moonep
 from zepp.planner.routing.simple_routing import (route_dynamic, route_fixed, route_home, route_locality, route_random,
                                                  route_replica_rr)
-from zepp.planner.routing.table_routing import (RoutingTable, build_routing_table, rank_slots,
+from zepp.planner.routing.table_routing import (RoutingTable, build_routing_table, demand_per_gpu, rank_slots,
                                                 route_by_table)
 from zepp.planner.routing.zepp_routing import route_zepp
 from zepp.planner.types import Placement, Routing
 
 __all__ = ["ROUTINGS", "ROUTING_NAMES", "route", "check_batch", "position_in_group", "entry_hash", "moonep_plan",
-           "RoutingTable", "build_routing_table", "route_by_table", "rank_slots", "TABLE_ROUTING", "LEAN_TABLE_ROUTING",
+           "RoutingTable", "build_routing_table", "demand_per_gpu", "route_by_table", "rank_slots", "TABLE_ROUTING", "LEAN_TABLE_ROUTING",
            "TABLE_ROUTINGS"]
 
 TABLE_ROUTING = "zepp-table"  # the routings that need a RoutingTable (route(..., table=...))

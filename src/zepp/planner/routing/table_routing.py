@@ -109,6 +109,12 @@ def build_routing_table(placement: Placement, demand: np.ndarray, relaxation: fl
                         full)
 
 
+def demand_per_gpu(node_hist: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """The expected demand ``[N * L, E]`` float of a history's node histogram ``node_hist [N, E]``
+    (``zepp.traces.node_demand``): each GPU of node ``n`` expects ``node_hist[n] / L``."""
+    return np.repeat(np.asarray(node_hist, np.float64) / gpus_per_node, gpus_per_node, axis=0)
+
+
 def lean_placement(placement: Placement, load: np.ndarray) -> Placement:
     """``placement`` with replicas left unused (``-1``) so that the most slots with work on any GPU
     is as small as the greedy finds: while the GPU with the most used slots holds a replica of an
