@@ -76,7 +76,8 @@ NUMBERS = [  # finite, in range, integers where counts are meant, seeds non-nega
     ["cluster", "check", "--timeout", "0"],
     ABLATION + ["--seed", "-1"], ABLATION + ["--period", "0"], ABLATION + ["--nodes", "0"],
     ABLATION + ["--budget-mb", "nan"], ABLATION + ["--iters", "0"], ABLATION + ["--schedules", "rotating,,unseen"],
-    ABLATION + ["--schedules", "nosuch"], BENCH + ["--nodes", "1,,2"], BENCH + ["--budgets", ","],
+    ABLATION + ["--schedules", "nosuch"], ABLATION + ["--model", "gpt"], ABLATION + ["--cluster", "tpu"],
+    ABLATION + ["--gpus-per-node", "0"], ABLATION + ["--traces", "/nonexistent-zepp"], ABLATION + ["--period", "x"], BENCH + ["--nodes", "1,,2"], BENCH + ["--budgets", ","],
     BENCH + ["--schedule", "nosuch"], SMALL_PLAN + ["--schedule", "drifting"], TIMELINE + ["--schedule", "x"],
     RUN + ["--schedule", "rotate"],
 ]
