@@ -4,7 +4,7 @@
 
 Per shape one emulated cluster (``zepp.emulate``, prefix ``zgr``, NIC ``--rate`` Mbit/s), its
 links and expert compute calibrated (``zepp.emulate.simcheck.calibrate``); the cost figures of
-``zepp.planner.granularity`` for this executor come from that calibration only:
+``zepp.planner.overlap.granularity`` for this executor come from that calibration only:
 
 - ``nic_bw`` / ``nvlink_bw``: the measured link rates; ``nvlink_msg_cost`` the measured NVLink
   (veth) message latency; ``nic_msg_cost`` (the fixed cost of one more wave or group): the
@@ -44,7 +44,7 @@ SYSTEMS = ["zepp-overlap", "zepp-auto", "zepp-sync"]
 
 
 def cost_cluster(cal: dict, nodes: int, L: int, hidden: int, ffn: int, overlap: float) -> dict:
-    """``zepp.cluster.Cluster`` fields for ``zepp.planner.granularity`` from an emulated-cluster calibration."""
+    """``zepp.cluster.Cluster`` fields for ``zepp.planner.overlap.granularity`` from an emulated-cluster calibration."""
     f, comp = cal["cluster_fields"], cal["compute"]
     c_group = max((comp["up"][0] + comp["down"][0]) / 2, 1e-9)
     c_row = max((comp["up"][1] + comp["down"][1]) / 2, 1e-12)
@@ -118,7 +118,7 @@ def write(args, cells: list[dict], seconds: float) -> None:
           "median over timed iterations of the slowest rank's layer time. Every output checked against the "
           f"single-process reference. Wall time {seconds:.0f} s.", "",
           "`zepp-overlap`: fixed granularity (GEMM 1 per arrival event, one combine wave per node); `zepp-auto`: "
-          "groups and waves chosen per batch by `zepp.planner.granularity` with cost figures from this cluster's "
+          "groups and waves chosen per batch by `zepp.planner.overlap.granularity` with cost figures from this cluster's "
           "calibration (see the script's docstring); `zepp-sync`: one GEMM per phase, blocking collectives.", "",
           "| nodes x ranks | tokens/rank | zepp-overlap ms | zepp-auto ms | zepp-sync ms | auto / overlap | "
           "auto / sync | chosen (groups/waves: batches) | same on all ranks | correct | load |",

@@ -80,7 +80,7 @@ def main() -> None:
           "iterations, seed 0, a100 preset, network calibrated on a2av). "
           "ms = median simulated layer latency, max over ranks. *Before*: Zepp = best of "
           "zepp-a2av / zepp-overlap / zepp-swap (the committed definition); *after*: zepp-auto joins the "
-          "variants (zepp-auto = zepp-overlap's mechanics with the groups and waves `zepp.planner.granularity.choose` "
+          "variants (zepp-auto = zepp-overlap's mechanics with the groups and waves `zepp.planner.overlap.granularity.choose` "
           "picks per batch, its planning cost charged: `zepp+granularity`). x = fastest baseline / Zepp.", ""]
     summary = {}
     for kind, title in (("synth", "built-in synthetic traces (`zepp bench` default)"),

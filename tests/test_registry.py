@@ -18,24 +18,33 @@ COMMAND_OF = {"plan": "plan", "sim": "bench", "runtime": "run"}
 def test_rows_name_known_stage_choices_and_the_paper_columns():
     for s in registry.SYSTEMS.values():
         assert s.placement in registry.PLACEMENTS and s.routing in registry.ROUTINGS
-        assert s.dispatch in registry.DISPATCH_TRANSPORTS and s.combine in registry.COMBINE_TRANSPORTS
+        assert s.dispatch in registry.DISPATCHES and s.combine in registry.COMBINES
         assert s.summary and s.stands_for
     from zepp.sim.measured import system_columns
 
     assert set(registry.PAPER_BASELINES) == set(system_columns())
 
 
-def test_stage_names_are_the_planner_stages_own():
-    """Each stage owns its names next to its {name: function} table; the registry reads them."""
-    from zepp.planner import flows, grouping, placement, routing, swaps
+def test_stage_tables_are_the_planner_stages_own_records():
+    """Each stage owns one table of records (name, meaning, function, flags, torch twin) in its
+    package; the registry reads them and every row's records are its properties."""
+    from zepp.planner import adaptation, flows, overlap, placement, routing
+    from zepp.planner.choices import Choice, ChoiceTable
 
     assert registry.PLACEMENTS is placement.PLACEMENTS and registry.ROUTINGS is routing.ROUTINGS
-    assert registry.DISPATCH_TRANSPORTS is flows.DISPATCH_TRANSPORTS
-    assert registry.COMBINE_TRANSPORTS is flows.COMBINE_TRANSPORTS and registry.DEFAULT_COMBINE is flows.DEFAULT_COMBINE
-    assert registry.OVERLAPS is grouping.OVERLAPS and registry.ADAPTATIONS is swaps.ADAPTATIONS
-    for table in (registry.PLACEMENTS, registry.ROUTINGS, registry.DISPATCH_TRANSPORTS, registry.COMBINE_TRANSPORTS,
-                  registry.OVERLAPS, registry.ADAPTATIONS):
-        assert table and all(isinstance(m, str) and m and "\n" not in m for m in table.values())
+    assert registry.DISPATCHES is flows.DISPATCHES and registry.COMBINES is flows.COMBINES
+    assert registry.OVERLAPS is overlap.OVERLAPS and registry.ADAPTATIONS is adaptation.ADAPTATIONS
+    for field, _, table in registry.STAGE_TABLES:
+        assert isinstance(table, ChoiceTable) and table
+        for name, c in table.items():
+            assert isinstance(c, Choice) and c.name == name
+            assert isinstance(c.meaning, str) and c.meaning and "\n" not in c.meaning
+    for s in registry.SYSTEMS.values():
+        assert s.routing_choice is registry.ROUTINGS[s.routing] and s.overlap_choice is registry.OVERLAPS[s.overlap]
+        assert s.swaps == registry.ADAPTATIONS[s.adaptation].swaps
+    assert registry.SYSTEMS["zepp-swap"].swaps and not registry.SYSTEMS["zepp-overlap"].swaps
+    with pytest.raises(ZeppInputError, match="unknown routing 'nope'; choose one of home"):
+        registry.ROUTINGS.choice("nope")
 
 
 @pytest.mark.parametrize("executor", registry.EXECUTORS)
@@ -126,7 +135,7 @@ def test_run_walks_the_registry(tmp_path, capsys):
 def test_readme_system_table_is_the_registry():
     text = README.read_text()
     assert registry.markdown_table() in text, "README's system table differs from `zepp systems --markdown`"
-    for table in (registry.PLACEMENTS, registry.ROUTINGS, registry.DISPATCH_TRANSPORTS, registry.COMBINE_TRANSPORTS):
+    for table in (registry.PLACEMENTS, registry.ROUTINGS, registry.DISPATCHES, registry.COMBINES):
         for name in table:
             assert f"`{name}`" in text, f"README does not name stage choice {name!r}"
 

@@ -1,4 +1,4 @@
-"""Record the op-mix rounds of Zepp's granularity choice (``zepp.planner.granularity.choose``), the
+"""Record the op-mix rounds of Zepp's granularity choice (``zepp.planner.overlap.granularity.choose``), the
 ``granularity`` part of the simulator's planning-cost model (``zepp.sim.planning_cost``).
 
     python benchmarks/fit/granularity_cost.py    # adds "granularity" to src/zepp/data/planner_cost.json
@@ -26,7 +26,7 @@ from planner_cost import MIN_ENTRIES, OUT, best, opmix  # noqa: E402
 
 from zepp.cluster import cluster_preset  # noqa: E402
 from zepp.planner.flows import build_flows  # noqa: E402
-from zepp.planner.granularity import Figures, choose  # noqa: E402
+from zepp.planner.overlap.granularity import Figures, choose  # noqa: E402
 from zepp.model import model_preset  # noqa: E402
 from zepp.planner.placement import make_placement  # noqa: E402
 from zepp.planner.routing import route  # noqa: E402

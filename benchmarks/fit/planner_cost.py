@@ -36,7 +36,7 @@ from zepp.planner.flows import build_flows  # noqa: E402
 from zepp.model import model_preset  # noqa: E402
 from zepp.planner.placement import make_placement  # noqa: E402
 from zepp.planner.routing import route  # noqa: E402
-from zepp.planner.swaps import plan_swaps  # noqa: E402
+from zepp.planner.adaptation.swaps import plan_swaps  # noqa: E402
 from zepp.traces.synthetic import synthetic_traces  # noqa: E402
 from zepp.traces import node_demand, sample_batches  # noqa: E402
 

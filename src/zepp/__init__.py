@@ -7,13 +7,11 @@ files), ``emulate`` (the emulated cluster), ``launch`` (spawning ranks) and ``cl
 serve them. ``registry`` is the one table of systems.
 """
 
-from zepp import compat
 from zepp.cluster import Cluster, cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.model import MoESpec, model_preset
 from zepp.planner.types import FlowPlan, Hops, LinkStats, Placement, Routing
 
-compat.install()
 
 __all__ = [
     "Cluster", "cluster_preset", "MoESpec", "model_preset", "ZeppInputError",

@@ -7,10 +7,11 @@ Every command's option parsing, help text and error messages, the README's syste
 the tests read this module; no other list of names exists.
 
 Stage choices (each name has one meaning everywhere; ``zepp systems`` prints them) are owned by
-the planner stage that implements them, next to its ``{name: function}`` table, and read here:
-``PLACEMENTS`` (``zepp.planner.placement``), ``ROUTINGS`` (``zepp.planner.routing``),
-``DISPATCH_TRANSPORTS``, ``COMBINE_TRANSPORTS``, ``DEFAULT_COMBINE`` (``zepp.planner.flows``),
-``OVERLAPS`` (``zepp.planner.grouping``), ``ADAPTATIONS`` (``zepp.planner.swaps``).
+the planner stage that implements them, one ``ChoiceTable`` of records each (``zepp.planner.choices``),
+and read here: ``PLACEMENTS`` (``zepp.planner.placement``), ``ROUTINGS`` (``zepp.planner.routing``),
+``DISPATCHES``, ``COMBINES`` (``zepp.planner.flows``), ``OVERLAPS``, ``OVERLAP_COMMS``
+(``zepp.planner.overlap``), ``ADAPTATIONS`` (``zepp.planner.adaptation``). A row's records are its
+properties (``placement_choice`` ...): code asks them what the system does, never its stage names.
 
 Executors: ``plan`` (``zepp plan``: placement, routing and flows, bytes per link), ``sim`` (the
 simulator: ``zepp bench``, ``zepp timeline``) and ``runtime`` (``zepp run`` on torch.distributed).
@@ -25,17 +26,32 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import COMBINE_TRANSPORTS, DEFAULT_COMBINE, DISPATCH_TRANSPORTS
-from zepp.planner.grouping import OVERLAPS
-from zepp.planner.placement import PLACEMENTS
-from zepp.planner.routing import ROUTINGS
-from zepp.planner.swaps import ADAPTATIONS
+from zepp.planner.adaptation import ADAPTATIONS, AdaptationChoice
+from zepp.planner.flows import COMBINES, DISPATCHES, CombineChoice, DispatchChoice
+from zepp.planner.overlap import OVERLAP_COMMS, OVERLAPS, OverlapChoice, OverlapComm
+from zepp.planner.placement import PLACEMENTS, PlacementChoice
+from zepp.planner.routing import ROUTINGS, RoutingChoice
 
-__all__ = ["System", "SYSTEMS", "PAPER_BASELINES", "EXECUTORS", "PLACEMENTS", "ROUTINGS", "DISPATCH_TRANSPORTS",
-           "COMBINE_TRANSPORTS", "DEFAULT_COMBINE", "OVERLAPS", "ADAPTATIONS", "system", "names_for", "variants",
+__all__ = ["System", "SYSTEMS", "PAPER_BASELINES", "EXECUTORS", "STAGE_TABLES", "PLACEMENTS", "ROUTINGS",
+           "DISPATCHES", "COMBINES", "OVERLAPS", "OVERLAP_COMMS", "ADAPTATIONS", "system", "names_for", "variants",
            "pick_variant", "parse_systems", "help_list", "as_table", "format_systems", "markdown_table", "to_json"]
 
 EXECUTORS = ("plan", "sim", "runtime")
+# the stage tables in the order of a row's fields: (field, title in zepp systems, table)
+STAGE_TABLES = (("placement", "placements", PLACEMENTS), ("routing", "routings", ROUTINGS),
+                ("dispatch", "dispatch transports", DISPATCHES), ("combine", "combine transports", COMBINES),
+                ("overlap", "overlap", OVERLAPS), ("adaptation", "adaptation", ADAPTATIONS),
+                ("overlap_comm", "overlap communication (runtime)", OVERLAP_COMMS))
+
+
+class _StageRecord:
+    """A ``System`` attribute that reads the record of one of its stage fields from the stage's table."""
+
+    def __init__(self, field_name: str, table):
+        self.field_name, self.table = field_name, table
+
+    def __get__(self, row, owner=None):
+        return self if row is None else self.table[getattr(row, self.field_name)]
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,7 @@ class System:
     ``best_of``: a meta-system's variants (then the stage fields describe the family).
     ``switch_tokens``: a meta-system that is not the best of its two variants but runs the first
     on batches of at most this many tokens per GPU and the second on larger ones
-    (``pick_variant``).
+    (``pick_variant``). ``ours``: Zepp or one of its variants (not a baseline).
     """
 
     name: str
@@ -68,10 +84,21 @@ class System:
     paper_column: str | None = None  # column of PAPER.md section 4's measured table
     best_of: tuple[str, ...] = field(default=())
     switch_tokens: int | None = None
+    ours: bool = False
+
+    # a row's record of each stage (``s.routing_choice`` is ``ROUTINGS[s.routing]``): what code asks
+    placement_choice = _StageRecord("placement", PLACEMENTS)
+    routing_choice = _StageRecord("routing", ROUTINGS)
+    dispatch_choice = _StageRecord("dispatch", DISPATCHES)
+    combine_choice = _StageRecord("combine", COMBINES)
+    overlap_choice = _StageRecord("overlap", OVERLAPS)
+    adaptation_choice = _StageRecord("adaptation", ADAPTATIONS)
+    comm_choice = _StageRecord("overlap_comm", OVERLAP_COMMS)
 
     @property
     def swaps(self) -> bool:
-        return self.adaptation == "zepp-swap"
+        """Whether the system swaps experts inside nodes while serving (either swap adaptation)."""
+        return self.adaptation_choice.swaps
 
     def supports(self, executor: str) -> bool:
         return executor in self.executors
@@ -166,63 +193,63 @@ _ROWS = (
            planning="zepp", best_of=("zepp-deepep-table", "zepp-deepep-table-cols", "zepp-deepep-table-lean",
                                      "zepp-deepep-table-relay", "zepp-deepep-ll", "zepp-deepep-normal",
                                      "zepp-deepep-overlap", "zepp-deepep-lp"),
-           executors=("plan", "sim")),
+           executors=("plan", "sim"), ours=True),
     System("zepp-deepep-ll", "Zepp's placement and routing over DeepEP's low-latency kernels",
            "Zepp variant (DeepEP low-latency)", "zepp", "zepp", "a2av", "a2av", mechanics="deepep-ll", planning="zepp",
-           executors=("plan", "sim")),
+           executors=("plan", "sim"), ours=True),
     System("zepp-deepep-table", "Zepp's placement, its routing table looked up per entry on the device, DeepEP-style "
            "low-latency kernels sending a token once per destination GPU (outputs summed there)",
            "Zepp variant (low-latency kernels, table routing)", "zepp", "zepp-table", "dedup", "dedup",
-           mechanics="deepep-ll", planning="zepp-table", executors=("sim",)),
+           mechanics="deepep-ll", planning="zepp-table", executors=("sim",), ours=True),
     System("zepp-deepep-table-cols", "zepp-deepep-table with GEMM 2 in column splits, each sending its slice of the "
            "partials as it finishes (the combine overlaps GEMM 2)",
            "Zepp variant (low-latency kernels, table routing, column-split combine)", "zepp", "zepp-table", "dedup",
-           "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+           "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",), ours=True),
     System("zepp-deepep-table-lean", "zepp-deepep-table-cols routed over the fewest replicas that leave every GPU the "
            "fewest slots with work (a decode GEMM reads the weights of every slot it serves)",
            "Zepp variant (low-latency kernels, lean table routing, column-split combine)", "zepp", "zepp-table-lean",
-           "dedup", "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",)),
+           "dedup", "dedup", mechanics="deepep-ll-cols", planning="zepp-table", executors=("sim",), ours=True),
     System("zepp-deepep-table-relay", "Zepp's placement and routing table over a hierarchical low-latency kernel: a "
            "token crosses the NIC once per node to the GPU of its local index, which forwards it over NVLink; "
            "partials reduced in the node before the NIC",
            "Zepp variant (low-latency kernels, table routing, node merge)", "zepp", "zepp-table", "relay", "reduce",
-           mechanics="deepep-ll-relay", planning="zepp-table", executors=("sim",)),
+           mechanics="deepep-ll-relay", planning="zepp-table", executors=("sim",), ours=True),
     System("zepp-deepep-normal", "Zepp's placement, routing and transport over DeepEP's normal-kernel figures",
            "Zepp variant (DeepEP normal)", "zepp", "zepp", "zepp", "reduce", mechanics="deepep-normal", planning="zepp",
-           executors=("plan", "sim")),
+           executors=("plan", "sim"), ours=True),
     System("zepp-deepep-overlap", "zepp-deepep-normal with Zepp's dispatch groups and combine waves",
            "Zepp variant (DeepEP normal + overlap)", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
-           mechanics="deepep-overlap", planning="zepp", executors=("plan", "sim")),
+           mechanics="deepep-overlap", planning="zepp", executors=("plan", "sim"), ours=True),
     System("zepp-deepep-lp", "zepp-deepep-overlap with the replicas of Zepp's placement balanced per batch by LPLB's LP "
            "(GPU load) instead of the water-fill", "Zepp variant (DeepEP normal + overlap, LP balance)", "zepp", "lp",
-           "zepp", "reduce", overlap="zepp", mechanics="deepep-overlap", planning="zepp+lp", executors=("plan", "sim")),
+           "zepp", "reduce", overlap="zepp", mechanics="deepep-overlap", planning="zepp+lp", executors=("plan", "sim"), ours=True),
     # ---- Zepp and its variants
     System("zepp", "Zepp: the best of zepp-a2av, zepp-overlap, zepp-auto and zepp-swap per configuration",
            "the paper's Zepp number (plus the per-batch granularity of issue 12)", "zepp", "zepp", "zepp", "reduce",
            overlap="zepp", best_of=("zepp-a2av", "zepp-overlap", "zepp-auto", "zepp-swap"), executors=("plan", "sim", "runtime"),
-           mechanics="best-of", planning="zepp"),
+           mechanics="best-of", planning="zepp", ours=True),
     System("zepp-a2av", "Zepp's placement and routing over plain all-to-all-v",
-           "Zepp variant (a2av)", "zepp", "zepp", "a2av", "a2av", mechanics="serial-barrier", planning="zepp"),
+           "Zepp variant (a2av)", "zepp", "zepp", "a2av", "a2av", mechanics="serial-barrier", planning="zepp", ours=True),
     System("zepp-overlap", "Zepp's placement, routing and transport with dispatch groups and combine waves",
            "Zepp variant (overlap)", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="zepp-overlap",
-           planning="zepp"),
+           planning="zepp", ours=True),
     System("zepp-auto", "zepp-overlap with as many dispatch groups and combine waves as the planner's cost model "
            "chooses per batch (one GEMM per phase up to one per node)", "Zepp variant (overlap, planned granularity)",
            "zepp", "zepp", "zepp", "reduce", overlap="zepp-auto", mechanics="zepp-overlap",
-           planning="zepp+granularity"),
+           planning="zepp+granularity", ours=True),
     System("zepp-swap", "zepp-overlap plus intra-node expert swaps planned from the previous batch's loads",
            "Zepp variant (overlap + swaps)", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
-           adaptation="zepp-swap", mechanics="zepp-overlap", planning="zepp+swap", executors=("sim", "runtime")),
+           adaptation="zepp-swap", mechanics="zepp-overlap", planning="zepp+swap", executors=("sim", "runtime"), ours=True),
     System("zepp-relay", "Zepp's placement and routing over the relay transport (no split, no pre-reduce)",
-           "ablation: merge only", "zepp", "zepp", "relay", "dedup", mechanics="signals", planning="zepp"),
+           "ablation: merge only", "zepp", "zepp", "relay", "dedup", mechanics="signals", planning="zepp", ours=True),
     System("zepp-sync", "Zepp's placement, routing and transport without overlap",
-           "ablation: no overlap", "zepp", "zepp", "zepp", "reduce", mechanics="signals", planning="zepp"),
+           "ablation: no overlap", "zepp", "zepp", "zepp", "reduce", mechanics="signals", planning="zepp", ours=True),
     System("zepp-direct", "Zepp's transport with pre-reduced combine rows sent straight to the owner (one stage fewer)",
            "ours: for executors that pay per stage", "zepp", "zepp", "zepp", "reduce-direct",
-           mechanics="signals", planning="zepp"),
+           mechanics="signals", planning="zepp", ours=True),
     System("zepp-p2p", "zepp-overlap executed with batched point-to-point sends instead of async all-to-alls",
            "runtime variant of zepp-overlap", "zepp", "zepp", "zepp", "reduce", overlap="zepp",
-           mechanics="zepp-overlap", planning="zepp", executors=("runtime",), overlap_comm="p2p"),
+           mechanics="zepp-overlap", planning="zepp", executors=("runtime",), overlap_comm="p2p", ours=True),
 )
 
 SYSTEMS: dict[str, System] = {s.name: s for s in _ROWS}
@@ -231,12 +258,9 @@ PAPER_BASELINES = tuple(s.name for s in _ROWS if s.paper_column is not None)
 
 def _check_table() -> None:
     for s in _ROWS:
-        for value, table, what in ((s.placement, PLACEMENTS, "placement"), (s.routing, ROUTINGS, "routing"),
-                                   (s.dispatch, DISPATCH_TRANSPORTS, "dispatch"),
-                                   (s.combine, COMBINE_TRANSPORTS, "combine"), (s.overlap, OVERLAPS, "overlap"),
-                                   (s.adaptation, ADAPTATIONS, "adaptation")):
-            if value not in table:
-                raise AssertionError(f"registry row {s.name!r}: unknown {what} {value!r}")
+        for what, _, table in STAGE_TABLES:
+            if getattr(s, what) not in table:
+                raise AssertionError(f"registry row {s.name!r}: unknown {what} {getattr(s, what)!r}")
         if not set(s.executors) <= set(EXECUTORS):
             raise AssertionError(f"registry row {s.name!r}: unknown executor in {s.executors}")
         for v in s.best_of:
@@ -334,13 +358,11 @@ def format_systems() -> str:
         out.append("    " + s.summary + (f" [stands for: {s.stands_for}]" if s.stands_for else ""))
         if s.best_of:
             out.append("    " + _meta_text(s))
-    for title, table in (("placements", PLACEMENTS), ("routings", ROUTINGS), ("dispatch transports", DISPATCH_TRANSPORTS),
-                         ("combine transports", COMBINE_TRANSPORTS), ("overlap", OVERLAPS),
-                         ("adaptation", ADAPTATIONS)):
+    for _, title, table in STAGE_TABLES:
         out.append("")
         out.append(title + ":")
         w = max(len(k) for k in table)
-        out.extend(f"  {k.ljust(w)}  {v}" for k, v in table.items())
+        out.extend(f"  {k.ljust(w)}  {v}" for k, v in table.meanings().items())
     return "\n".join(out)
 
 
@@ -362,9 +384,13 @@ def markdown_table() -> str:
 
 
 def to_json() -> str:
-    return json.dumps({"systems": as_table(), "placements": PLACEMENTS, "routings": ROUTINGS,
-                       "dispatch_transports": DISPATCH_TRANSPORTS, "combine_transports": COMBINE_TRANSPORTS,
-                       "overlaps": OVERLAPS, "adaptations": ADAPTATIONS}, indent=1)
+    return json.dumps({"systems": as_table(), "stages": {what: {name: _choice_dict(c) for name, c in table.items()}
+                                                         for what, _, table in STAGE_TABLES}}, indent=1)
+
+
+def _choice_dict(c) -> dict:
+    """A stage record as JSON: its name, meaning, flags and whether it has a torch twin."""
+    return {k: v for k, v in asdict(c).items() if k != "function"}
 
 
 _check_table()

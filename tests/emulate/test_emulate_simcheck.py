@@ -11,9 +11,9 @@ from zepp.emulate import simcheck
 from zepp.emulate.glooexec import (GLOO_BLOCKING, GLOO_OVERLAP, emulated_cluster, emulated_gemm, emulated_net,
                                    gloo_mechanics)
 from zepp.errors import ZeppInputError
-from zepp.planner.grouping import arrival_stage
+from zepp.planner.overlap.grouping import arrival_stage
 from zepp.registry import system
-from zepp.planner.stage_groups import NODE, RAIL, WORLD
+from zepp.planner.flows.call_scopes import NODE, RAIL, WORLD
 from zepp.runtime.dispatcher import plan_scopes
 from zepp.runtime.program import compile_rank
 from zepp.runtime.worker import default_config
@@ -139,7 +139,7 @@ def test_measured_gemm_cost_replaces_the_roofline(plans):
 
 
 def test_arrival_stage_is_the_runtimes_arrival_group(plans):
-    """``zepp.planner.grouping.arrival_stage`` gives every computed entry the group the runtime's
+    """``zepp.planner.overlap.grouping.arrival_stage`` gives every computed entry the group the runtime's
     program computes it in (``(arrival_event + 1) // 2``)."""
     _, ps = plans
     plan = ps["zepp-overlap"]
@@ -172,7 +172,7 @@ def test_cpu_cost_model_picks_one_group_and_wave(plans):
     """What ``gloo_mechanics`` assumes: with no separate compute engine (``overlap=0``) the
     granularity model picks one dispatch group and one combine wave, with one (GPUs) it does not."""
     from zepp.cluster import cluster_preset
-    from zepp.planner.granularity import Figures, choose
+    from zepp.planner.overlap.granularity import Figures, choose
 
     spec, ps = plans
     plan = ps["zepp-overlap"]

@@ -13,21 +13,20 @@ from planner_cases import SETTINGS, assert_same_flows, random_placement, route_a
 from zepp import registry
 from zepp.errors import ZeppInputError
 from zepp.planner import plan_batch
-from zepp.planner.flows import (COMBINE_TRANSPORTS, DEFAULT_COMBINE, DISPATCH_TRANSPORTS, build_flows, nic_split,
-                                transport_pairs)
-from zepp.planner.routing import ROUTING_NAMES, route
+from zepp.planner.flows import COMBINES, DISPATCHES, build_flows, nic_split, transport_pairs
+from zepp.planner.routing import ROUTINGS, route
 from zepp.planner.types import COMBINE, DISPATCH, FlowPlan, Hops, PlanInvariantError, Placement, Routing
 
 def test_transport_tables():
-    assert list(DISPATCH_TRANSPORTS) == ["a2av", "dedup", "relay", "zepp", "allgather"]
-    assert list(COMBINE_TRANSPORTS) == ["a2av", "dedup", "reduce", "reduce-direct"]
-    assert DEFAULT_COMBINE == {"a2av": "a2av", "dedup": "dedup", "relay": "dedup", "zepp": "reduce",
-                               "allgather": "dedup"}
+    assert list(DISPATCHES) == ["a2av", "dedup", "relay", "zepp", "allgather"]
+    assert list(COMBINES) == ["a2av", "dedup", "reduce", "reduce-direct"]
+    natural = {d: c.natural_combine for d, c in DISPATCHES.items()}
+    assert natural == {"a2av": "a2av", "dedup": "dedup", "relay": "dedup", "zepp": "reduce", "allgather": "dedup"}
     pairs = transport_pairs(with_hops=False)
     assert set(transport_pairs()) == {p for p in pairs if p[0] != "allgather"}
     # the reducing combines need a gatewayed dispatch
     assert {d for d, c in pairs if c in ("reduce", "reduce-direct")} == {"relay", "zepp"}
-    assert all((d, DEFAULT_COMBINE[d]) in pairs for d in DISPATCH_TRANSPORTS)
+    assert all((d, natural[d]) in pairs for d in DISPATCHES)
 
 
 def test_bad_transports_are_named():
@@ -44,7 +43,7 @@ def test_bad_transports_are_named():
 @given(routing_cases)
 def test_every_routing_and_transport_is_valid(case):
     pl, ids = routing_case(case)
-    for name in ROUTING_NAMES:
+    for name in ROUTINGS:
         routing = route_any(name, ids, pl, case["relaxation"])
         routing.validate()
         for dispatch, combine in transport_pairs(with_hops=False):
@@ -67,7 +66,7 @@ def test_missing_entries_move_nothing(case, absent):
     ids[gone] = -1
     ids[rng.random(ids.shape) < 0.1] = -1
     present = int((ids >= 0).sum())
-    for name in [n for n in ROUTING_NAMES if n != "moonep"]:
+    for name in [n for n, c in ROUTINGS.items() if not c.own_slots]:
         routing = route_any(name, ids, pl, case["relaxation"])
         routing.validate()
         assert ((routing.slot < 0) == (ids < 0)).all()

@@ -1,4 +1,4 @@
-"""Zepp's per-batch granularity (``zepp.planner.granularity``): the candidates, the choice (identical
+"""Zepp's per-batch granularity (``zepp.planner.overlap.granularity``): the candidates, the choice (identical
 however often it is made, degenerate where it must be), the simulator never worse than the worse
 fixed extreme, and the runtime's numerics unchanged by the grouping."""
 
@@ -11,7 +11,7 @@ import torch
 from zepp import registry
 from zepp.cluster import cluster_preset
 from zepp.planner.flows import build_flows
-from zepp.planner.granularity import Figures, Granularity, choose, group_map, predict, wave_map
+from zepp.planner.overlap.granularity import Figures, Granularity, choose, group_map, predict, wave_map
 from zepp.model import model_preset
 from zepp.planner.placement import make_placement
 from zepp.planner.routing import route
@@ -178,7 +178,7 @@ def test_transfers_sharing_the_cores_favour_fewer_splits():
 
 
 def test_column_splits_grow_with_the_combine_and_stay_in_range():
-    from zepp.planner.granularity import MAX_COLUMN_SPLITS, column_splits
+    from zepp.planner.overlap.granularity import MAX_COLUMN_SPLITS, column_splits
 
     fig = Figures.of(cluster_preset("h200-8", 2, 8))
     got = [column_splits(t, 8, 14336, 8, 8, fig) for t in (1, 8, 40, 144, 512, 4096)]

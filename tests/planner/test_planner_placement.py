@@ -27,7 +27,7 @@ def test_make_placement_all_names(name):
 
 def test_every_name_has_a_one_line_meaning():
     assert list(PLACEMENTS) == ["home", "zepp", "eplb", "eplb-distinct", "epic"]
-    assert all(isinstance(m, str) and m and "\n" not in m for m in PLACEMENTS.values())
+    assert all(isinstance(m, str) and m and "\n" not in m for m in PLACEMENTS.meanings().values())
 
 
 @pytest.mark.parametrize(

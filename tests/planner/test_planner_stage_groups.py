@@ -1,11 +1,11 @@
-"""Call scopes (zepp.planner.stage_groups) and the path cost model (zepp.planner.decode_path)."""
+"""Call scopes (zepp.planner.flows.call_scopes) and the path cost model (zepp.planner.routing.decode_path)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from zepp.planner.decode_path import PathFigures, choose_path, default_figures, path_costs
-from zepp.planner.stage_groups import NODE, NONE, RAIL, WORLD, call_scopes, group_members
+from zepp.planner.routing.decode_path import PathFigures, choose_path, default_figures, path_costs
+from zepp.planner.flows.call_scopes import NODE, NONE, RAIL, WORLD, call_scopes, group_members
 
 
 def test_scopes_of_node_rail_world_and_empty_calls():

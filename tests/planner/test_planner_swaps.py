@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zepp.errors import ZeppInputError
 from zepp.planner.placement import make_placement
 from zepp.planner.types import Placement
-from zepp.planner.swaps import gate_swaps, gpu_loads, out_of_band, plan_swaps
+from zepp.planner.adaptation.swaps import gate_swaps, gpu_loads, out_of_band, plan_swaps
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -22,7 +22,7 @@ def _case(case):
 
 
 def test_zepp_table_is_a_routing_name_and_needs_its_table():
-    assert "zepp-table" in ROUTINGS and "table lookup" in ROUTINGS["zepp-table"]
+    assert "zepp-table" in ROUTINGS and "table lookup" in ROUTINGS["zepp-table"].meaning and ROUTINGS["zepp-table"].needs_table
     pl = Placement(np.arange(8).reshape(4, 2), 8, 2)
     ids = np.array([[[0, 5]], [[2, 7]], [[4, 1]], [[6, 3]]], np.int32)
     with pytest.raises(ZeppInputError, match="needs a routing table"):

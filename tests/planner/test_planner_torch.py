@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 import zepp.planner.torch as tp
 from planner_cases import ROUTING_CASE, assert_same_flows, random_placement, routing_case, skewed_batch
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import COMBINE_TRANSPORTS, DISPATCH_TRANSPORTS, build_flows
+from zepp.planner import Stages, plan_batch
+from zepp.planner.flows import COMBINES, DISPATCHES, build_flows
 from zepp.planner.routing import ROUTINGS, route
+from zepp.planner.torch.flows import TORCH_COMBINE, TORCH_DISPATCH
 from zepp.planner.torch.routing import TORCH_ROUTINGS
 from zepp.planner.types import HOP_COLUMNS
 
@@ -27,7 +29,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def test_torch_tables_cover_the_numpy_names():
-    assert tp.TORCH_DISPATCH == tuple(DISPATCH_TRANSPORTS) and tp.TORCH_COMBINE == tuple(COMBINE_TRANSPORTS)
+    assert TORCH_DISPATCH == tuple(DISPATCHES) and TORCH_COMBINE == tuple(COMBINES)
     # MoonEP's planner loops over ranks on the host; SGLang's lp solves a float LP (a baseline's, numpy
     # only); the routing tables' lookup is zepp.planner.torch.table_routing
     assert set(TORCH_ROUTINGS) == set(ROUTINGS) - {"moonep", "lp", "zepp-table", "zepp-table-lean"}
@@ -100,18 +102,22 @@ def test_backend_follows_the_input_type():
     rng = np.random.default_rng(0)
     pl = random_placement(rng, 2, 2, 2, 1)
     ids = skewed_batch(rng, 4, 5, 2, pl.num_experts, 1.0)
-    r_np = tp.route("zepp", ids, pl)
-    r_t = tp.route("zepp", torch.as_tensor(ids), pl)
-    assert isinstance(r_np.slot, np.ndarray) and isinstance(r_t.slot, torch.Tensor)
-    r_forced = tp.route("zepp", ids, pl, backend="torch")
-    assert isinstance(r_forced.slot, torch.Tensor)
-    np.testing.assert_array_equal(r_forced.slot.numpy(), r_np.slot)
-    assert isinstance(tp.build_flows(r_t, "zepp", 8).dispatch, tp.TorchHops)
-    assert tp.build_flows(r_np, "zepp", 8).dispatch.size == tp.build_flows(r_t, "zepp", 8).dispatch.to_numpy().size
-    plan = tp.plan_batch(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8).to_numpy()
-    plan.validate()
+    stages = Stages("zepp", "zepp")
+    p_np = plan_batch(ids, pl, stages, 8)
+    p_t = plan_batch(torch.as_tensor(ids), pl, stages, 8)
+    assert isinstance(p_np.routing.slot, np.ndarray) and isinstance(p_t.routing.slot, torch.Tensor)
+    assert isinstance(p_t.dispatch, tp.TorchHops)
+    p_forced = plan_batch(ids, pl, stages, 8, backend="torch")
+    np.testing.assert_array_equal(p_forced.routing.slot.numpy(), p_np.routing.slot)
+    assert_same_flows(p_t.to_numpy(), p_np)
+    host = plan_batch(torch.as_tensor(ids), pl, stages, 8, host=True)
+    host.validate()
+    assert_same_flows(host, p_np)
+    assert_same_flows(plan_batch(torch.as_tensor(ids), pl, stages, 8, backend="numpy"), p_np)
     with pytest.raises(ZeppInputError, match="backend"):
-        tp.route("zepp", ids, pl, backend="jax")
+        plan_batch(ids, pl, stages, 8, backend="jax")
+    with pytest.raises(ZeppInputError, match="no torch planner"):
+        plan_batch(ids, pl, Stages("moonep", "dedup"), 8, backend="torch")
 
 
 def test_bad_input_is_named():
@@ -163,7 +169,7 @@ def test_fewer_sweeps_are_flagged_or_exact(case):
     else:
         with pytest.raises(tp.IncompletePlan):
             got.to_numpy()
-    plan = tp.plan_batch_numpy(t, pl, "zepp", case["relaxation"], "zepp", None, 16, sweeps=1, sync=False)
+    plan = plan_batch(t, pl, Stages("zepp", "zepp"), 16, case["relaxation"], sweeps=1, sync=False, host=True)
     assert_same_flows(plan, build_flows(ref, "zepp", 16))
 
 
@@ -176,8 +182,8 @@ def test_zero_sweeps_leave_demand_unplaced():
     got = tp.route("zepp", torch.as_tensor(ids), pl, 0.25, sync=False, sweeps=0)
     assert int(got.unplaced) == ids.size
     with pytest.raises(tp.IncompletePlan):
-        tp.plan_batch(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8, sync=False, sweeps=0).to_numpy()
-    assert tp.plan_batch_numpy(torch.as_tensor(ids), pl, "zepp", 0.25, "zepp", None, 8, sweeps=0).routing.slot.size
+        plan_batch(torch.as_tensor(ids), pl, Stages("zepp", "zepp"), 8, 0.25, sync=False, sweeps=0).to_numpy()
+    assert plan_batch(torch.as_tensor(ids), pl, Stages("zepp", "zepp"), 8, 0.25, sweeps=0, host=True).routing.slot.size
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -193,7 +199,7 @@ def test_plan_is_captured_in_a_cuda_graph():
     pl = make_placement("zepp", hist, E, nodes * L, L)
     static = torch.as_tensor(batches[0], device="cuda").long()
     tp.device_placement(pl, "cuda")
-    run = lambda: tp.plan_batch(static, pl, "zepp", 0.25, "zepp", None, 16, sweeps=1)  # noqa: E731
+    run = lambda: plan_batch(static, pl, Stages("zepp", "zepp"), 16, 0.25, sweeps=1)  # noqa: E731
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -212,7 +218,7 @@ def test_plan_is_captured_in_a_cuda_graph():
 
 
 def test_device_part_seconds_interpolates_recorded_device_figures():
-    from zepp.planner.torch.costs import device_part_seconds, recorded_times
+    from zepp.sim.planner_times import device_part_seconds, recorded_times
 
     assert recorded_times()["records"], "the data file holds the measured CPU figures"
     cpu_only = {"records": recorded_times()["records"], "device_records": []}
@@ -251,6 +257,7 @@ def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     (``dispatcher.planner = "torch"``; the numpy path is made to fail), identity experts."""
     import torch.distributed as dist
 
+    import zepp.planner.batch as B
     import zepp.runtime.dispatcher as D
     from zepp.model import MoESpec
 
@@ -262,9 +269,9 @@ def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
         pl = random_placement(rng, world // L, L, E // world, 2)
         spec = MoESpec("tiny", E, 3, 8, 4, 4)
         results = {}
-        numpy_build = D.build_plan
+        numpy_plan = B._plan_numpy
         for planner in ("numpy", "torch"):
-            D.build_plan = numpy_build if planner == "numpy" else _forbidden
+            B._plan_numpy = numpy_plan if planner == "numpy" else _forbidden
             d = D.Dispatcher(spec, pl, routing="zepp", relaxation=0.25, dispatch="zepp")
             if planner == "torch":
                 d.planner = "torch"
@@ -280,7 +287,7 @@ def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
                 tables.append({f"{ph}.{c}": getattr(getattr(d.last_plan, ph), c) for ph in ("dispatch", "combine")
                                for c in COLS})
             results[planner] = (ys, tables)
-        D.build_plan = numpy_build
+        B._plan_numpy = numpy_plan
         for (y0, t0), (y1, t1) in [(results["numpy"], results["torch"])]:
             for a, b in zip(y0, y1):
                 assert torch.equal(a, b)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from zepp import registry
-from zepp.planner.grouping import messages
+from zepp.planner.overlap.grouping import messages
 from zepp.sim.layer import _join, _join_blocked, _join_sorted, stage_message_pairs
 from zepp.model import model_preset
 from zepp.sim.calibrate import calibrated

@@ -9,7 +9,7 @@ import pytest
 from zepp import registry
 from zepp.cluster import cluster_preset
 from zepp.model import model_preset
-from zepp.planner.grouping import dispatch_group
+from zepp.planner.overlap.grouping import dispatch_group
 from zepp.sim.calibrate import calibrated
 from zepp.sim.chunks import add_pieces, order_sends, send_classes
 from zepp.sim.engine import TaskGraph, simulate

@@ -115,13 +115,14 @@ def _check_engine(o: PlaceOptions) -> str:
     """The placement policy, the engine's routing (returned, defaulted by format) and transports."""
     from zepp.interop.buys import ENGINE_ROUTING
     from zepp.planner.flows import check_transports
-    from zepp.registry import ROUTINGS
+    from zepp.planner.routing import ROUTINGS
 
     if o.policy not in _policies():
         raise ZeppInputError(f"--policy {o.policy!r}: choose one of {', '.join(_policies())}")
     routing = o.routing or ENGINE_ROUTING[o.fmt]
-    if routing not in ROUTINGS or routing == "moonep":
-        raise ZeppInputError(f"--routing {routing!r}: choose one of {', '.join(r for r in ROUTINGS if r != 'moonep')}")
+    usable = [r for r, c in ROUTINGS.items() if not c.own_slots]
+    if routing not in usable:
+        raise ZeppInputError(f"--routing {routing!r}: choose one of {', '.join(usable)}")
     check_transports(o.dispatch, o.combine)
     return routing
 
@@ -129,6 +130,7 @@ def _check_engine(o: PlaceOptions) -> str:
 def _check_report_numbers(o: PlaceOptions, spec) -> float:
     """The report's budget, batches, held-out share and layers; returns Zepp's relaxation ``C``."""
     from zepp.launch.checks import check_number, check_sim_numbers
+    from zepp.planner.routing import default_relaxation
 
     check_sim_numbers(budget_mb=o.budget_mb, iters=o.iters)
     check_number("--sim-layers", o.sim_layers, 0, 10**4, integer=True)
@@ -137,7 +139,7 @@ def _check_report_numbers(o: PlaceOptions, spec) -> float:
     if not 0 <= o.heldout < 1:
         raise ZeppInputError(f"--heldout must lie in [0, 1), got {o.heldout}")
     spec.tokens_for_budget(o.budget_mb)
-    rel = (0.5 if o.nodes >= 16 else 0.25) if o.relaxation is None else o.relaxation
+    rel = default_relaxation(o.nodes) if o.relaxation is None else o.relaxation
     check_number("--relaxation", rel, 0, 1000)
     return rel
 

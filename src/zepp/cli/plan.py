@@ -14,11 +14,11 @@ import numpy as np
 from zepp.cluster import PRESET_NAMES as CLUSTER_PRESETS
 from zepp.cluster import cluster_preset
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import build_flows
 from zepp.model import PRESET_NAMES as MODEL_NAMES
 from zepp.model import MoESpec, model_preset
 from zepp.planner.placement import make_placement
-from zepp.planner.routing import route
+from zepp.planner.batch import plan_batch
+from zepp.planner.routing import default_relaxation
 from zepp import registry
 from zepp.cli.bench import schedule_option
 from zepp.traces import Trace, node_demand, read_trace, sample_batches
@@ -26,11 +26,6 @@ from zepp.traces.schedules import DEFAULT_SCHEDULE, check_schedule, drift_worklo
 
 
 DEFAULT_NODES = 4
-
-
-def default_relaxation(nodes: int) -> float:
-    """PAPER.md: C = 0.25, 0.5 at 16 nodes and more."""
-    return 0.5 if nodes >= 16 else 0.25
 
 
 def load_windows(spec: MoESpec, history: str | None, trace: str | None, seed: int, profile: str | None = None,
@@ -63,20 +58,18 @@ def simulated_ms(cluster, spec: MoESpec, system: str, plan) -> float | None:
     from zepp.sim.run import simulate_flowplan
 
     s = registry.system(system)
-    if not has_network(cluster.name) or not s.supports("sim") or s.adaptation != "none" or s.plugins:
+    if not has_network(cluster.name) or not s.supports("sim") or s.adaptation_choice.changes_placement or s.plugins:
         return None
     tl, _, _ = simulate_flowplan(plan, cluster, spec, s)
     return tl.latency * 1e3
 
 
 def _timed_plan(system, batch, placement, row_bytes: int, relaxation: float):
-    """``(FlowPlan, routing s, flows s)`` of one batch. Routing and flows are timed apart (the
-    table's two columns), so this is ``zepp.planner.plan_batch`` in its two steps."""
-    t0 = time.perf_counter()
-    routing = route(system.routing, batch, placement, relaxation)
-    t1 = time.perf_counter()
-    plan = build_flows(routing, system.dispatch, row_bytes, system.combine)
-    return plan, t1 - t0, time.perf_counter() - t1
+    """``(FlowPlan, routing s, flows s)`` of one batch (``zepp.planner.plan_batch`` times its two
+    steps apart: the table's two columns)."""
+    t: dict = {}
+    plan = plan_batch(batch, placement, system, row_bytes, relaxation, timings=t)
+    return plan, t["routing"], t["flows"]
 
 
 def _figures(plan, routing_s: float, flows_s: float) -> dict:

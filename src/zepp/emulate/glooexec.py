@@ -38,10 +38,11 @@ def gloo_mechanics(system, cpu: bool = True) -> Mechanics:
     On CPU tensors (``cpu``: the emulated cluster) an overlap system's granularity comes from the
     cost model with no separate compute engine (``Figures.overlap = 0``), which picks one
     dispatch group and one combine wave: the blocking schedule (``zepp.runtime.dispatcher``)."""
-    if system.overlap == "none":
+    ov = system.overlap_choice
+    if not ov.overlaps:
         return GLOO_BLOCKING
-    if system.overlap == "zepp" and system.overlap_comm == "collective":
-        return GLOO_BLOCKING if cpu else GLOO_OVERLAP
+    if ov.grouped and not ov.per_batch and system.comm_choice.collective:
+        return GLOO_BLOCKING if ov.chosen_per_batch(cpu, system.comm_choice) else GLOO_OVERLAP
     raise ZeppInputError(f"system {system.name!r}: the gloo executor model covers blocking and collective-overlap "
                          f"systems, not overlap={system.overlap!r} over {system.overlap_comm!r}")
 

@@ -25,6 +25,7 @@ has no figures for is not simulated.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,24 @@ from zepp.errors import ZeppInputError
 __all__ = ["CONFIGS", "ENGINE_ROUTING", "buys", "format_table", "LayerFigures"]
 
 ENGINE_ROUTING = {"sglang": "locality", "vllm": "random", "trtllm": "replica-rr", "zepp": "zepp"}
-CONFIGS = ("eplb", "engine+zepp-place", "zepp-route", "zepp-full")
+
+
+class Config(NamedTuple):
+    """One configuration of the report: whose placement, whose routing and whose transports
+    (``engine``: the engine's own; ``zepp``: Zepp's)."""
+
+    placement: str
+    routing: str
+    transport: str
+
+
+CONFIG_PARTS = {
+    "eplb": Config("eplb", "engine", "engine"),
+    "engine+zepp-place": Config("zepp", "engine", "engine"),
+    "zepp-route": Config("zepp", "zepp", "engine"),
+    "zepp-full": Config("zepp", "zepp", "zepp"),
+}
+CONFIGS = tuple(CONFIG_PARTS)
 
 
 @dataclass(frozen=True)
@@ -47,37 +65,33 @@ class LayerFigures:
     sim_ms: float | None = None
 
 
-def simulated_ms(cluster, spec, placement_kind: str, routing: str, dispatch: str, combine: str, plan) -> float:
+def simulated_ms(cluster, spec, placement_kind: str, routing: str, dispatch: str, combine: str | None,
+                 plan) -> float:
     """The simulated layer time (ms) of ``plan`` on ``cluster`` (``zepp.sim.run.simulate_flowplan``:
-    the preset's network figures), with no overlap (``signals``); Zepp's routing is charged the
-    modelled planning of the ``zepp``/``reduce`` flows, the engine's replica choice nothing."""
+    the preset's network figures), with no overlap (``signals``); a routing Zepp's planner decides
+    is charged the modelled planning of Zepp's routing and ``zepp``/``reduce`` flows, the engine's
+    replica choice nothing."""
     from zepp import registry
+    from zepp.planner.routing import ROUTINGS
     from zepp.sim.run import simulate_flowplan
 
-    zepp_routing = routing == "zepp"
-    s = registry.System("zepp-place", "", "", placement_kind, routing, "zepp" if zepp_routing else dispatch,
-                        "reduce" if zepp_routing else (combine or "dedup"), mechanics="signals",
-                        planning="zepp" if zepp_routing else "none")
+    zepp_planned = ROUTINGS.choice(routing).zepp_planner
+    s = registry.System("zepp-place", "", "", placement_kind, routing, "zepp" if zepp_planned else dispatch,
+                        "reduce" if zepp_planned else (combine or "dedup"), mechanics="signals",
+                        planning="zepp" if zepp_planned else "none")
     tl, _, _ = simulate_flowplan(plan, cluster, spec, s)
     return float(tl.latency * 1e3)
-
-
-def _stages(routing: str, dispatch: str, combine: str | None):
-    """The stage names ``zepp.planner.plan_batch`` reads, for one configuration."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(routing=routing, dispatch=dispatch, combine=combine)
 
 
 def _figures(batches, placement, routing: str, dispatch: str, combine: str | None, row_bytes: int,
              relaxation: float) -> tuple[float, float, float, object]:
     """Mean busiest-NIC bytes, inter-node bytes and busiest-GPU rows over ``batches``, and the
     first batch's FlowPlan."""
-    from zepp.planner import plan_batch
+    from zepp.planner import Stages, plan_batch
 
     nic, inter, rows, plans = [], [], [], []
     for b in batches:
-        plan = plan_batch(b, placement, _stages(routing, dispatch, combine), row_bytes, relaxation)
+        plan = plan_batch(b, placement, Stages(routing, dispatch, combine), row_bytes, relaxation)
         st = plan.stats()
         nic.append(st.busiest_nic_bytes)
         inter.append(st.inter_node_bytes)
@@ -105,22 +119,18 @@ def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str 
     for i in entries:
         layer = history.layers[i] if history.layers is not None else None
         key = layer if layer is not None else spec.moe_layers[0]
-        zp, ep = zepp_ep.placement(key), eplb_ep.placement(key)
+        placements = {"zepp": zepp_ep.placement(key), "eplb": eplb_ep.placement(key)}
         for wname, h in windows:
             batches = h.batches(i, ranks, tokens, iters, seed)
-            plans = {
-                "eplb": (ep, engine_routing, dispatch, combine),
-                "engine+zepp-place": (zp, engine_routing, dispatch, combine),
-                "zepp-route": (zp, "zepp", dispatch, combine),
-                "zepp-full": (zp, "zepp", "zepp", "reduce"),
-            }
-            for cfg in CONFIGS:
-                pl, rt, d, c = plans[cfg]
+            for name, cfg in CONFIG_PARTS.items():
+                pl = placements[cfg.placement]
+                rt = engine_routing if cfg.routing == "engine" else cfg.routing
+                d, c = (dispatch, combine) if cfg.transport == "engine" else ("zepp", "reduce")
                 nic, inter, rows, first = _figures(batches, pl, rt, d, c, spec.row_bytes, relaxation)
                 ms = None
                 if simulate and i < sim_layers:
-                    ms = simulated_ms(cluster, spec, "eplb" if cfg == "eplb" else "zepp", rt, d, c, first)
-                out.append(LayerFigures(layer, wname, cfg, nic, inter, rows, ms))
+                    ms = simulated_ms(cluster, spec, cfg.placement, rt, d, c, first)
+                out.append(LayerFigures(layer, wname, name, nic, inter, rows, ms))
         if progress is not None:
             progress(i + 1, history.num_entries)
     return out

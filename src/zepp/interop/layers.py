@@ -11,7 +11,7 @@ Placements (names from ``zepp.registry.PLACEMENTS``):
   2.1) for any ``S`` (``E`` need not be a multiple of ``R``): replica counts by load per
   replica, at most one copy of an expert per node, copies on the nodes that ask for them most,
   snake-dealt to GPUs.
-- ``eplb``: DeepSeek EPLB as the engines run it by default (``zepp.planner.placement.rebalance_experts``;
+- ``eplb``: DeepSeek EPLB as the engines run it by default (``zepp.planner.placement.rebalance_experts``, on numpy;
   hierarchical when the model's expert groups divide evenly over the nodes, else global).
 - ``eplb-distinct``, ``epic``: zepp's variants, where ``E`` is a multiple of ``R``.
 - ``home``: only without redundant experts.
@@ -74,16 +74,13 @@ def _place_zepp(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_p
 def _place_eplb(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
                 num_physical: int) -> Placement:
     """DeepSeek EPLB on the total load: hierarchical when the expert groups divide over the nodes."""
-    import torch
-
-    from zepp.planner.placement import rebalance_experts
+    from zepp.planner.placement.eplb_placement import rebalance_numpy
 
     e, ranks = spec.num_experts, nodes * gpus_per_node
     groups = spec.expert_groups
     g, n = (groups, nodes) if groups > 1 and groups % nodes == 0 and e % groups == 0 else (1, 1)
-    w = torch.from_numpy(hist.sum(axis=0).astype(np.float32))[None, :]
-    phy2log, _, _ = rebalance_experts(w, num_physical, g, n, ranks)
-    return Placement(phy2log[0].numpy().reshape(ranks, num_physical // ranks).astype(np.int32), e, gpus_per_node)
+    phy2log, _, _ = rebalance_numpy(hist.sum(axis=0).astype(np.float32)[None, :], num_physical, g, n, ranks)
+    return Placement(phy2log[0].reshape(ranks, num_physical // ranks).astype(np.int32), e, gpus_per_node)
 
 
 def _place_per_gpu(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,

@@ -2,7 +2,7 @@
 
 One ``Dispatcher`` per process group (as DeepEP's ``Buffer``): it owns the staging buffers, plans
 every batch identically on every rank (all-gather of the ids and gate weights, then
-``zepp.planner.routing.route`` and ``zepp.planner.flows.build_flows``), compiles its own rank's part
+``zepp.planner.plan_batch``), compiles its own rank's part
 (``zepp.runtime.program``) and executes it stage by stage.
 
 Execution modes, same hop tables, same bytes. The combine sums in one fixed order in every mode
@@ -21,9 +21,9 @@ the last bit, so overlapped and blocking results agree to fp rounding (about 1e-
   operations (wave ``i`` sends to node ``node+i+1`` and receives from ``node-i-1``), as NCCL
   needs. Waits happen in a fixed order, never "whichever comes first".
 - ``granularity="auto"`` (with ``overlap``; registry overlap ``zepp-auto``): per batch,
-  ``zepp.planner.granularity.choose`` picks how many dispatch groups and combine waves to run from the
+  ``zepp.planner.overlap.granularity.choose`` picks how many dispatch groups and combine waves to run from the
   FlowPlan and the cost figures ``figures`` (the same on every rank, so every rank picks the
-  same): GEMM 1 then runs per coarse dispatch group (``zepp.planner.grouping``'s groups merged), each as
+  same): GEMM 1 then runs per coarse dispatch group (``zepp.planner.overlap.grouping``'s groups merged), each as
   soon as the arrival events it needs are in, and the combine's stage 0 in that many waves.
   ``"per-node"`` (default) keeps the arrival-event groups and one wave per node.
 
@@ -49,11 +49,14 @@ import torch
 import torch.distributed as dist
 
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import check_transports
+from zepp.planner.batch import Stages, plan_batch
+from zepp.planner.flows import DISPATCHES, check_transports
+from zepp.planner.overlap import OVERLAP_COMMS
+from zepp.planner.routing import ROUTINGS
 from zepp.model import MoESpec
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.grouping import combine_wave
-from zepp.planner.stage_groups import NODE, RAIL, CallScopes, call_scopes
+from zepp.planner.overlap.grouping import combine_wave
+from zepp.planner.flows.call_scopes import NODE, RAIL, CallScopes, call_scopes
 from zepp.runtime.program import RankProgram, Stage, compile_rank
 
 # per-layer host work the Dispatcher times (``Dispatcher.timing``): the id/weight all-gather
@@ -83,7 +86,7 @@ def stage_groups(world, ranks: int, gpus_per_node: int) -> tuple[list, list]:
 
 
 def plan_scopes(plan: FlowPlan, waves: int, wmap: np.ndarray | None) -> CallScopes:
-    """Scopes (``zepp.planner.stage_groups``) of a plan's calls: dispatch stages, then combine
+    """Scopes (``zepp.planner.flows.call_scopes``) of a plan's calls: dispatch stages, then combine
     stage 0 (``waves`` calls, wave of a hop ``wmap[combine_wave]``; ``wmap=None``: one call), then
     the other combine stages. The same on every rank (the plan is)."""
     d, c, L = plan.dispatch, plan.combine, plan.gpus_per_node
@@ -98,16 +101,6 @@ def plan_scopes(plan: FlowPlan, waves: int, wmap: np.ndarray | None) -> CallScop
     call = np.concatenate([d.stage.astype(np.int64), nd + c_call])
     return call_scopes(call, np.concatenate([d.src, c.src]), np.concatenate([d.dst, c.dst]), nd + n_cc, R, L)
 
-
-
-def build_plan(topk_ids: np.ndarray, placement: Placement, routing: str, relaxation: float, dispatch: str,
-               row_bytes: int, combine: str | None = None) -> FlowPlan:
-    """Route ``topk_ids [R, T, k]`` and build its flows with the ``dispatch`` / ``combine``
-    transports (identical on every rank)."""
-    from zepp.planner.flows import build_flows
-    from zepp.planner.routing import route
-
-    return build_flows(route(routing, topk_ids, placement, relaxation), dispatch, row_bytes, combine)
 
 
 @dataclass
@@ -183,8 +176,8 @@ class Dispatcher:
                  overlap_comm: str = "collective", planner: str = "auto", granularity: str = "per-node",
                  figures=None):
         dispatch, combine = check_transports(dispatch, combine)
-        if dispatch == "allgather":
-            raise ZeppInputError("the runtime executes hop tables; the 'allgather' dispatch has none")
+        if not DISPATCHES[dispatch].has_hops:
+            raise ZeppInputError(f"the runtime executes hop tables; the {dispatch!r} dispatch has none")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
@@ -207,24 +200,22 @@ class Dispatcher:
         self.combine_dtype = combine_dtype
         # gloo's send/recv take host memory only: stage point-to-point chunks through the CPU
         self.host_p2p = dist.get_backend(self.group) == "gloo" and self.device.type == "cuda"
-        if overlap_comm not in ("collective", "p2p"):
-            raise ZeppInputError(f"overlap_comm must be 'collective' or 'p2p', got {overlap_comm!r}")
-        self.p2p = overlap and overlap_comm == "p2p"
+        self.p2p = overlap and not OVERLAP_COMMS.choice(overlap_comm).collective
         if planner not in ("auto", "numpy", "torch"):
             raise ZeppInputError(f"planner must be 'auto', 'numpy' or 'torch', got {planner!r}")
         self.planner = planner  # see plan()
         if granularity not in ("per-node", "auto"):
             raise ZeppInputError(f"granularity must be 'per-node' or 'auto', got {granularity!r}")
         self.granularity = granularity
-        self.figures = figures  # zepp.planner.granularity.Figures for granularity="auto" (None: a100 preset figures)
-        self.last_granularity = None  # the last batch's zepp.planner.granularity.Granularity (auto only)
+        self.figures = figures  # zepp.planner.overlap.granularity.Figures for granularity="auto" (None: a100 preset figures)
+        self.last_granularity = None  # the last batch's zepp.planner.overlap.granularity.Granularity (auto only)
         self.counter = LinkCounter(self.world)
         self.timing: dict[str, float] = {}
         self._buf: dict[str, torch.Tensor] = {}
         self.last_plan: FlowPlan | None = None
         self._expected: np.ndarray | None = None  # [R] token counts of the coming batches (expect_tokens)
         self.last_ids: torch.Tensor | None = None  # [R, Tmax, k] ids of the last batch, -1 padded (device)
-        # stages on the groups that carry them (zepp.planner.stage_groups): only over the default group
+        # stages on the groups that carry them (zepp.planner.flows.call_scopes): only over the default group
         self.use_groups = group is None or group is dist.group.WORLD
         self._node_g, self._rail_g = (stage_groups(dist.group.WORLD, self.world, self.gpus_per_node)
                                       if self.use_groups and self.world > 1 else ([], []))
@@ -241,12 +232,10 @@ class Dispatcher:
             raise ZeppInputError(f"system {s.name!r} does not run in the runtime (runs in: {', '.join(s.executors)})")
         if s.best_of:
             raise ZeppInputError(f"system {s.name!r} is the best of {', '.join(s.best_of)}; pick one of those")
-        # without a separate compute engine (the CPU) overlap pays only where the cost model says so:
-        # the granularity is chosen per batch (figures with overlap 0), as zepp-auto's always is
         on_cpu = torch.device(kw.get("device") or "cpu").type == "cpu"
-        auto = s.overlap == "zepp-auto" or (s.overlap == "zepp" and s.overlap_comm == "collective" and on_cpu)
+        auto = s.overlap_choice.chosen_per_batch(on_cpu, s.comm_choice)
         return cls(spec, placement, routing=s.routing, relaxation=relaxation, dispatch=s.dispatch, combine=s.combine,
-                   overlap=s.overlap in ("zepp", "zepp-auto"), overlap_comm=s.overlap_comm,
+                   overlap=s.overlap_choice.grouped, overlap_comm=s.overlap_comm,
                    granularity="auto" if auto else "per-node", **kw)
 
     # ------------------------------------------------------------------ buffers
@@ -329,20 +318,13 @@ class Dispatcher:
         or otherwise. Both give the same plan element for element. Routings without a torch
         planner (``moonep``) always use numpy.
         """
-        from zepp.planner.torch import TORCH_ROUTINGS, plan_batch_numpy
-
-        planner = self.planner
         on_device = isinstance(topk_ids_all, torch.Tensor) and topk_ids_all.device.type != "cpu"
-        use_torch = self.routing in TORCH_ROUTINGS and (planner == "torch" or (planner == "auto" and on_device))
-        if use_torch:
-            ids = topk_ids_all if isinstance(topk_ids_all, torch.Tensor) else torch.as_tensor(topk_ids_all,
-                                                                                               device=self.device)
-            return plan_batch_numpy(ids, self.placement, self.routing, self.relaxation, self.dispatch_transport,
-                                    self.combine_transport, row_bytes)
-        if isinstance(topk_ids_all, torch.Tensor):
-            topk_ids_all = topk_ids_all.cpu().numpy()
-        return build_plan(topk_ids_all, self.placement, self.routing, self.relaxation, self.dispatch_transport,
-                          row_bytes, self.combine_transport)
+        use_torch = ROUTINGS.choice(self.routing).torch_twin and (
+            self.planner == "torch" or (self.planner == "auto" and on_device))
+        device = None if isinstance(topk_ids_all, torch.Tensor) else self.device
+        stages = Stages(self.routing, self.dispatch_transport, self.combine_transport)
+        return plan_batch(topk_ids_all, self.placement, stages, row_bytes, self.relaxation,
+                          backend="torch" if use_torch else "numpy", device=device, host=True)
 
     # ------------------------------------------------------------------ dispatch
     def _prepare(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DispatchHandle:
@@ -374,9 +356,9 @@ class Dispatcher:
         return DispatchHandle(plan, prog, weights, x.dtype, inputs, held, scopes=scopes)
 
     def _choose_granularity(self, plan: FlowPlan):
-        """``zepp.planner.granularity.choose`` on this batch's plan with ``self.figures`` (default: the
+        """``zepp.planner.overlap.granularity.choose`` on this batch's plan with ``self.figures`` (default: the
         ``a100`` preset's figures at this shape); identical on every rank."""
-        from zepp.planner.granularity import Figures, choose
+        from zepp.planner.overlap.granularity import Figures, choose
 
         fig = self.figures
         if fig is None:

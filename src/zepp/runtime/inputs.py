@@ -13,13 +13,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def cost_figures(cfg: dict):
-    """``zepp.planner.granularity.Figures`` of ``cfg["cost_cluster"]`` (a dict of ``zepp.cluster.Cluster``
+    """``zepp.planner.overlap.granularity.Figures`` of ``cfg["cost_cluster"]`` (a dict of ``zepp.cluster.Cluster``
     fields plus an optional ``overlap``, ``Figures.overlap``; the same in every rank's config), or
     ``None`` (the Dispatcher's default)."""
     if not cfg.get("cost_cluster"):
         return None
     from zepp.cluster import Cluster
-    from zepp.planner.granularity import Figures
+    from zepp.planner.overlap.granularity import Figures
 
     fields = dict(cfg["cost_cluster"])
     overlap = float(fields.pop("overlap", 1.0))

@@ -109,7 +109,7 @@ class MoELayer(torch.nn.Module):
 
     @torch.no_grad()
     def begin_swaps(self, swap_plan):
-        """Post ``zepp.planner.swaps.plan_swaps``'s weight copies (``swap_plan.copies [M, 3]``) on
+        """Post ``zepp.planner.adaptation.swaps.plan_swaps``'s weight copies (``swap_plan.copies [M, 3]``) on
         the layer's own swap channel and switch to its placement now; returns the
         ``PendingCopies`` (also ``self.pending``) that the next ``forward`` waits on slot by slot.
         Every rank calls this with the same plan; copies never cross nodes (``SwapError``)."""
@@ -134,7 +134,7 @@ class MoELayer(torch.nn.Module):
 
     @torch.no_grad()
     def apply_swaps(self, swap_plan) -> int:
-        """Apply ``zepp.planner.swaps.plan_swaps``'s weight copies at once (blocking) and switch to
+        """Apply ``zepp.planner.adaptation.swaps.plan_swaps``'s weight copies at once (blocking) and switch to
         its placement. Copies read the *old* weights, go point-to-point over the dispatcher's
         group inside one node (``SwapError`` otherwise). Every rank calls this with the same
         plan. Returns the weight bytes this rank sent."""
@@ -166,7 +166,7 @@ def swap_slot_weights(weights: list[torch.Tensor], copies, old_slot_expert: np.n
     """Apply swap weight copies to any per-slot weight tensors of this rank, blocking.
 
     ``weights``: tensors ``[S, ...]`` (slot-major: e.g. ``gate_up [S, 2F, H]`` and ``down [S, H, F]``);
-    ``copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)`` from ``zepp.planner.swaps.plan_swaps``;
+    ``copies [M, 3]``: ``(src_global_slot, dst_global_slot, expert)`` from ``zepp.planner.adaptation.swaps.plan_swaps``;
     ``old_slot_expert`` / ``new_slot_expert [R, S]``: the placements before and after. Copies read the
     old weights (staged first), stay inside a node (``SwapError`` otherwise), and go point-to-point
     over the dispatcher's group; slots emptied by the swap become zero. Every rank calls this with

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zepp.planner.granularity import Granularity
-from zepp.planner.grouping import combine_wave, dispatch_group
+from zepp.planner.overlap.granularity import Granularity
+from zepp.planner.overlap.grouping import combine_wave, dispatch_group
 from zepp.planner.types import FlowPlan, PlanInvariantError
 
 
@@ -94,7 +94,7 @@ class RankProgram:
     store_size: int
     final_rounds: list  # [(token [m], store_idx [m])] in unit order -1, 0..k-1
     num_waves: int
-    # with a granularity (``zepp.planner.granularity``): coarse dispatch group of each entry and, per
+    # with a granularity (``zepp.planner.overlap.granularity``): coarse dispatch group of each entry and, per
     # group, the last arrival event it needs (``None`` without one: entries go by arrival event)
     e_group: np.ndarray | None = None
     group_need: np.ndarray | None = None
@@ -145,7 +145,7 @@ def arrival_event(stage, remote) -> np.ndarray:
 
 
 def wave_of(owner_rank: np.ndarray, src_rank: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
-    """Combine wave index (``zepp.planner.grouping.combine_wave``: the simulator uses the same one)."""
+    """Combine wave index (``zepp.planner.overlap.grouping.combine_wave``: the simulator uses the same one)."""
     return combine_wave(owner_rank, src_rank, gpus_per_node, nodes)
 
 
@@ -204,7 +204,7 @@ class _Entries:
 def compile_rank(plan: FlowPlan, rank: int, waves: bool = False, granularity: Granularity | None = None) -> RankProgram:
     """This rank's program for ``plan``; ``waves`` groups combine stage 0 into per-node waves.
     ``granularity`` (with ``waves``): merge adjacent waves to ``granularity.waves`` and group the
-    entries into ``granularity.groups`` coarse dispatch groups (``zepp.planner.grouping``'s fine groups
+    entries into ``granularity.groups`` coarse dispatch groups (``zepp.planner.overlap.grouping``'s fine groups
     mapped by ``Granularity.group_map``, as the simulator does); the numerics do not change.
 
     Padded entries (``topk_ids == -1``, slot ``-1``) are skipped; ``tokens`` of the program is

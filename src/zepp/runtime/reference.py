@@ -47,7 +47,7 @@ def execute_local(plan: FlowPlan, x: torch.Tensor, topk_weights: torch.Tensor, s
                   granularity=None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """Run all ranks' programs in this process.
 
-    ``granularity`` (a ``zepp.planner.granularity.Granularity``, with ``waves``): the programs are
+    ``granularity`` (a ``zepp.planner.overlap.granularity.Granularity``, with ``waves``): the programs are
     compiled with it and GEMM 1 runs per coarse dispatch group, GEMM 2 per coarse wave (as the
     Dispatcher runs them), so its numerics can be compared with one GEMM per phase.
 

@@ -1,6 +1,6 @@
 """The weight copies of intra-node swaps, posted before a step and waited for slot by slot.
 
-``plan_swaps`` (``zepp.planner.swaps``) gives ``copies [M, 3]`` = ``(src_global_slot,
+``plan_swaps`` (``zepp.planner.adaptation.swaps``) gives ``copies [M, 3]`` = ``(src_global_slot,
 dst_global_slot, expert)`` (global slot = ``rank * S + local slot``). ``post_copies`` starts
 every copy of this rank at once and returns ``PendingCopies``; the step that follows runs with
 the new placement, and only the GEMM of a slot whose weights have not landed waits for them:

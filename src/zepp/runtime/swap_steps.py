@@ -67,7 +67,7 @@ class SwapSteps:
     def before(self) -> None:
         """Inside the step's timed window, before the layer: plan from the last batch's slot
         loads and post the copies (``blocking``: and finish them)."""
-        from zepp.planner.swaps import plan_swaps
+        from zepp.planner.adaptation.swaps import plan_swaps
 
         d = self.layer.dispatcher
         self.plan, self.stats, self.plan_s = None, None, 0.0

@@ -1,4 +1,4 @@
-"""The ``table`` path (``zepp.planner.decode_path``): a layer without a global plan.
+"""The ``table`` path (``zepp.planner.routing.decode_path``): a layer without a global plan.
 
 Rank ``r`` holds ``x [T_r, H]``, the router's ``ids`` / ``w [T_r, k]`` and ``slot [T_r, k]``, the
 global slots its own entries route to (``zepp.planner.routing.table_routing.rank_slots``: a

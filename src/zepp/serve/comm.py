@@ -63,9 +63,9 @@ class ExpertParallel:
         # layer's GEMMs wait slot by slot, the layer finishes them; seconds this thread waited
         self.pending: dict = {}
         self.swap_wait_s = 0.0
-        # the table path (zepp.planner.decode_path): Zepp's routing without swaps or recording
+        # the table path (zepp.planner.routing.decode_path): Zepp's routing without swaps or recording
         self.demands = demands
-        self.table_ok = system.routing == "zepp" and not system.swaps and not record
+        self.table_ok = system.routing_choice.table_path and not system.swaps and not record
         self.path_figures = path_figures
         self._tables: dict = {}  # layer -> (placement, RoutingTable): cached per placement
         self.path = "planned"  # this step's path, the same on every rank
@@ -98,10 +98,10 @@ class ExpertParallel:
         return self.counts
 
     def _choose_path(self, counts: np.ndarray) -> str:
-        """``zepp.planner.decode_path.choose_path`` on the step's counts (known to every rank)."""
+        """``zepp.planner.routing.decode_path.choose_path`` on the step's counts (known to every rank)."""
         if not self.table_ok or int(counts.sum()) == 0:
             return "planned"
-        from zepp.planner.decode_path import choose_path, default_figures
+        from zepp.planner.routing.decode_path import choose_path, default_figures
 
         last = self.dispatcher.last_plan
         stages = 6 if last is None else last.dispatch.num_stages + last.combine.num_stages

@@ -14,7 +14,7 @@ or all finished) still takes part in every MoE layer of every step with zero row
 (``ExpertParallelMoE.idle``), until the count all-gather of ``begin_step`` shows every rank done.
 
 Between steps, systems with ``adaptation == "zepp-swap"`` plan intra-node swaps per layer from
-that layer's recent slot loads (``zepp.planner.swaps.plan_swaps``) and post the weight copies
+that layer's recent slot loads (``zepp.planner.adaptation.swaps.plan_swaps``) and post the weight copies
 inside the node (``zepp.runtime.swap_copies``); they run beside the next step, whose layer waits
 only where a swapped slot's GEMM needs its weights.
 """
@@ -197,7 +197,7 @@ class Swapper:
         self.channel = SwapChannel(comm.dispatcher.group, comm.device)
 
     def __call__(self, log: StepLog) -> None:
-        from zepp.planner.swaps import plan_swaps
+        from zepp.planner.adaptation.swaps import plan_swaps
         from zepp.runtime.swap_copies import post_copies
 
         comm = self.comm

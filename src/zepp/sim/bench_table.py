@@ -195,7 +195,7 @@ def unit_weight(job: dict, systems: list[str]) -> float:
 def units_of(job: dict, systems: list[str]) -> list[list[str]]:
     """Zepp's variants (and ``zepp``) run in one unit: they share placement and routing; any
     other meta-system runs in one unit with its variants."""
-    zepp_family = [s for s in systems if registry.SYSTEMS[s].placement == "zepp"]
+    zepp_family = [s for s in systems if registry.SYSTEMS[s].ours]
     units: list[list[str]] = []
     grouped = set(zepp_family)
     for s in systems:
@@ -234,8 +234,9 @@ def assemble_row(job: dict, results: dict, schedule: dict | None = None) -> dict
 
 
 def is_zepp(name: str) -> bool:
-    """Zepp or one of its variants (every ``zepp*`` row of the registry)."""
-    return name.startswith("zepp")
+    """Zepp or one of its variants (a registry row marked ``ours``)."""
+    s = registry.SYSTEMS.get(name)
+    return s is not None and s.ours
 
 
 def _baselines(row: dict, paper: bool = False) -> dict[str, float]:

@@ -105,7 +105,7 @@ def send_classes(owner_node: np.ndarray, dst: np.ndarray, gpus_per_node: int, no
     """Send class ``[M]`` of dispatch messages carrying rows owned by node ``owner_node [M]`` to
     ``dst [M]``: ``(owner node - dst node) % nodes``. Rows of the destination's own node are
     class 0; rows from another node are ``g - 1`` where ``g`` is their dispatch group at the
-    destination's node (``zepp.planner.grouping.dispatch_group``), so a sender that sends its
+    destination's node (``zepp.planner.overlap.grouping.dispatch_group``), so a sender that sends its
     classes in ascending order delivers each receiver's GEMM groups in the order it computes them."""
     return (np.asarray(owner_node, np.int64) - np.asarray(dst, np.int64) // gpus_per_node) % nodes
 

@@ -7,7 +7,7 @@ or, with combine waves (``gemm2 == "waves"``), one wave of combine stage 0.
 
 Rules per call:
 
-- a call runs on the group that carries it (``zepp.planner.stage_groups``: a node's ranks, a
+- a call runs on the group that carries it (``zepp.planner.flows.call_scopes``: a node's ranks, a
   rail's ranks, or all), only where that group moves something; every ordered pair of its
   members exchanges one message, an empty one where the plan moves nothing (``all_to_all_single``
   sends to every peer); a rank outside every busy group of the call does not post it;
@@ -19,7 +19,7 @@ Rules per call:
 
 Program order per rank (``zepp.runtime.moe.MoELayer.forward``): prologue; dispatch calls, each
 posted after the rank left the previous one; GEMM 1 after the last dispatch call, or with
-``gemm1 == "stage"`` (``zepp.planner.grouping.arrival_stage``) group ``g`` during call ``g`` (after
+``gemm1 == "stage"`` (``zepp.planner.overlap.grouping.arrival_stage``) group ``g`` during call ``g`` (after
 posting it) and after leaving call ``g - 1``; GEMM 2; combine calls (with waves: wave ``w``'s
 GEMM 2, then its call posted asynchronously, then the next wave; every wave's call is left
 before the next combine stage is posted); the weighted reduce after the last call.
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zepp.planner.grouping import Messages, combine_wave
-from zepp.planner.stage_groups import NODE, RAIL, WORLD, call_scopes
+from zepp.planner.overlap.grouping import Messages, combine_wave
+from zepp.planner.flows.call_scopes import NODE, RAIL, WORLD, call_scopes
 from zepp.planner.types import Hops
 
 

@@ -10,8 +10,8 @@ copies (MoonEP's pulls; Zepp's swaps add them too).
 
 Granularity and dependencies
 ----------------------------
-- One transfer per message (``zepp.planner.grouping.messages``): hops sharing ``(stage, src, dst, msg)``
-  move together; dispatch groups and combine waves are ``zepp.planner.grouping``'s, as in the runtime.
+- One transfer per message (``zepp.planner.overlap.grouping.messages``): hops sharing ``(stage, src, dst, msg)``
+  move together; dispatch groups and combine waves are ``zepp.planner.overlap.grouping``'s, as in the runtime.
 - Row-level dependencies, aggregated to tasks: a message of stage ``s`` waits for every earlier
   message that delivers one of its rows to its source; an expert-GEMM task waits for every
   message that delivers one of its rows; a combine message waits for the second-GEMM tasks
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.cluster import Cluster
-from zepp.planner.granularity import Granularity
-from zepp.planner.grouping import (Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_key,
+from zepp.planner.overlap.granularity import Granularity
+from zepp.planner.overlap.grouping import (Messages, arrival_stage, combine_wave, dispatch_group, messages, split_by_key,
                            split_by_owner_node)
 from zepp.planner.intsort import sorted_with_order
 from zepp.model import MoESpec
@@ -73,7 +73,7 @@ class LayerWork:
     swapped: np.ndarray | None = None
     weight_copies: np.ndarray | None = None
     copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
-    granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.granularity); None: per node
+    granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.overlap.granularity); None: per node
     single_slots: np.ndarray | None = None  # [R * S] slots of single-copy experts (Mechanics.predispatch)
 
     @classmethod

@@ -36,7 +36,7 @@ DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections
   computing GPU (``a2av`` both ways, one row per entry), one kernel per phase.
 - ``deepep-ll-cols``: ``deepep-ll`` for Zepp's table-routed variants: one row per (token, GPU)
   both ways (``dedup``, outputs of a token's experts on one GPU summed there), and GEMM 2 in
-  column splits (as many as ``zepp.planner.granularity.column_splits`` chooses per batch) whose
+  column splits (as many as ``zepp.planner.overlap.granularity.column_splits`` chooses per batch) whose
   epilogues send their slice of the partials at once, so the combine overlaps the rest of GEMM 2
   (weights still read once; a launch and a message per split).
 - ``deepep-ll-relay``: a hierarchical low-latency kernel for Zepp's table-routed ``relay`` /
@@ -110,7 +110,7 @@ class Mechanics:
       moves ``extra_call_bytes`` per row (fp32 route weights).
     - ``gemm1``: ``single`` | ``arrival`` (own GPU, own node, each remote node as it arrives)
       | ``local-remote`` | ``stage`` (own rows, then the rows first delivered by each dispatch
-      stage: ``zepp.planner.grouping.arrival_stage``); ``gemm2``: ``single`` | ``waves`` (one wave per
+      stage: ``zepp.planner.overlap.grouping.arrival_stage``); ``gemm2``: ``single`` | ``waves`` (one wave per
       destination node, ring order, own node last) | ``columns`` (``L`` column splits in sequence,
       each reading its slice of the weights once; a custom combine may start on each split).
     - ``gemm_eff_scale``: GEMM efficiency relative to the unfused grouped GEMM;
@@ -191,7 +191,7 @@ DEEPEP_FP8 = 1.0 + 4.0 / 128
 
 # deepep-ll-cols: GEMM 2 in column splits, each sending its slice of the partials from its epilogue
 # (puts issued by the GEMM kernel, as COMET's tile-level sends; no extra kernel); gemm2_splits = 0:
-# the count is chosen per batch (zepp.planner.granularity.column_splits, in zepp.sim.run).
+# the count is chosen per batch (zepp.planner.overlap.granularity.column_splits, in zepp.sim.run).
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
 # EPIC's serial relay stages: "about 0.34-0.45 ms per proxy put per round" (PAPER.md section 7, epic); midpoint.
 EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)

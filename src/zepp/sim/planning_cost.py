@@ -23,7 +23,7 @@ The baselines' planners, from PAPER.md section 7 (measured on the A100 testbed):
   draw (``zepp/data/lp_solver.json``, which gives the sources).
 
 Zepp's planner (``zepp``, ``zepp+swap``, ``zepp+granularity``: plus the per-batch choice of
-``zepp.planner.granularity``, its rounds recorded by ``benchmarks/fit/granularity_cost.py``): counted
+``zepp.planner.overlap.granularity``, its rounds recorded by ``benchmarks/fit/granularity_cost.py``): counted
 operations times recorded per-operation costs.
 Each part of the planner (the routing, the flows of each transport pair, the swap planning)
 costs a recorded number of *rounds* of a fixed op mix (sorts, histograms, gathers, prefix sums,
@@ -36,7 +36,7 @@ interpolated linearly in the entry count; above the largest it grows along the l
 slope (bytes-bound). The part above the floor is scaled by the HBM bandwidth ratio of the
 cluster's GPU to the H200's. Where the torch planner's own device time of a part is recorded
 (``zepp/data/planner_torch_times.json``, ``device_records``; none yet: no GPU was lent when it
-was written), that measurement replaces the part's op-mix conversion (``zepp.planner.torch.costs``).
+was written), that measurement replaces the part's op-mix conversion (``zepp.sim.planner_times``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def cost_data() -> dict:
 
 def gpu_opmix_seconds(entries: int, hbm_bw: float) -> float:
     """GPU time of one round of the op mix at ``entries`` on a GPU with ``hbm_bw`` bytes/s."""
-    from zepp.planner.torch.costs import measured_seconds
+    from zepp.sim.planner_times import measured_seconds
 
     d = cost_data()
     table = {int(k): float(v) for k, v in d["gpu_opmix"].items()}
@@ -74,9 +74,9 @@ def zepp_parts(dispatch: str, combine: str, swaps: bool, granularity: bool = Fal
 def zepp_planning(dispatch: str, combine: str, swaps: bool, entries: int, hbm_bw: float,
                   granularity: bool = False, route: bool = True) -> float:
     """Seconds of Zepp's planner for a batch of ``entries``: per part the measured device time
-    of the torch planner where one is recorded (``zepp.planner.torch.costs``), else its op-mix rounds
+    of the torch planner where one is recorded (``zepp.sim.planner_times``), else its op-mix rounds
     times the op mix's GPU time."""
-    from zepp.planner.torch.costs import device_part_seconds
+    from zepp.sim.planner_times import device_part_seconds
 
     r = cost_data()["rounds"]
     total = 0.0

@@ -24,13 +24,12 @@ import numpy as np
 from zepp import registry
 from zepp.cluster import Cluster
 from zepp.errors import ZeppInputError
-from zepp.planner.flows import build_flows
-from zepp.planner.granularity import Figures, Granularity, choose, column_splits
+from zepp.planner.batch import plan_batch
+from zepp.planner.overlap.granularity import Figures, Granularity, column_splits
 from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.routing import (LEAN_TABLE_ROUTING, TABLE_ROUTINGS, RoutingTable, build_routing_table, demand_per_gpu,
-                                  route)
+from zepp.planner.routing import ROUTINGS, RoutingTable, build_routing_table, default_relaxation, demand_per_gpu, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.engine import TaskGraph, Timeline, simulate
@@ -61,9 +60,7 @@ class Config:
 
     @property
     def C(self) -> float:
-        if self.relaxation is not None:
-            return self.relaxation
-        return 0.5 if self.cluster.nodes >= 16 else 0.25
+        return default_relaxation(self.cluster.nodes) if self.relaxation is None else self.relaxation
 
 
 @dataclass
@@ -111,18 +108,20 @@ class Shared:
             L = cfg.cluster.gpus_per_node
             demand = demand_per_gpu(cfg.hist, L)  # [R, E]
             self.tables[kind, routing] = build_routing_table(self.placement(kind, cfg), demand, cfg.C, L,
-                                                             lean=routing == LEAN_TABLE_ROUTING)
+                                                             lean=ROUTINGS[routing].lean_table)
         return self.tables[kind, routing]
 
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
-        """System ``s``'s FlowPlan of batch ``it``. Not ``zepp.planner.plan_batch``: one routing
-        serves every transport pair of the systems that share its placement and routing."""
+        """System ``s``'s FlowPlan of batch ``it``: one routing serves every transport pair of the
+        systems that share its placement and routing (``plan_batch``'s ``routing``)."""
         rkey = (s.placement, s.routing, it)
-        if rkey not in self.routings:
-            table = self.table(s.placement, s.routing, cfg) if s.routing in TABLE_ROUTINGS else None
-            self.routings[rkey] = route(s.routing, cfg.batches[it], self.placement(s.placement, cfg), cfg.C,
-                                        table=table)
-        return build_flows(self.routings[rkey], s.dispatch, cfg.spec.row_bytes, s.combine)
+        placement = self.placement(s.placement, cfg)
+        if rkey in self.routings:
+            return plan_batch(cfg.batches[it], placement, s, cfg.spec.row_bytes, cfg.C, routing=self.routings[rkey])
+        table = self.table(s.placement, s.routing, cfg) if s.routing_choice.needs_table else None
+        plan = plan_batch(cfg.batches[it], placement, s, cfg.spec.row_bytes, cfg.C, table=table)
+        self.routings[rkey] = plan.routing
+        return plan
 
 
 def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: float | None = None) -> float:
@@ -150,9 +149,10 @@ def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: fl
 
 def plan_granularity(cfg: Config, s: registry.System, plan: FlowPlan) -> Granularity | None:
     """The granularity system ``s`` runs ``plan`` with: chosen per batch by
-    ``zepp.planner.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
+    ``zepp.planner.overlap.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
     calibrated NIC rate and put cost), else ``None`` (the mechanics' fixed groups / waves)."""
-    if s.overlap != "zepp-auto":
+    choose = s.overlap_choice.function
+    if choose is None:
         return None
     cl = cfg.cluster
     return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks)))
@@ -228,7 +228,7 @@ def run_system(name: str | registry.System, cfg: Config, keep_timeline: bool = F
                             variant=best.name, granularity=best.granularity)
     res = SystemResult(name)
     iters = cfg.batches.shape[0]
-    if s.adaptation in ("zepp-swap", "zepp-swap-once"):
+    if s.swaps:
         return _run_swapping(s, cfg, keep_timeline, shared, res)
     for it in range(cfg.warmup, iters):
         keep = keep_timeline and it == iters - 1
@@ -262,7 +262,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
     per-GPU limits as in the paper) and a node keeps them only where the drop of its busiest
     GPU's GEMM time exceeds the copies' exposed time (``gate_swaps``, this cluster's roofline
     GEMM rate and calibrated NVLink rate)."""
-    from zepp.planner.swaps import gate_swaps, plan_swaps
+    from zepp.planner.adaptation.swaps import gate_swaps
 
     placement = shared.placement(s.placement, cfg)
     cl = cfg.cluster
@@ -274,8 +274,9 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
     for it in range(iters):
         copies = swapped = None
         n_swapped = 0
-        if prev_loads is not None and (s.adaptation == "zepp-swap" or it == 1):
-            sp = gate_swaps(placement, plan_swaps(placement, prev_loads, 0.0), prev_loads, row_s, copy_s)
+        if prev_loads is not None and (not s.adaptation_choice.once or it == 1):
+            sp = gate_swaps(placement, s.adaptation_choice.function(placement, prev_loads, 0.0), prev_loads, row_s,
+                            copy_s)
             if sp.num_swapped_slots:
                 n_swapped = sp.num_swapped_slots
                 c = np.stack([sp.copies[:, 0] // S, sp.copies[:, 1] // S], 1)
@@ -289,7 +290,7 @@ def _run_swapping(s: registry.System, cfg: Config, keep_timeline: bool, shared: 
         if it < cfg.warmup:
             continue
         keep = keep_timeline and it == iters - 1
-        plan = build_flows(r, s.dispatch, cfg.spec.row_bytes, s.combine)
+        plan = plan_batch(cfg.batches[it], placement, s, cfg.spec.row_bytes, cfg.C, routing=r)
         gran = plan_granularity(cfg, s, plan)
         tl, planning, floor = simulate_plan(cfg, s, plan, keep, copies, swapped, granularity=gran)
         _record(res, tl, planning, floor, keep, n_swapped, gran)

@@ -1,95 +1,84 @@
 """Flows: the dispatch and combine hop tables of a routing, one transport per phase.
 
-``DISPATCH_TRANSPORTS`` and ``COMBINE_TRANSPORTS`` below name the transports with their one-line
-meanings (the registry's and ``zepp systems``' tables); ``DEFAULT_COMBINE`` pairs each dispatch
-with its natural combine; ``build_flows`` builds a pair by name. ``direct_flows`` holds the
+``DISPATCHES`` and ``COMBINES`` below hold one record per transport (function, one-line meaning,
+flags: ``zepp.planner.choices``; the registry's and ``zepp systems``' tables; a dispatch names its
+natural combine); ``build_flows`` builds a pair by name. ``direct_flows`` holds the
 one-stage transports (``a2av``, ``dedup``, ``allgather``), ``gateway_flows`` the ones through a
 gateway GPU of each destination node (dispatch ``relay``, ``zepp``; combine ``reduce``,
-``reduce-direct``). See ``zepp.planner.types.Hops`` for what a hop means and the stage rules.
+``reduce-direct``); ``call_scopes`` says which process group carries each collective call of a
+plan (the rail-aligned hierarchy both executors follow). See ``zepp.planner.types.Hops`` for what a hop means and the stage rules.
 
 Missing entries (id ``-1``, slot ``-1``) move nothing. Everything is vectorised numpy over rows.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
 
 from zepp.errors import ZeppInputError
+from zepp.planner.choices import Choice, ChoiceTable
 from zepp.planner.flows.direct_flows import (a2av_combine, a2av_dispatch, allgather_dispatch, dedup_combine,
                                              dedup_dispatch)
 from zepp.planner.flows.gateway_flows import (reduce_combine, reduce_direct_combine, relay_dispatch,
                                               zepp_dispatch)
 from zepp.planner.types import EntryView, FlowPlan, Hops, Routing, nic_split
 
-__all__ = ["build_flows", "check_transports", "transport_pairs", "nic_split", "DISPATCH_TRANSPORTS",
-           "COMBINE_TRANSPORTS", "DEFAULT_COMBINE", "DISPATCHES", "COMBINES", "DispatchTransport", "CombineTransport"]
+__all__ = ["build_flows", "check_transports", "transport_pairs", "nic_split", "DISPATCHES", "COMBINES",
+           "DispatchChoice", "CombineChoice"]
 
 
-class DispatchTransport(NamedTuple):
-    """A dispatch transport: ``build(x: EntryView, coalesce) -> (Hops, RemoteRows | None)``, its
-    one-line meaning, its natural combine, whether its rows land on gateways (what the reducing
-    combines need), whether it has a hop table at all and whether it balances each node-to-node
-    stream over the node's NICs (``zepp.planner.validation`` checks the caps)."""
+@dataclass(frozen=True)
+class DispatchChoice(Choice):
+    """A dispatch transport: ``function(x: EntryView, coalesce) -> (Hops, RemoteRows | None)``.
+    ``natural_combine``: the combine ``build_flows`` pairs it with by default. Flags:
+    ``gatewayed`` (its rows land on gateways, what the reducing combines need), ``has_hops`` (it
+    has a hop table at all: a real executor can run it), ``nic_balanced`` (each node-to-node
+    stream balanced over the node's NICs; ``zepp.planner.validation`` checks the caps)."""
 
-    build: Callable
-    meaning: str
-    natural_combine: str
+    natural_combine: str = "a2av"
     gatewayed: bool = False
     has_hops: bool = True
     nic_balanced: bool = False
 
 
-class CombineTransport(NamedTuple):
-    """A combine transport: ``build(x: EntryView, remote_rows) -> Hops``, its one-line meaning,
-    whether it pre-reduces on the dispatch's gateways (then it needs a gatewayed dispatch)."""
+@dataclass(frozen=True)
+class CombineChoice(Choice):
+    """A combine transport: ``function(x: EntryView, remote_rows) -> Hops``. ``reduces``: it
+    pre-reduces on the dispatch's gateways (then it needs a gatewayed dispatch)."""
 
-    build: Callable
-    meaning: str
     reduces: bool = False
 
 
-DISPATCHES = {
-    "a2av": DispatchTransport(a2av_dispatch, "one row per entry, owner -> computing GPU", "a2av"),
-    "dedup": DispatchTransport(dedup_dispatch, "one row per (token, computing GPU), owner -> computing GPU", "dedup"),
-    "relay": DispatchTransport(
-        relay_dispatch, "one NIC crossing per (token, node) to the same local index, then NVLink fan-out", "dedup",
-        gatewayed=True),
-    "zepp": DispatchTransport(
-        zepp_dispatch, "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)", "reduce",
-        gatewayed=True, nic_balanced=True),
-    "allgather": DispatchTransport(
-        allgather_dispatch, "COMET: every GPU receives every other GPU's whole shard (routing-oblivious)", "dedup",
-        has_hops=False),
-}
+DISPATCHES: ChoiceTable[DispatchChoice] = ChoiceTable("dispatch transport", (
+    DispatchChoice("a2av", "one row per entry, owner -> computing GPU", a2av_dispatch, True, natural_combine="a2av"),
+    DispatchChoice("dedup", "one row per (token, computing GPU), owner -> computing GPU", dedup_dispatch, True,
+                   natural_combine="dedup"),
+    DispatchChoice("relay", "one NIC crossing per (token, node) to the same local index, then NVLink fan-out",
+                   relay_dispatch, True, natural_combine="dedup", gatewayed=True),
+    DispatchChoice("zepp", "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)", zepp_dispatch, True,
+                   natural_combine="reduce", gatewayed=True, nic_balanced=True),
+    DispatchChoice("allgather", "COMET: every GPU receives every other GPU's whole shard (routing-oblivious)",
+                   allgather_dispatch, True, natural_combine="dedup", has_hops=False),
+))
 
-COMBINES = {
-    "a2av": CombineTransport(a2av_combine, "one row per entry, computing GPU -> owner"),
-    "dedup": CombineTransport(dedup_combine, "one row per (token, computing GPU), summed there, straight to the owner"),
-    "reduce": CombineTransport(
-        reduce_combine, "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
-        reduces=True),
-    "reduce-direct": CombineTransport(
-        reduce_direct_combine, "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
-        reduces=True),
-}
-
-DISPATCH_TRANSPORTS: dict[str, str] = {name: t.meaning for name, t in DISPATCHES.items()}
-COMBINE_TRANSPORTS: dict[str, str] = {name: t.meaning for name, t in COMBINES.items()}
-# Natural combine of each dispatch transport (what ``build_flows`` pairs it with by default).
-DEFAULT_COMBINE: dict[str, str] = {name: t.natural_combine for name, t in DISPATCHES.items()}
-_GATEWAYED = tuple(name for name, t in DISPATCHES.items() if t.gatewayed)
+COMBINES: ChoiceTable[CombineChoice] = ChoiceTable("combine transport", (
+    CombineChoice("a2av", "one row per entry, computing GPU -> owner", a2av_combine, True),
+    CombineChoice("dedup", "one row per (token, computing GPU), summed there, straight to the owner", dedup_combine,
+                  True),
+    CombineChoice("reduce", "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
+                  reduce_combine, True, reduces=True),
+    CombineChoice("reduce-direct", "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
+                  reduce_direct_combine, True, reduces=True),
+))
 
 
 def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
     """Validate a (dispatch, combine) pair; ``combine=None`` takes the dispatch's natural one."""
-    if dispatch not in DISPATCHES:
-        raise ZeppInputError(f"unknown dispatch transport {dispatch!r}; choose one of {', '.join(DISPATCH_TRANSPORTS)}")
-    combine = DEFAULT_COMBINE[dispatch] if combine is None else combine
-    if combine not in COMBINES:
-        raise ZeppInputError(f"unknown combine transport {combine!r}; choose one of {', '.join(COMBINE_TRANSPORTS)}")
-    if COMBINES[combine].reduces and not DISPATCHES[dispatch].gatewayed:
+    d = DISPATCHES.choice(dispatch)
+    combine = d.natural_combine if combine is None else combine
+    if COMBINES.choice(combine).reduces and not d.gatewayed:
         raise ZeppInputError(f"combine {combine!r} pre-reduces on the dispatch's gateways; it needs a "
-                             f"{' or '.join(_GATEWAYED)} dispatch, not {dispatch!r}")
+                             f"{' or '.join(DISPATCHES.having('gatewayed'))} dispatch, not {dispatch!r}")
     return dispatch, combine
 
 
@@ -103,7 +92,7 @@ def transport_pairs(with_hops: bool = True) -> list[tuple[str, str]]:
 def build_flows(routing: Routing, dispatch: str, row_bytes: int, combine: str | None = None,
                 coalesce: bool = True) -> FlowPlan:
     """The FlowPlan of ``routing`` with ``dispatch`` and ``combine`` transports (``combine``
-    defaults to the dispatch's natural one, ``DEFAULT_COMBINE``). ``row_bytes``: bytes of one
+    defaults to the dispatch's natural one, ``DISPATCHES[dispatch].natural_combine``). ``row_bytes``: bytes of one
     hidden row.
 
     ``coalesce`` (``zepp`` dispatch only): pieces one NIC carries to one node travel as one
@@ -111,6 +100,6 @@ def build_flows(routing: Routing, dispatch: str, row_bytes: int, combine: str | 
     """
     dispatch, combine = check_transports(dispatch, combine)
     x = EntryView(routing)
-    d, remote_rows = DISPATCHES[dispatch].build(x, coalesce)
-    c: Hops = COMBINES[combine].build(x, remote_rows)
+    d, remote_rows = DISPATCHES[dispatch].function(x, coalesce)
+    c: Hops = COMBINES[combine].function(x, remote_rows)
     return FlowPlan(routing, d, c, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine)

@@ -3,8 +3,8 @@ section 6) and the placements built on it: ``eplb`` (its global policy on the su
 and ``eplb-distinct`` (its counts and packing, never two replicas of one expert on one GPU).
 
 EPLB and its variants compare float32 loads, because EPLB does. ``rebalance_experts`` speaks
-torch tensors (DeepSeek's interface); torch is imported when it is called, so importing the
-planner does not load torch.
+torch tensors (DeepSeek's interface; torch is imported when it is called); ``rebalance_numpy`` is
+the same on numpy arrays, what the placements here call, so planning needs no torch.
 """
 
 from __future__ import annotations
@@ -47,23 +47,30 @@ def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, 
     import torch
 
     w = torch.as_tensor(weight)
-    groups, nodes = _check_rebalance(w, num_replicas, num_groups, num_nodes, num_gpus)
+    if w.is_complex() or w.dtype == torch.bool:
+        raise ZeppInputError(f"weight must be a real-valued load tensor, got dtype {w.dtype}")
     wf = w.detach().to("cpu", torch.float32).numpy()
+    return tuple(torch.from_numpy(a) for a in rebalance_numpy(wf, num_replicas, num_groups, num_nodes, num_gpus))
+
+
+def rebalance_numpy(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int):
+    """``rebalance_experts`` on a numpy ``weight [layers, E]`` (real; used as float32): the same
+    ``(phy2log [layers, P], log2phy [layers, E, P - E + 1], logcnt [layers, E])``, as int64 arrays."""
+    w = np.asarray(weight)
+    if w.dtype == bool or not (np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating)):
+        raise ZeppInputError(f"weight must be a real-valued load tensor, got dtype {w.dtype}")
+    groups, nodes = _check_rebalance(w, num_replicas, num_groups, num_nodes, num_gpus)
+    wf = w.astype(np.float32)
     phy2log, phy_rank, logcnt = _rebalance_hierarchical(wf, num_replicas, groups, nodes, num_gpus)
-    log2phy = _log2phy(phy2log, phy_rank, wf.shape[1], num_replicas)
-    return torch.from_numpy(phy2log), torch.from_numpy(log2phy), torch.from_numpy(logcnt)
+    return phy2log, _log2phy(phy2log, phy_rank, wf.shape[1], num_replicas), logcnt
 
 
-def _check_rebalance(w: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
+def _check_rebalance(w: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
                      num_gpus: int) -> tuple[int, int]:
     """Check ``rebalance_experts``' arguments; returns the ``(groups, nodes)`` of the policy it runs."""
-    import torch
-
     if w.ndim != 2:
         raise ZeppInputError(f"weight must be [layers, num_logical_experts], got shape {tuple(w.shape)}")
     e_num = w.shape[1]
-    if w.is_complex() or w.dtype == torch.bool:
-        raise ZeppInputError(f"weight must be a real-valued load tensor, got dtype {w.dtype}")
     for name, v in (("num_replicas", num_replicas), ("num_groups", num_groups), ("num_nodes", num_nodes),
                     ("num_gpus", num_gpus)):
         if int(v) < 1:
@@ -196,12 +203,9 @@ def place_eplb(hist, ranks: int, gpus_per_node: int, extra: int = 2) -> Placemen
     (``num_groups = num_nodes = 1``, ``num_gpus = ranks``); physical slot ``p`` is local slot
     ``p % S`` of rank ``p // S``. Two replicas of one expert may share a GPU (EPLB's flaw).
     """
-    import torch
-
     load, S, e_num = summed_load(hist, ranks, gpus_per_node, extra)
-    weight = torch.from_numpy(load.astype(np.float32))[None, :]
-    phy2log, _, _ = rebalance_experts(weight, ranks * S, 1, 1, ranks)
-    return Placement(phy2log[0].numpy().reshape(ranks, S).astype(np.int32), e_num, gpus_per_node)
+    phy2log, _, _ = rebalance_numpy(load.astype(np.float32)[None, :], ranks * S, 1, 1, ranks)
+    return Placement(phy2log[0].reshape(ranks, S).astype(np.int32), e_num, gpus_per_node)
 
 
 def build_eplb(hist: np.ndarray, num_experts: int, ranks: int, gpus_per_node: int, extra: int) -> Placement:

@@ -1,14 +1,16 @@
 """Routing: which replica serves each entry of a batch.
 
 The model's expert choices never change; routing only picks, per entry, one slot holding a
-replica of the entry's expert. ``ROUTINGS`` below names the choices with their one-line meanings
-(the registry's and ``zepp systems``' table); ``route`` runs one by name. One module per family:
+replica of the entry's expert. ``ROUTINGS`` below holds one record per choice (function, one-line
+meaning, flags: ``zepp.planner.choices``; the registry's and ``zepp systems``' table); ``route``
+runs one by name. One module per family:
 ``simple_routing`` (``home``, ``replica-rr``, ``locality``, ``fixed``, ``dynamic``, ``random``:
 a replica from the placement alone), ``zepp_routing`` and ``zepp_vacate`` (Zepp's water-fill
 and vacate pass), ``lp_routing`` (SGLang's ``lp`` dispatch, DeepSeek's LPLB), ``moonep_routing``
 (MoonEP's per-batch balance, with its own placement); ``table_routing`` (``zepp-table``: Zepp's
 water-fill run once per placement over the history's expected demand, a batch routed by table
-lookup); ``base_routing`` holds the batch check and what they share.
+lookup; ``decode_path`` says per step whether a decode batch routes by that table or by a global
+plan); ``base_routing`` holds the default relaxation, the batch check and what they share.
 
 An id of ``-1`` is a missing entry (padding); it gets slot ``-1`` and counts for no load. All
 choices are vectorised numpy over entries; loops run over ranks, replicas or rounds only.
@@ -17,12 +19,13 @@ Integer arithmetic throughout, so every rank computes the same routing bit for b
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.planner.routing.base_routing import check_batch, entry_hash, position_in_group
+from zepp.planner.choices import Choice, ChoiceTable
+from zepp.planner.routing.base_routing import check_batch, default_relaxation, entry_hash, position_in_group
 from zepp.planner.routing.lp_routing import route_lp
 from zepp.planner.routing.moonep_routing import moonep_plan, route_moonep
 from zepp.planner.routing.simple_routing import (route_dynamic, route_fixed, route_home, route_locality, route_random,
@@ -32,48 +35,51 @@ from zepp.planner.routing.table_routing import (RoutingTable, build_routing_tabl
 from zepp.planner.routing.zepp_routing import route_zepp
 from zepp.planner.types import Placement, Routing
 
-__all__ = ["ROUTINGS", "ROUTING_NAMES", "route", "check_batch", "position_in_group", "entry_hash", "moonep_plan",
-           "RoutingTable", "build_routing_table", "demand_per_gpu", "route_by_table", "rank_slots", "TABLE_ROUTING", "LEAN_TABLE_ROUTING",
-           "TABLE_ROUTINGS"]
+__all__ = ["ROUTINGS", "RoutingChoice", "route", "check_batch", "position_in_group", "entry_hash", "moonep_plan",
+           "RoutingTable", "build_routing_table", "demand_per_gpu", "route_by_table", "rank_slots", "default_relaxation"]
 
-TABLE_ROUTING = "zepp-table"  # the routings that need a RoutingTable (route(..., table=...))
-LEAN_TABLE_ROUTING = "zepp-table-lean"
-TABLE_ROUTINGS = (TABLE_ROUTING, LEAN_TABLE_ROUTING)
+@dataclass(frozen=True)
+class RoutingChoice(Choice):
+    """A routing: ``function(topk_ids [R, T, k] int32 (checked), placement, relaxation,
+    vacate_rounds) -> Routing`` (``None`` for the table routings, which route by a
+    ``RoutingTable``). Flags: ``needs_table`` routes by a table built once per placement from the
+    history (``build_routing_table``; ``lean_table``: over the fewest replicas); ``table_path``: its
+    decode batches may route by Zepp's routing table instead of a global plan
+    (``zepp.planner.routing.decode_path``); ``own_slots``: it routes onto per-batch slots of its own
+    (MoonEP's prefetch slots), which no placement file can hold; ``zepp_planner``: Zepp's per-batch
+    planner decides it (a simulation charges Zepp's modelled planning for it)."""
+
+    needs_table: bool = False
+    lean_table: bool = False
+    table_path: bool = False
+    own_slots: bool = False
+    zepp_planner: bool = False
 
 
-class _Choice(NamedTuple):
-    """One routing: ``route(topk_ids [R, T, k] int32 (checked), placement, relaxation,
-    vacate_rounds) -> Routing`` and its one-line meaning."""
-
-    route: Callable[[np.ndarray, Placement, float, int], Routing] | None  # None: zepp-table (needs its table)
-    meaning: str
-
-
-_CHOICES = {
-    "home": _Choice(route_home, "replica 0 of each expert (its first slot)"),
-    "replica-rr": _Choice(route_replica_rr,
-                          "an expert's entries go to its replicas in turn (EPLB, TensorRT-LLM round-robin)"),
-    "locality": _Choice(route_locality, "SGLang static: a fixed replica per source GPU, on the source GPU if any, "
-                                        "else on its node, else any"),
-    "fixed": _Choice(route_fixed, "EPIC: all of a source's entries of an expert go to replica (source rank mod "
-                                  "replica count)"),
-    "dynamic": _Choice(route_dynamic, "SGLang dynamic: per token, a replica on the source GPU, else on its node, "
-                                      "else a hashed one"),
-    "random": _Choice(route_random, "vLLM: a pseudo-random replica per entry (integer hash, the same on every rank)"),
-    "zepp": _Choice(route_zepp, "rotation water-fill under relaxed replica-load bounds, then the vacate pass "
-                                "(PAPER.md 2.2)"),
-    "moonep": _Choice(route_moonep, "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots"),
-    "lp": _Choice(route_lp, "SGLang lp (DeepSeek LPLB): per batch an LP splits each replicated expert's global "
-                            "count over its copies to minimise the busiest GPU; each entry draws a copy with "
-                            "those shares"),
-    TABLE_ROUTING: _Choice(None, "Zepp's water-fill run once per placement over the history's expected demand; "
-                                 "a batch routes by table lookup (replica shares per source GPU and expert)"),
-    LEAN_TABLE_ROUTING: _Choice(None, "zepp-table over the fewest replicas that leave every GPU the fewest slots with "
-                                      "work (decode: a GEMM reads the weights of every slot it serves)"),
-}
-
-ROUTINGS: dict[str, str] = {name: c.meaning for name, c in _CHOICES.items()}
-ROUTING_NAMES = tuple(ROUTINGS)
+ROUTINGS: ChoiceTable[RoutingChoice] = ChoiceTable("routing", (
+    RoutingChoice("home", "replica 0 of each expert (its first slot)", route_home, torch_twin=True),
+    RoutingChoice("replica-rr", "an expert's entries go to its replicas in turn (EPLB, TensorRT-LLM round-robin)",
+                  route_replica_rr, torch_twin=True),
+    RoutingChoice("locality", "SGLang static: a fixed replica per source GPU, on the source GPU if any, else on its "
+                              "node, else any", route_locality, torch_twin=True),
+    RoutingChoice("fixed", "EPIC: all of a source's entries of an expert go to replica (source rank mod replica "
+                           "count)", route_fixed, torch_twin=True),
+    RoutingChoice("dynamic", "SGLang dynamic: per token, a replica on the source GPU, else on its node, else a hashed "
+                             "one", route_dynamic, torch_twin=True),
+    RoutingChoice("random", "vLLM: a pseudo-random replica per entry (integer hash, the same on every rank)",
+                  route_random, torch_twin=True),
+    RoutingChoice("zepp", "rotation water-fill under relaxed replica-load bounds, then the vacate pass (PAPER.md 2.2)",
+                  route_zepp, torch_twin=True, table_path=True, zepp_planner=True),
+    RoutingChoice("moonep", "MoonEP: per batch, every GPU computes T*k rows using E/R prefetch slots", route_moonep,
+                  own_slots=True),
+    RoutingChoice("lp", "SGLang lp (DeepSeek LPLB): per batch an LP splits each replicated expert's global count over "
+                        "its copies to minimise the busiest GPU; each entry draws a copy with those shares", route_lp),
+    RoutingChoice("zepp-table", "Zepp's water-fill run once per placement over the history's expected demand; a batch "
+                                "routes by table lookup (replica shares per source GPU and expert)", needs_table=True),
+    RoutingChoice("zepp-table-lean", "zepp-table over the fewest replicas that leave every GPU the fewest slots with "
+                                     "work (decode: a GEMM reads the weights of every slot it serves)",
+                  needs_table=True, lean_table=True),
+))
 
 
 def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: float = 0.25,
@@ -85,14 +91,12 @@ def route(name: str, topk_ids: np.ndarray, placement: Placement, relaxation: flo
     Zepp's vacate pass. ``table``: the ``RoutingTable`` that ``zepp-table`` routes by (built once
     per placement with ``build_routing_table`` from the history; required for it, unused otherwise).
     """
-    choice = _CHOICES.get(name)
-    if choice is None:
-        raise ZeppInputError(f"unknown routing {name!r}; choose one of {', '.join(ROUTING_NAMES)}")
-    if name in TABLE_ROUTINGS:
+    choice = ROUTINGS.choice(name)
+    if choice.needs_table:
         if table is None:
             raise ZeppInputError(f"routing {name!r} needs a routing table built from the history "
                                  "(zepp.planner.routing.build_routing_table); pass table=")
         if table.placement is not placement and not np.array_equal(table.placement.slot_expert, placement.slot_expert):
             raise ZeppInputError(f"routing {name!r}: the routing table was built for another placement; rebuild it")
         return route_by_table(check_batch(topk_ids, placement), table)
-    return choice.route(check_batch(topk_ids, placement), placement, relaxation, vacate_rounds)
+    return choice.function(check_batch(topk_ids, placement), placement, relaxation, vacate_rounds)

@@ -1,4 +1,4 @@
-"""Shared by every routing: the batch check, the routing record, grouping and hashing of entries.
+"""Shared by every routing: the default relaxation, the batch check, the routing record, grouping and hashing of entries.
 
 A router takes a checked batch ``topk_ids [R, T, k]`` int32 (``-1``: a missing entry), the
 ``Placement``, the relaxation ``C`` and the vacate rounds, and returns a ``Routing``. All of it is
@@ -11,6 +11,11 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 from zepp.planner.types import Placement, Routing
+
+
+def default_relaxation(nodes: int) -> float:
+    """Zepp's relaxation ``C`` when none is given: 0.25, and 0.5 from 16 nodes on (PAPER.md 1)."""
+    return 0.5 if nodes >= 16 else 0.25
 
 
 def check_batch(topk_ids: np.ndarray, placement: Placement) -> np.ndarray:

@@ -1,9 +1,8 @@
 """The planner on the device: routing and flows as torch code, equal to the numpy planner.
 
-``route`` and ``build_flows`` here take the numpy planner's arguments and pick the backend by
-the input's type (a ``torch.Tensor`` plans in torch on its device, a numpy array with the numpy
-planner) or by ``backend="torch"`` / ``"numpy"``. ``plan_batch`` is the call the runtime's
-Dispatcher makes (``plan_batch_numpy`` when it needs the numpy tables for its program).
+``route`` and ``build_flows`` here are the torch twins of ``zepp.planner.routing.route`` and
+``zepp.planner.flows.build_flows`` (the ids a tensor on any device); callers plan a batch through
+``zepp.planner.plan_batch`` with ``backend="torch"`` (or a tensor of ids), which calls them.
 The outputs equal the numpy planner's element for element (``tests/planner/test_planner_torch.py``):
 ``slot [R, T, k]`` and every column of both hop tables, in the same order and dtypes.
 
@@ -24,7 +23,7 @@ What a CUDA graph can capture (``sync=False``; the default while capturing), for
   - Input value checks (ids in ``[-1, E)``): they read the data (only with ``sync=True``).
 - Cost of capturability: the water-fill's numpy bound is ``4C+4`` sweeps although every batch
   we tried needs one; ``sweeps=1`` makes the captured graph ``4C+4`` times shorter and reports
-  ``unplaced`` (device scalar); ``plan_batch_numpy`` re-plans the rare incomplete batch.
+  ``unplaced`` (device scalar); ``plan_batch(..., host=True)`` re-plans the rare incomplete batch.
 
 Outside capture (``sync=True``) the loops stop early and tables are built at their exact size,
 with a few host reads (free on the CPU, tens of microseconds each on a GPU).
@@ -32,11 +31,10 @@ with a few host reads (free on the CPU, tens of microseconds each on a GPU).
 
 from __future__ import annotations
 
-from zepp.planner.torch.api import build_flows, plan_batch, plan_batch_numpy, route
-from zepp.planner.torch.flows import TORCH_COMBINE, TORCH_DISPATCH
-from zepp.planner.torch.routing import TORCH_ROUTINGS, DevicePlacement, device_placement, entry_hash
+from zepp.planner.torch.api import as_device_ids, route_to_torch
+from zepp.planner.torch.flows import build_flows
+from zepp.planner.torch.routing import DevicePlacement, device_placement, entry_hash, route
 from zepp.planner.torch.tables import IncompletePlan, TorchFlowPlan, TorchHops, TorchRouting
 
-__all__ = ["route", "build_flows", "plan_batch", "plan_batch_numpy", "IncompletePlan", "TorchRouting", "TorchHops",
-           "TorchFlowPlan", "DevicePlacement", "device_placement", "entry_hash", "TORCH_ROUTINGS", "TORCH_DISPATCH",
-           "TORCH_COMBINE"]
+__all__ = ["route", "build_flows", "as_device_ids", "route_to_torch", "IncompletePlan", "TorchRouting", "TorchHops",
+           "TorchFlowPlan", "DevicePlacement", "device_placement", "entry_hash"]

@@ -39,19 +39,6 @@ import numpy as np
 from zepp.errors import ZeppInputError
 from zepp.planner.types import Placement, relaxation_fraction
 
-# The adaptation choices (``System.adaptation``): how the placement changes while serving.
-# ``zepp-swap`` is this module's ``plan_swaps``; ``moonep`` is the per-batch placement of the
-# ``moonep`` routing (``zepp.planner.routing.moonep_plan``).
-ADAPTATIONS = {
-    "none": "the placement stays as planned",
-    "moonep": "per-batch redundant experts whose weights are pulled from their home GPU before the GEMM",
-    "zepp-swap": "intra-node expert swaps planned from the previous batch's loads, weights over NVLink only "
-                 "(PAPER.md 2.6); the simulator keeps a node's swaps where they pay within a batch (gate_swaps), "
-                 "the runtime where the node is out of band",
-    "zepp-swap-once": "one round of zepp-swap's swaps: planned from the first batch's loads, then kept",
-}
-
-
 @dataclass(frozen=True)
 class SwapPlan:
     """Result of ``plan_swaps``.

@@ -29,17 +29,6 @@ import numpy as np
 from zepp.planner.intsort import sorted_with_order
 from zepp.planner.types import Hops, PlanInvariantError
 
-# The overlap choices (``System.overlap``): how a layer's rows group for computation while they
-# move. ``zepp`` is this module's fine groups and waves, ``zepp-auto`` their coarse merges chosen
-# by ``zepp.planner.granularity``; ``comet`` is modelled by the simulator's COMET plug-ins.
-OVERLAPS = {
-    "none": "dispatch, both GEMMs and combine run one after another",
-    "comet": "COMET: fused tile-level overlap of dispatch with GEMM 1 and GEMM 2 with combine",
-    "zepp": "dispatch groups (compute on arrival) and combine waves per destination node (PAPER.md 2.5)",
-    "zepp-auto": "zepp's groups and waves, adjacent ones merged to a count the planner chooses per batch (zepp.planner.granularity)",
-}
-
-
 def dispatch_group(owner: np.ndarray, at: np.ndarray, gpus_per_node: int, nodes: int) -> np.ndarray:
     """``[n]`` dispatch group of entries owned by ``owner [n]`` computed on ``at [n]`` (see above)."""
     own, at = np.asarray(owner, np.int64), np.asarray(at, np.int64)
@@ -88,7 +77,7 @@ def split_by_owner_node(h: Hops, gpus_per_node: int) -> Hops:
 def split_by_key(h: Hops, key: np.ndarray) -> Hops:
     """The same hops with message keys refined by ``key [M]`` (ints >= 0): hops of one message
     with different keys become different messages (coarse dispatch groups / combine waves of a
-    ``zepp.planner.granularity.Granularity``)."""
+    ``zepp.planner.overlap.granularity.Granularity``)."""
     if h.size == 0:
         return h
     key = np.asarray(key, np.int64)

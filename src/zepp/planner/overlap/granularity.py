@@ -2,7 +2,7 @@
 
 Zepp's overlap (PAPER.md 2.5) runs GEMM 1 per *dispatch group* (own GPU, own node, each remote
 node in arrival order) and GEMM 2 per *combine wave* (one per destination node, ring order, own
-node last; ``zepp.planner.grouping``). Every extra group or wave re-reads the weights of every expert it
+node last; ``zepp.planner.overlap.grouping``). Every extra group or wave re-reads the weights of every expert it
 touches: at tens of rows per expert a GEMM is weight-read bound, and ``2N + 1`` GEMMs cost up to
 ``2N + 1`` weight reads where one GEMM per phase pays 2. ``choose`` weighs those re-reads against
 the communication each split hides, per batch, from the cost model below, and returns a
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zepp.planner.grouping import combine_wave, dispatch_group
+from zepp.planner.overlap.grouping import combine_wave, dispatch_group
 
 TIE = 1e-3  # relative cost difference below which the coarser candidate wins
 
@@ -92,11 +92,11 @@ class Granularity:
         return self.groups == self.nodes + 1 and self.waves == self.nodes
 
     def group_map(self) -> np.ndarray:
-        """``[N + 1]`` coarse group of each fine dispatch group (``zepp.planner.grouping.dispatch_group``)."""
+        """``[N + 1]`` coarse group of each fine dispatch group (``zepp.planner.overlap.grouping.dispatch_group``)."""
         return group_map(self.groups, self.nodes)
 
     def wave_map(self) -> np.ndarray:
-        """``[N]`` coarse wave of each fine combine wave (``zepp.planner.grouping.combine_wave``)."""
+        """``[N]`` coarse wave of each fine combine wave (``zepp.planner.overlap.grouping.combine_wave``)."""
         return wave_map(self.waves, self.nodes)
 
     def label(self) -> str:
