@@ -47,7 +47,7 @@ def summary(errs: dict) -> dict[str, tuple[float, float, float, int]]:
 def eplb_phases(traces) -> list[str]:
     """Simulated EPLB dispatch / combine phase times at K2, 1 MB, 4 / 8 / 16 nodes (one batch)
     against section 7's measured 1.5 / 2.1 / 2.9 ms and 1.1 / 1.5 / 1.7 ms."""
-    from zepp.sim.bench_table import make_config
+    from zepp.sim.bench_jobs import make_config
     from zepp.sim.run import run_system
 
     measured = {4: (1.5, 1.1), 8: (2.1, 1.5), 16: (2.9, 1.7)}

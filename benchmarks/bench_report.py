@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-from zepp.sim.bench_table import format_table
+from zepp.sim.bench_rows import format_table
 from zepp.registry import PAPER_BASELINES as BASELINES
 from zepp.registry import SYSTEMS
 

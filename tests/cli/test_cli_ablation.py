@@ -54,7 +54,7 @@ def test_case_study_timeline_draws_swap_copies_on_nvlink_only(tmp_path, capsys):
     """Under unseen demand the second batch of zepp-swap carries the swaps planned from the first:
     its weight copies are tasks of their own on NVLink links, none on a NIC, and the chart draws
     the node that receives them."""
-    from zepp.sim.bench_table import make_config, make_jobs
+    from zepp.sim.bench_jobs import make_config, make_jobs
     from zepp.sim.run import run_system
 
     png = tmp_path / "t.png"

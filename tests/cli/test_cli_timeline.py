@@ -4,7 +4,7 @@ per bad option before any work (the bad-option table: ``tests/cli/test_cli_optio
 
 
 from clirun import run_cli
-from zepp.sim.bench_table import make_config, make_jobs
+from zepp.sim.bench_jobs import make_config, make_jobs
 from zepp.sim.run import run_system
 
 ARGS = ["timeline", "--nodes", "2", "--model", "qwen", "--budget-mb", "0.5"]

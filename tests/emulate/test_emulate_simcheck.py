@@ -17,8 +17,9 @@ from zepp.planner.flows.call_scopes import NODE, RAIL, WORLD
 from zepp.runtime.dispatcher import plan_scopes
 from zepp.runtime.program import compile_rank
 from zepp.runtime.worker import default_config
-from zepp.sim.engine import TaskGraph, simulate
+from zepp.sim.engine import simulate
 from zepp.sim.layer import LayerWork, build_layer
+from zepp.sim.task_graph import TaskGraph
 
 CAL = {"cluster_fields": {"nic_bw": 120e6, "nvlink_bw": 1.5e9, "nic_msg_cost": 300e-6, "nvlink_msg_cost": 400e-6},
        "a2a_empty_s": 1.5e-3, "cores": 2,

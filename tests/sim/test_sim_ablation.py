@@ -7,7 +7,7 @@ import numpy as np
 
 from zepp import registry
 from zepp.sim.ablation import ARMS, arm_system, closing_note, format_table, run_ablation
-from zepp.sim.bench_table import make_config, make_jobs
+from zepp.sim.bench_jobs import make_config, make_jobs
 from zepp.sim.run import run_system
 
 

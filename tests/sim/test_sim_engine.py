@@ -1,13 +1,14 @@
-"""The event engine (``zepp.sim.engine``): flows sharing links max-min fairly, message costs,
-streams, priorities and dependencies on hand-computed answers; the compiled loop against the
-Python loop."""
+"""The event engine (``zepp.sim.engine``) running task graphs (``zepp.sim.task_graph``): flows
+sharing links, message costs, streams, priorities and dependencies on hand-computed answers; the
+compiled loop against the Python loop."""
 
 import numpy as np
 import pytest
 
 from zepp.cluster import cluster_preset
 from zepp.errors import ZeppInputError
-from zepp.sim.engine import SimulationError, TaskGraph, maxmin_rates, native_available, simulate
+from zepp.sim.engine import native_available, simulate
+from zepp.sim.task_graph import SimulationError, TaskGraph
 
 BW = 25e9
 
@@ -47,16 +48,6 @@ def test_flow_limited_by_the_receive_side():
     tl = simulate(g)
     assert end_of(tl, a) == pytest.approx(2e9 / BW)
     assert end_of(tl, b) == pytest.approx(2e9 / BW)
-
-
-def test_maxmin_matches_hand_solution():
-    # links: send0..3 = 0..3, recv4 = 4, recv5 = 5, dummy = 6
-    cap = np.array([BW] * 6 + [np.inf])
-    a = np.array([0, 1, 1, 2, 3])  # A: 0->4, B: 1->4, C: 1->5, D: 2->5, E: 3->5
-    b = np.array([4, 4, 5, 5, 5])
-    rate = maxmin_rates(a, b, cap)
-    # recv5 saturates first at BW/3 (C, D, E); then recv4 splits BW between A and B
-    assert rate == pytest.approx([BW / 2, BW / 2, BW / 3, BW / 3, BW / 3])
 
 
 def test_message_cost_is_paid_before_bytes_flow():
@@ -167,7 +158,7 @@ def test_native_loop_gives_bit_identical_times_to_the_python_loop(seed, opts):
 def test_native_loop_equals_python_loop_on_every_simulated_system(monkeypatch):
     from zepp.registry import SYSTEMS, names_for
     from zepp.sim import run as simrun
-    from zepp.sim.bench_table import make_config
+    from zepp.sim.bench_jobs import make_config
 
     cfg = make_config(dict(cluster="a100", nodes=2, gpus_per_node=4, model="qwen", budget_mb=1.0, iters=1, warmup=1,
                            seed=0, traces=None))
@@ -205,32 +196,3 @@ def test_the_compiled_loop_is_built_in_ci():
     if not os.environ.get("CI"):
         pytest.skip("only CI promises a C compiler")
     assert native_available(), "CI installs with a C compiler: zepp.sim._engine must have been built"
-
-
-def _maxmin_one_link_per_pass(a, b, cap):
-    """Textbook progressive filling: each pass freezes the flows of one link of smallest share."""
-    rate = np.full(a.size, np.nan)
-    rem = cap.astype(float).copy()
-    left = np.ones(a.size, bool)
-    while left.any():
-        cnt = np.bincount(a[left], minlength=cap.size) + np.bincount(b[left], minlength=cap.size)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(cnt > 0, rem / cnt, np.inf)
-        k = int(np.argmin(share))
-        hit = left & ((a == k) | (b == k))
-        rate[hit] = share[k]
-        rem -= np.bincount(a[hit], minlength=cap.size) * share[k] + np.bincount(b[hit], minlength=cap.size) * share[k]
-        left &= ~hit
-    return rate
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_maxmin_freezing_every_local_minimum_gives_the_textbook_rates(seed):
-    rng = np.random.default_rng(seed)
-    R = 6
-    n = int(rng.integers(3, 40))
-    src = rng.integers(0, R, n)
-    dst = (src + rng.integers(1, R, n)) % R
-    a, b = src, R + dst  # send links 0..R-1, receive links R..2R-1, dummy 2R
-    cap = np.concatenate([rng.uniform(1.0, 4.0, 2 * R), [np.inf]])
-    assert maxmin_rates(a, b, cap, tol=0.0) == pytest.approx(_maxmin_one_link_per_pass(a, b, cap), rel=1e-12)

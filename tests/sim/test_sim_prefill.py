@@ -12,10 +12,11 @@ from zepp.model import model_preset
 from zepp.planner.overlap.grouping import dispatch_group
 from zepp.sim.calibrate import calibrated
 from zepp.sim.chunks import add_pieces, order_sends, send_classes
-from zepp.sim.engine import TaskGraph, simulate
+from zepp.sim.engine import simulate
 from zepp.sim.mechanics import MECHANICS
 from zepp.sim.planning_cost import _lplb, planning_seconds, zepp_planning
 from zepp.sim.run import Config, Shared
+from zepp.sim.task_graph import TaskGraph
 
 
 def test_send_class_is_the_receivers_dispatch_group_order():

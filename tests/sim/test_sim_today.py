@@ -14,10 +14,11 @@ from zepp.errors import ZeppInputError
 from zepp.model import model_preset
 from zepp.sim.calibrate import FITTED, PUBLISHED, calibrated, has_network, network_label, network_of
 from zepp.sim.chunks import add_pieces, link_pieces, piece_counts
-from zepp.sim.engine import TaskGraph, simulate
+from zepp.sim.engine import simulate
 from zepp.sim.mechanics import DEEPEP_FP8, DEEPEP_NET, MECHANICS, Net
 from zepp.sim.planning_cost import lp_solver_data, planning_seconds
 from zepp.sim.run import Config, Shared, run_system, simulate_flowplan, simulate_plan
+from zepp.sim.task_graph import TaskGraph
 
 
 def uniform_config(nodes: int, tokens: int = 128, model: str = "deepseek-v3", preset: str = "h200-8",

@@ -18,7 +18,7 @@ def _check(cluster, nodes, gpus_per_node, model, budget_mb, traces_dir, schedule
            json_path, plot_path) -> tuple:
     """Every option checked before any work: the schedules, the numbers, the shapes, the paths."""
     from zepp.launch.checks import check_number, check_output_path, check_sim_numbers, plot_suffixes
-    from zepp.sim import bench_table as table
+    from zepp.sim import bench_jobs as jobs
     from zepp.sim.calibrate import calibrated
 
     names = csv_option("--schedules", schedules, str)
@@ -33,8 +33,8 @@ def _check(cluster, nodes, gpus_per_node, model, budget_mb, traces_dir, schedule
     if plot_path is not None:
         check_output_path(plot_path, "--plot", plot_suffixes())
     calibrated(cluster, 1, gpus_per_node=gpus_per_node)
-    table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
-    table.check_traces(traces_dir, [model], seed)
+    jobs.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
+    jobs.check_traces(traces_dir, [model], seed)
     return names
 
 

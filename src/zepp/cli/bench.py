@@ -1,8 +1,9 @@
 """``zepp bench``: the simulated MoE-layer benchmark of PAPER.md section 4.
 
-The command checks its options, builds the jobs and prints the table; the table itself
-(configurations, units of work, worker pool, rows, speedups, model error, resume) is
-``zepp.sim.bench_table``. Ctrl-C or SIGTERM ends every worker.
+The command checks its options, builds the jobs and prints the table; the table itself is
+``zepp.sim.bench_table`` (its run, JSON file and resume), ``zepp.sim.bench_jobs`` (configurations),
+``zepp.sim.bench_units`` (units of work, worker pool) and ``zepp.sim.bench_rows`` (rows,
+speedups, model error). Ctrl-C or SIGTERM ends every worker.
 """
 
 from __future__ import annotations
@@ -44,12 +45,12 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
           schedule=DEFAULT_SCHEDULE):
     """``(names shown, jobs)`` from the options, every option checked before any work."""
     from zepp.launch.checks import check_sim_numbers
-    from zepp.sim import bench_table as table
+    from zepp.sim import bench_jobs
     from zepp.sim.calibrate import calibrated
 
     check_schedule(schedule)
     check_sim_numbers(gpus_per_node=gpus_per_node, iters=iters, warmup=warmup, seed=seed)
-    d = table.SWEEPS[sweep]
+    d = bench_jobs.SWEEPS[sweep]
     nodes = csv_option("--nodes", nodes, int) or d["nodes"]
     models = csv_option("--models", models, str) or d["models"]
     budgets = csv_option("--budgets", budgets, float) or d["budgets"]
@@ -61,10 +62,10 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
     names = registry.parse_systems(systems, "sim", default_all=None) if systems else list(d["systems"])
     for c in clusters:
         calibrated(c, 1, gpus_per_node=gpus_per_node)
-    table.check_shapes(models, nodes, gpus_per_node, budgets)
-    table.check_traces(traces_dir, models, seed)
-    jobs = table.make_jobs(clusters, nodes, gpus_per_node, models, budgets, table.systems_to_run(names), iters,
-                           warmup, seed, traces_dir, schedule)
+    bench_jobs.check_shapes(models, nodes, gpus_per_node, budgets)
+    bench_jobs.check_traces(traces_dir, models, seed)
+    jobs = bench_jobs.make_jobs(clusters, nodes, gpus_per_node, models, budgets, bench_jobs.systems_to_run(names),
+                                iters, warmup, seed, traces_dir, schedule)
     return names, jobs
 
 
@@ -96,6 +97,7 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
     """Simulate Zepp and the baselines; print the table of PAPER.md section 4."""
     from zepp.launch.checks import check_number, check_output_path, plot_suffixes
     from zepp.sim import bench_table as table
+    from zepp.sim.bench_jobs import config_key
 
     if workers is not None:
         check_number("--jobs", workers, 1, 1024, integer=True)
@@ -115,8 +117,8 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
     stored = []
     if resume and json_file.is_file():
         stored = table.stored_rows(jobs, json_file)
-        keys = {table.config_key(j) for j in jobs}
-        redo = sum(table.config_key(r) in keys for r in table.load_resume(json_file)) - len(stored)
+        keys = {config_key(j) for j in jobs}
+        redo = sum(config_key(r) in keys for r in table.load_resume(json_file)) - len(stored)
         click.echo(f"--resume: {len(stored)} of {len(jobs)} configurations already in {json_file}"
                    + (f"; {redo} stored with other run settings (systems, iters, warmup, seed, traces) are "
                       f"simulated again and replaced" if redo else ""), err=True)
@@ -134,19 +136,21 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
 
 def _report(rows: list[dict], names: list[str], how: str, json_file: Path | None) -> None:
     """The table, the geomean speedup, how the rows were made and the files written."""
-    from zepp.sim import bench_table as table
+    from zepp.sim.bench_jobs import config_key
+    from zepp.sim.bench_rows import format_table, geomean, speedup
+    from zepp.sim.bench_table import detail_path
 
-    click.echo(table.format_table(rows, names))
+    click.echo(format_table(rows, names))
     for r in rows:
         if r.get("topic_mix"):
-            click.echo(f"{table.config_key(r)}: {r['topic_mix']['describe']}")
-    gm = table.geomean(table.speedup(r) for r in rows)
+            click.echo(f"{config_key(r)}: {r['topic_mix']['describe']}")
+    gm = geomean(speedup(r) for r in rows)
     if gm:
         click.echo(f"geomean speedup of zepp over the fastest simulated baseline per row: {gm:.2f}x "
                    "(Zepp's fastest zepp* system over the fastest other system of the run)")
-    gm_paper = table.geomean(table.speedup(r, paper=True) for r in rows)
+    gm_paper = geomean(speedup(r, paper=True) for r in rows)
     if gm_paper:
         click.echo(f"geomean speedup of zepp over the fastest of the paper's seven baselines per row: {gm_paper:.2f}x")
     click.echo(f"({len(rows)} configuration{'s' if len(rows) != 1 else ''}, {how})")
     if json_file is not None:
-        click.echo(f"wrote {json_file} and {table.detail_path(json_file)}")
+        click.echo(f"wrote {json_file} and {detail_path(json_file)}")

@@ -1,4 +1,4 @@
-"""``zepp timeline``: one configuration of the benchmark table (``zepp.sim.bench_table``) drawn as
+"""``zepp timeline``: one configuration of the benchmark table (``zepp.sim.bench_jobs``) drawn as
 a per-resource Gantt chart (``zepp.sim.plots.gantt``) for one or two systems and one batch."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
              out_path, schedule):
     """Draw one configuration's per-resource Gantt chart (PNG) for one system and one batch."""
     from zepp.launch.checks import check_output_path, check_sim_numbers, plot_suffixes
-    from zepp.sim import bench_table as table
+    from zepp.sim import bench_jobs as jobs
     from zepp.sim.calibrate import calibrated
     from zepp.sim.plots import gantt
     from zepp.sim.run import run_system
@@ -66,14 +66,14 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     names = _systems(system, compare)
     check_output_path(out_path, "--out", plot_suffixes())
     calibrated(cluster_name, 1, gpus_per_node=gpus_per_node)
-    table.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
-    table.check_traces(traces_dir, [model], seed)
+    jobs.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
+    jobs.check_traces(traces_dir, [model], seed)
     rk = _ranks(ranks, nodes, gpus_per_node)
     # under drift the second batch: the first whose swaps are planned from a batch of the schedule
     warmup = 2 if schedule == DEFAULT_SCHEDULE else 1
-    cfg, wl = table.make_config(table.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
-                                                iters=1, warmup=warmup, seed=seed, traces=traces_dir,
-                                                schedule=schedule)[0], with_workload=True)
+    cfg, wl = jobs.make_config(jobs.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
+                                              iters=1, warmup=warmup, seed=seed, traces=traces_dir,
+                                              schedule=schedule)[0], with_workload=True)
     drawn = []
     for name in names:
         res = run_system(name, cfg, keep_timeline=True)

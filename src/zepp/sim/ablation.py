@@ -55,10 +55,10 @@ def arm_system(arm: str) -> registry.System:
 
 
 def run_schedule(job: dict, arms=tuple(ARMS)) -> dict:
-    """Every arm on one configuration ``job`` (``zepp.sim.bench_table`` job with a schedule and
+    """Every arm on one configuration ``job`` (``zepp.sim.bench_jobs`` job with a schedule and
     ``warmup = 0``): per arm ``mean_ms``, ``median_ms``, ``iters_ms``, ``swapped_slots`` (per
     iteration); with the workload's ``topic_mix`` report and the CPU seconds it took."""
-    from zepp.sim.bench_table import make_config
+    from zepp.sim.bench_jobs import make_config
     from zepp.sim.run import Shared, run_system
 
     t0 = time.process_time()
@@ -81,7 +81,7 @@ def run_ablation(model: str = "k2", nodes: int = 4, gpus_per_node: int = 4, budg
     """The ablation table: ``{"schedules": {schedule: {arm: mean ms}}, "speedup_over_comet":
     {schedule: {arm: x}}, "detail": {schedule: run_schedule(...)}, "arms": ARMS, "config": ...}``.
     ``on_schedule(name, detail)`` is called as each schedule finishes."""
-    from zepp.sim.bench_table import make_jobs
+    from zepp.sim.bench_jobs import make_jobs
 
     table, speed, detail = {}, {}, {}
     for sched in schedules:

@@ -36,7 +36,7 @@ from zepp.planner.types import Hops
 
 def add_stage_collectives(b, d: Messages, cm: Messages, combine: Hops, tab1: np.ndarray, tab2: np.ndarray, G: int,
                           pro: np.ndarray, red: np.ndarray, row_bytes: float, n_dispatch: int, n_combine: int) -> None:
-    """Add the calls of one layer to ``b.g`` (``b``: the ``zepp.sim.layer.LayerBuilder``).
+    """Add the calls of one layer to ``b.g`` (``b``: the ``zepp.sim.layer_builder.LayerBuilder``).
 
     ``d`` / ``cm``: the dispatch / combine messages (transfers already created, not chained);
     ``combine``: the combine hops ``cm`` was built from; ``tab1 [classes, R]`` / ``tab2``: GEMM

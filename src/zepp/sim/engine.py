@@ -1,23 +1,6 @@
-"""Event-driven executor of a task graph over the resources of a GPU cluster.
-
-Resources
----------
-- per GPU ``r``: *streams* (``compute``, ``copy`` for weight copies, ``proxy`` for the host
-  proxy that issues cross-node puts, ``host`` for CPU-side work). A stream runs one task at a
-  time; among its ready tasks it runs the one with the lowest ``prio`` (ties: earliest ready,
-  then lowest id). With ``prio`` = issue order this is a CUDA stream whose kernels may be
-  issued in arrival order (what Zepp's dispatch groups do).
-- *links*: per NIC a send side and a receive side, per ordered GPU pair inside a node an NVLink
-  direction. A transfer across nodes holds ``nic_send[src]`` and ``nic_recv[dst]`` at once; a
-  transfer inside a node holds ``nvlink[src -> dst]``.
-
-Tasks
------
-- fixed-duration tasks (GEMMs, planning, barriers, proxy issue slots), optionally on a stream;
-- transfers: first a fixed per-message cost (latency, no bandwidth held), then ``bytes`` flow.
-  Concurrent transfers share links max-min fairly at flow level (progressive filling), and the
-  rates are recomputed whenever the set of flowing transfers changes. A transfer may also sit
-  on a stream (a weight copy occupies its GPU's copy stream until its last byte lands).
+"""Event-driven executor of a task graph (``zepp.sim.task_graph``) over the resources of a GPU
+cluster: per GPU its streams, which run one task at a time, and the links, which concurrent
+transfers share max-min fairly (``zepp.sim.link_sharing``).
 
 Coarsening (what keeps it fast, and why it does not change the answer)
 -----------------------------------------------------------------------
@@ -32,8 +15,8 @@ Coarsening (what keeps it fast, and why it does not change the answer)
   one event: a flow that would finish within that window is retired now and its end time is
   recorded exactly (``now + remaining / rate``); the error is that its bandwidth is released up
   to one window early, and flow starts inside the window begin with it.
-- Rates are recomputed with a vectorised progressive filling whose loop runs once per distinct
-  bottleneck level, not once per flow; with ``rate_tol`` nearly equal levels merge.
+- Rates are recomputed (``zepp.sim.link_sharing.maxmin_rates``) only when the set of flowing
+  transfers changes; with ``rate_tol`` nearly equal bottleneck levels merge.
 
 The engine is deterministic: the same graph gives bit-identical times on any machine and load.
 A graph that cannot finish (a dependency cycle) or a malformed task is a ``SimulationError``:
@@ -44,22 +27,13 @@ from __future__ import annotations
 
 import heapq
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from zepp.cluster import Cluster
-
-# task kinds (Timeline.kind holds these names)
-KINDS = ("gemm", "dispatch", "combine", "copy", "plan", "barrier", "reduce", "allgather", "proxy", "other")
-_KIND_ID = {k: i for i, k in enumerate(KINDS)}
-STREAMS = ("compute", "copy", "proxy", "host")
-_STREAM_ID = {s: i for i, s in enumerate(STREAMS)}
-
-
-class SimulationError(RuntimeError):
-    """The simulator met a graph it cannot run (a cycle, a transfer from a GPU to itself): a bug
-    in whatever built the graph, never bad user input."""
+from zepp.sim.link_sharing import Links, maxmin_rates
+from zepp.sim.task_graph import KINDS, STREAMS, SimulationError, TaskGraph
 
 
 @dataclass
@@ -93,196 +67,6 @@ class Timeline:
         """Total seconds (summed over tasks) of tasks of one kind."""
         m = np.array([k == kind for k in self.kind], bool)
         return float((self.end[m] - self.start[m]).sum())
-
-
-@dataclass
-class TaskGraph:
-    """A task graph under construction. All ``add_*`` methods take scalars or equal-length
-    arrays and return the new task ids (``int`` or ``[n]`` int64)."""
-
-    cluster: Cluster
-    _cols: dict = field(default_factory=lambda: {k: [] for k in (
-        "kind", "rank", "stream", "prio", "dur", "fixed", "bytes", "src", "dst", "label")})
-    _dep_pre: list = field(default_factory=list)
-    _dep_post: list = field(default_factory=list)
-    _n: int = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _add(self, n, **cols) -> np.ndarray:
-        ids = np.arange(self._n, self._n + n, dtype=np.int64)
-        for k, v in cols.items():
-            if k == "label":
-                self._cols[k].append(v if isinstance(v, list) else [v] * n)
-                continue
-            a = v if type(v) is np.ndarray else np.asarray(v)
-            if a.ndim == 0:
-                part = np.full(n, a, a.dtype)
-            elif a.shape == (n,):
-                part = a.copy()
-            else:
-                part = np.broadcast_to(a, (n,)).copy()
-            self._cols[k].append(part)
-        self._n += n
-        return ids
-
-    @staticmethod
-    def _len(*vals) -> tuple[int, bool]:
-        n, scalar = 1, True
-        for v in vals:
-            if np.ndim(v):
-                n, scalar = len(v), False
-        return n, scalar
-
-    def add_fixed(self, rank, duration, kind="other", stream: str | None = "compute", prio=None,
-                  label="", deps=None):
-        """Tasks that take ``duration`` seconds on ``stream`` of GPU ``rank`` (``stream=None``: a
-        pure delay that occupies nothing)."""
-        n, scalar = self._len(rank, duration)
-        ids = self._add(n, kind=_KIND_ID[kind], rank=rank,
-                        stream=-1 if stream is None else _STREAM_ID[stream],
-                        prio=np.arange(self._n, self._n + n) if prio is None else prio,
-                        dur=duration, fixed=0.0, bytes=0.0, src=-1, dst=-1, label=label)
-        if deps is not None:
-            self.after(deps, ids)
-        return int(ids[0]) if scalar else ids
-
-    def add_transfer(self, src, dst, nbytes, fixed, kind="dispatch", stream: str | None = None,
-                     label="", deps=None, prio=None):
-        """Transfers of ``nbytes`` from GPU ``src`` to GPU ``dst`` after a fixed cost ``fixed``
-        seconds. ``stream`` (for example ``"copy"``) makes it occupy that stream of ``dst``."""
-        n, scalar = self._len(src, dst, nbytes, fixed)
-        if np.any(np.asarray(src) == np.asarray(dst)):
-            raise SimulationError("a transfer needs two different GPUs (src == dst)")
-        ids = self._add(n, kind=_KIND_ID[kind], rank=dst,
-                        stream=-1 if stream is None else _STREAM_ID[stream],
-                        prio=np.arange(self._n, self._n + n) if prio is None else prio,
-                        dur=0.0, fixed=fixed, bytes=nbytes, src=src, dst=dst, label=label)
-        if deps is not None:
-            self.after(deps, ids)
-        return int(ids[0]) if scalar else ids
-
-    def after(self, pre, post) -> None:
-        """Dependencies: every task in ``post`` starts after every task in ``pre`` ends when one
-        side is a scalar or a 1-element array; otherwise element-wise pairs ``pre[i] -> post[i]``."""
-        pre = np.asarray(pre, np.int64).ravel()
-        post = np.asarray(post, np.int64).ravel()
-        if pre.size == 0 or post.size == 0:
-            return
-        if pre.size == 1 and post.size != 1:
-            pre = np.full(post.size, pre[0])
-        elif post.size == 1 and pre.size != 1:
-            post = np.full(pre.size, post[0])
-        elif pre.size != post.size:
-            raise SimulationError("after(pre, post): arrays must have equal length or one be a scalar")
-        self._dep_pre.append(pre)
-        self._dep_post.append(post)
-
-    def after_all(self, pre, post) -> None:
-        """Every task in ``post`` after every task in ``pre`` (via one zero-time join task)."""
-        pre = np.asarray(pre, np.int64).ravel()
-        post = np.asarray(post, np.int64).ravel()
-        if pre.size == 0 or post.size == 0:
-            return
-        j = self.add_fixed(0, 0.0, kind="barrier", stream=None, label="join")
-        self.after(pre, j)
-        self.after(j, post)
-
-    def columns(self) -> dict:
-        out = {}
-        for k, parts in self._cols.items():
-            if k == "label":
-                out[k] = [s for p in parts for s in p]
-            else:
-                out[k] = np.concatenate(parts) if parts else np.zeros(0)
-        return out
-
-    def deps(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self._dep_pre:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(self._dep_pre), np.concatenate(self._dep_post)
-
-
-def maxmin_rates(res_a: np.ndarray, res_b: np.ndarray, cap: np.ndarray, tol: float = 1e-9) -> np.ndarray:
-    """Max-min fair rates of flows over shared links (progressive filling).
-
-    ``res_a``/``res_b [F]``: the (at most two) links each flow holds (``res_b`` may point at a
-    dummy link of infinite capacity, the last one); no link appears in both arrays. ``cap [K]``
-    link capacities. Returns ``rate [F]``.
-
-    Each pass freezes, at once, every link whose fair share (remaining capacity / unfrozen flows)
-    is no larger than the share of any link it shares a flow with (a local minimum): such a link
-    saturates exactly at its share whatever happens elsewhere, because its neighbours' shares can
-    only grow as their other flows freeze. This gives the same rates as freezing one global
-    minimum per pass, in far fewer passes. ``tol``: links whose shares differ by less than this
-    fraction count as equal (a flow's rate is then at most ``tol`` below its exact max-min rate).
-    A link is a local minimum when no flow through it has its other link's share more than
-    ``tol`` below its own.
-    """
-    n = res_a.size
-    if n == 0:
-        return np.zeros(0)
-    k = cap.size
-    cnt = np.bincount(res_a, minlength=k) + np.bincount(res_b, minlength=k)
-    if cnt[:-1].max(initial=0) <= 1 and np.isinf(cap[-1]):
-        # no link shared (the last link is the infinite dummy): every flow runs at its slower link
-        return np.minimum(cap[res_a], cap[res_b]).astype(np.float64)
-    rate = np.zeros(n)
-    rem = cap.astype(np.float64).copy()
-    idx = np.arange(n)
-    a, b = res_a, res_b
-    share = np.empty(k)
-    grow = 1.0 + tol
-    while idx.size:
-        share.fill(np.inf)
-        np.divide(rem, cnt, out=share, where=cnt > 0)
-        hit, m = _frozen(share, a, b, grow)
-        if hit is None:
-            rate[idx] = np.inf
-            break
-        lvl = m[hit]
-        rate[idx[hit]] = lvl
-        ah, bh = a[hit], b[hit]
-        rem -= np.bincount(ah, weights=lvl, minlength=k) + np.bincount(bh, weights=lvl, minlength=k)
-        np.maximum(rem, 0.0, out=rem)
-        cnt -= np.bincount(ah, minlength=k) + np.bincount(bh, minlength=k)
-        keep = ~hit
-        idx, a, b = idx[keep], a[keep], b[keep]
-    return rate
-
-
-def _frozen(share: np.ndarray, a: np.ndarray, b: np.ndarray, grow: float) -> tuple[np.ndarray | None, np.ndarray]:
-    """One pass of ``maxmin_rates``: ``(hit [F], m [F])``, the flows that hold a local-minimum
-    link (frozen at ``m``, the smaller share of their two links); ``hit`` is ``None`` when no
-    share is finite."""
-    k = share.size
-    sa, sb = share[a], share[b]
-    m = np.minimum(sa, sb)
-    if not np.isfinite(m).any():
-        return None, m
-    a_bad = sa > sb * grow  # this flow's other link is lower: its a-link is not a local minimum
-    b_bad = sb > sa * grow
-    nonlocal_ = (np.bincount(a[a_bad], minlength=k) + np.bincount(b[b_bad], minlength=k)) > 0
-    return (~nonlocal_[a] & ~a_bad) | (~nonlocal_[b] & ~b_bad), m
-
-
-class _Links:
-    """Link indexing: ``nic_send[r] = r``, ``nic_recv[r] = R + r``,
-    ``nvlink[i -> j] = 2R + i * L + j % L`` (same node), dummy (infinite) = last."""
-
-    def __init__(self, cluster: Cluster, nic_bw: float, nvlink_bw: float):
-        R, L = cluster.ranks, cluster.gpus_per_node
-        self.R, self.L = R, L
-        self.cap = np.concatenate([np.full(2 * R, nic_bw), np.full(R * L, nvlink_bw), [np.inf]])
-        self.dummy = self.cap.size - 1
-
-    def of(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        R, L = self.R, self.L
-        cross = (src // L) != (dst // L)
-        a = np.where(cross, src, 2 * R + src * L + dst % L)
-        b = np.where(cross, R + dst, self.dummy)
-        return a.astype(np.int64), b.astype(np.int64)
 
 
 class _Flows:
@@ -344,7 +128,7 @@ class Engine:
         self.quantum, self.rel_quantum, self.rate_tol, self.labels = quantum, rel_quantum, rate_tol, labels
         self.loop = loop_kind(loop)
         cl = self.cluster
-        self.links = _Links(cl, cl.nic_bw if nic_bw is None else nic_bw, cl.nvlink_bw if nvlink_bw is None else nvlink_bw)
+        self.links = Links(cl, cl.nic_bw if nic_bw is None else nic_bw, cl.nvlink_bw if nvlink_bw is None else nvlink_bw)
         c = self.cols = graph.columns()
         self.n = n = len(graph)
         self.nbytes = c["bytes"].astype(float)

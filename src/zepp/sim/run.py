@@ -1,12 +1,14 @@
 """Simulate a system's layer, batch by batch, from its registry row and its FlowPlans.
 
 For every system the path is the same (``run_system``): the row's placement (once, from the
-history), per batch its routing and ``build_flows(routing, dispatch, combine)``, the FlowPlan
-turned into a ``LayerWork``, the row's special phases (``zepp.sim.phases``) and its adaptation
-(``zepp-swap``: intra-node swaps planned from the previous batch's slot loads, as the runtime
-does; their weight copies run this batch), the row's planning-cost model
-(``zepp.sim.planning_cost``) as the prologue, the row's mechanics (``zepp.sim.mechanics``) and
-``build_layer`` / ``simulate``. Latency = max over ranks; the result holds every timed iteration.
+history), per batch its FlowPlan from ``zepp.planner.plan_batch`` (the row's routing, through its
+routing table where the routing needs one, then its dispatch and combine flows; systems that
+share a placement and a routing share the batch's routing, ``Shared``), the FlowPlan turned into
+a ``LayerWork``, the row's special phases (``zepp.sim.phases``) and its adaptation (the rows that
+swap: intra-node swaps planned from the previous batch's slot loads, as the runtime does; their
+weight copies run this batch), the row's planning-cost model (``zepp.sim.planning_cost``) as the
+prologue, the row's mechanics (``zepp.sim.mechanics``) and ``build_layer`` / ``simulate``.
+Latency = max over ranks; the result holds every timed iteration.
 
 One FlowPlan on one cluster (``zepp plan``, ``zepp place``) is ``simulate_flowplan``: the same
 ``simulate_plan`` on the cluster preset's network (``zepp.sim.calibrate.on_network``).
@@ -32,10 +34,12 @@ from zepp.planner.types import FlowPlan, Placement
 from zepp.planner.routing import ROUTINGS, RoutingTable, build_routing_table, default_relaxation, demand_per_gpu, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
-from zepp.sim.engine import TaskGraph, Timeline, simulate
-from zepp.sim.layer import SIM_OPTS, LayerWork, build_layer, dispatch_row_bytes
+from zepp.sim.engine import Timeline, simulate
+from zepp.sim.layer import SIM_OPTS, LayerWork, build_layer
+from zepp.sim.layer_builder import dispatch_row_bytes
 from zepp.sim.mechanics import Mechanics, Net, mechanics
 from zepp.sim.planning_cost import planning_seconds
+from zepp.sim.task_graph import TaskGraph
 
 
 @dataclass

@@ -1,9 +1,10 @@
-"""The simulator's large-configuration path is exact: the block-by-block key join that lets
-16-32-node prefill layers be built (``zepp.sim.layer._join_blocked``) finds the same message
-dependencies, in the same order, as one sort of both sides (``_join_sorted``), for the hop tables
-of today's systems (DeepEP normal kernels under sglang / vllm, Zepp's variants) and the paper's
-relays, on several cluster shapes. The graph ``build_layer`` makes is therefore the same task for
-task, and so is every simulated figure; no configuration switches to an approximate path."""
+"""The integer key joins (``zepp.sim.joins``) against brute force, and the simulator's
+large-configuration path is exact: the block-by-block key join that lets 16-32-node prefill
+layers be built (``join_blocked``) finds the same message dependencies, in the same order, as
+one sort of both sides (``join_sorted``), for the hop tables of today's systems (DeepEP normal
+kernels under sglang / vllm, Zepp's variants) and the paper's relays, on several cluster
+shapes. The graph ``build_layer`` makes is therefore the same task for task, and so is every
+simulated figure; no configuration switches to an approximate path."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 
 from zepp import registry
 from zepp.planner.overlap.grouping import messages
-from zepp.sim.layer import _join, _join_blocked, _join_sorted, stage_message_pairs
 from zepp.model import model_preset
 from zepp.sim.calibrate import calibrated
+from zepp.sim.joins import join_blocked, join_keys, join_sorted, stage_message_pairs
 from zepp.sim.run import Config, Shared
 
 # systems whose dispatch or combine has more than one stage (the only phases stage_message_pairs joins)
@@ -47,8 +48,8 @@ def test_blocked_join_gives_the_same_stage_dependencies(shape):
             if not (h.stage > 0).any():
                 continue
             hop_msg = messages(h, R).hop_msg
-            exact = stage_message_pairs(h, hop_msg, R, T, join=_join_sorted)
-            for join in (partial(_join_blocked, bits=4), partial(_join_blocked, bits=9), _join):
+            exact = stage_message_pairs(h, hop_msg, R, T, join=join_sorted)
+            for join in (partial(join_blocked, bits=4), partial(join_blocked, bits=9), join_keys):
                 got = stage_message_pairs(h, hop_msg, R, T, join=join)
                 assert np.array_equal(got[0], exact[0]) and np.array_equal(got[1], exact[1]), name
             joined += exact[0].size
@@ -63,8 +64,24 @@ def test_blocked_join_with_repeated_keys_on_both_sides(seed):
     left = rng.integers(0, hi, 3000)
     right = np.concatenate([left[rng.integers(0, left.size, 2000)], rng.integers(0, hi, 500)])
     left = np.concatenate([left, left[:300]])
-    want = sorted(zip(*(a.tolist() for a in _join_sorted(left, right))))
+    want = sorted(zip(*(a.tolist() for a in join_sorted(left, right))))
     for bits in [b for b in (3, 8, 22) if hi >> b <= 1 << 14]:
-        i, j = _join_blocked(left, right, bits=bits)
+        i, j = join_blocked(left, right, bits=bits)
         assert sorted(zip(i.tolist(), j.tolist())) == want
     assert len(want) >= 2000
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_join_finds_every_pair_of_equal_keys(seed):
+    """The key join (dense table with a sorted fallback for repeated keys, or one sort of both
+    sides for wide keys) against every pair by brute force."""
+    rng = np.random.default_rng(seed)
+    hi = [50, 50, 1 << 30, 7, 200, 1 << 26][seed]
+    left = rng.integers(0, hi, int(rng.integers(0, 60)))
+    right = rng.integers(0, hi, int(rng.integers(1, 80)))
+    if seed == 4:
+        left = np.unique(left)  # distinct on the table side: the one-pass path
+    i, j = join_keys(left, right)
+    got = sorted(zip(i.tolist(), j.tolist()))
+    want = sorted((a, c) for a in range(left.size) for c in range(right.size) if left[a] == right[c])
+    assert got == want
