@@ -290,7 +290,7 @@ def _graph_parts(ids, placement, relaxation, row_bytes, repeats) -> dict:
 
 def device_main(args) -> None:
     """Device planning times (see the module docstring): eager, capture-safe eager, CUDA graph."""
-    from zepp.planner.torch import plan_batch
+    from zepp.planner import Stages, plan_batch
 
     dev = torch.device(args.device)
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -321,7 +321,7 @@ def device_main(args) -> None:
                 row = dict(model=model, nodes=nodes, mb=mb, entries=int(batch.size), device=torch.cuda.get_device_name(dev))
 
                 def eager(sync, sweeps=None):
-                    return plan_batch(ids, placement, "zepp", relaxation, "zepp", "reduce", spec.row_bytes,
+                    return plan_batch(ids, placement, Stages("zepp", "zepp", "reduce"), spec.row_bytes, relaxation,
                                       sync=sync, sweeps=sweeps)
 
                 for label, fn in (("eager_ms", lambda: eager(True)), ("capture_safe_ms", lambda: eager(False, 1))):

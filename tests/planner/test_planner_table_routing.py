@@ -8,11 +8,11 @@ import pytest
 import torch
 from hypothesis import given
 
+import zepp.planner.torch.routing.table_routing as torch_table
 from planner_cases import SETTINGS, batch_demand, random_placement, routing_case, routing_cases, skewed_batch
 from zepp.errors import ZeppInputError
 from zepp.planner.routing import ROUTINGS, build_routing_table, rank_slots, route, route_by_table
 from zepp.planner.routing.table_routing import SHARE_ONE, expected_slot_loads
-from zepp.planner.torch.table_routing import rank_slots_torch, table_tensors
 from zepp.planner.types import Placement
 
 
@@ -135,9 +135,9 @@ def test_bad_demand_is_named():
 def test_torch_lookup_equals_numpy(case):
     pl, batch, demand = _case(case)
     t = build_routing_table(pl, demand, case["relaxation"], pl.gpus_per_node)
-    tt = table_tensors(t, "cpu")
+    tt = torch_table.table_tensors(t, "cpu")
     for rank in range(pl.ranks):
-        got = rank_slots_torch(torch.as_tensor(batch[rank]), rank, tt)
+        got = torch_table.rank_slots(torch.as_tensor(batch[rank]), rank, tt)
         assert got.dtype == torch.int32
         assert (got.numpy() == rank_slots(batch[rank], rank, t)).all()
 

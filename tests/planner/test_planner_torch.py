@@ -16,23 +16,15 @@ import zepp.planner.torch as tp
 from planner_cases import ROUTING_CASE, assert_same_flows, random_placement, routing_case, skewed_batch
 from zepp.errors import ZeppInputError
 from zepp.planner import Stages, plan_batch
-from zepp.planner.flows import COMBINES, DISPATCHES, build_flows
+from zepp.planner.flows import build_flows
 from zepp.planner.routing import ROUTINGS, route
-from zepp.planner.torch.flows import TORCH_COMBINE, TORCH_DISPATCH
-from zepp.planner.torch.routing import TORCH_ROUTINGS
 from zepp.planner.types import HOP_COLUMNS
 
 COLS = tuple(HOP_COLUMNS)
+TWINNED_ROUTINGS = ROUTINGS.having("torch_twin")  # what tp.route plans (which: test_planner_torch_tree.py)
 PAIRS = (("a2av", None), ("dedup", None), ("relay", None), ("relay", "reduce"), ("relay", "reduce-direct"),
          ("zepp", None), ("zepp", "reduce-direct"), ("zepp", "dedup"), ("zepp", "a2av"), ("allgather", None))
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def test_torch_tables_cover_the_numpy_names():
-    assert TORCH_DISPATCH == tuple(DISPATCHES) and TORCH_COMBINE == tuple(COMBINES)
-    # MoonEP's planner loops over ranks on the host; SGLang's lp solves a float LP (a baseline's, numpy
-    # only); the routing tables' lookup is zepp.planner.torch.table_routing
-    assert set(TORCH_ROUTINGS) == set(ROUTINGS) - {"moonep", "lp", "zepp-table", "zepp-table-lean"}
 
 
 def assert_same_plan(ids, pl, name, relaxation, device, sync):
@@ -75,7 +67,7 @@ def make_case(case):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases, st.sampled_from(TORCH_ROUTINGS), st.booleans())
+@given(cases, st.sampled_from(TWINNED_ROUTINGS), st.booleans())
 def test_torch_planner_equals_numpy(case, name, sync):
     pl, ids = make_case(case)
     for device in DEVICES:
@@ -148,7 +140,7 @@ def test_capture_safe_mode_reads_nothing_back(monkeypatch):
 
     for meth in ("item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu"):
         monkeypatch.setattr(torch.Tensor, meth, forbidden)
-    for name in TORCH_ROUTINGS:
+    for name in TWINNED_ROUTINGS:
         r = tp.route(name, ids, pl, 0.25, sync=False)
         for dispatch, combine in PAIRS:
             tp.build_flows(r, dispatch, 8, combine)
@@ -240,7 +232,7 @@ def test_capture_safe_path_runs_on_the_meta_device():
     rng = np.random.default_rng(1)
     pl = random_placement(rng, 2, 2, 2, 2)
     ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0)).to("meta")
-    for name in TORCH_ROUTINGS:
+    for name in TWINNED_ROUTINGS:
         r = tp.route(name, ids, pl, 0.25, sync=False)
         assert r.slot.shape == ids.shape and r.slot.device.type == "meta"
         for dispatch, combine in PAIRS:

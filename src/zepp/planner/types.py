@@ -10,14 +10,14 @@ Shapes used throughout (all numpy arrays):
   ``-1`` marks a missing entry (padding: a token whose ids are all ``-1`` is absent, which is how
   ranks hold different numbers of tokens); a missing entry has slot ``-1`` and moves no row.
 
-This module owns the plan objects and proves the routing's invariants (``Routing.validate``;
-``FlowPlan.validate`` runs ``zepp.planner.validation``); ``EntryView`` is the flat, deduplicated
-view of a routing that both the flow builders (``zepp.planner.flows``) and the validation use.
+This module owns the plan objects, the replica-load bounds and the routing's invariants
+(``Routing.validate``; ``FlowPlan.validate`` runs ``zepp.planner.validation``). The flat,
+deduplicated view of a routing that the flow builders and the validation read is
+``zepp.planner.flows.entry_view.EntryView``.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -168,10 +168,11 @@ def relaxation_fraction(relaxation: float) -> tuple[int, int]:
 def expert_load_bounds(demand: np.ndarray, count: np.ndarray, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
     """Per expert, the replica-load bounds ``floor((1-C) D/c)`` (never negative) and
     ``ceil((1+C) D/c)`` of demand ``D = demand [M]`` over ``c = count [M]`` replicas (int64 each);
-    returns ``(lower [M], upper [M])``. Integer arithmetic only."""
+    returns ``(lower [M], upper [M])``. Integer arithmetic only, in operators numpy arrays and torch
+    tensors share, so the torch planner bounds its device tensors with this same function."""
     num, den = relaxation_fraction(relaxation)
     upper = -((-(den + num) * demand) // (den * count))  # ceil
-    lower = np.maximum(0, (den - num) * demand // (den * count))  # floor, never negative
+    lower = ((den - num) * demand // (den * count)).clip(min=0)  # floor, never negative
     return lower, upper
 
 
@@ -191,7 +192,7 @@ def replica_bounds(topk_ids: np.ndarray, placement: Placement, relaxation: float
 
 DISPATCH, COMBINE = 0, 1
 
-# The columns of a hop table and their dtypes (``Hops``; ``zepp.planner.torch.tables.TorchHops``
+# The columns of a hop table and their dtypes (``Hops``; ``zepp.planner.torch.types.TorchHops``
 # holds the same columns as tensors).
 HOP_COLUMNS = {"stage": np.int8, "src": np.int32, "dst": np.int32, "owner": np.int32, "token": np.int32,
                "msg": np.int32, "entry": np.int8}
@@ -305,7 +306,7 @@ HopsT = TypeVar("HopsT")
 @dataclass(frozen=True)
 class FlowPlanFields(Generic[RoutingT, HopsT]):
     """The one field list of a FlowPlan, whichever arrays hold it (``FlowPlan``: numpy;
-    ``zepp.planner.torch.tables.TorchFlowPlan``: tensors on a device).
+    ``zepp.planner.torch.types.TorchFlowPlan``: tensors on a device).
 
     ``routing`` and its ``dispatch`` / ``combine`` hop tables; ``row_bytes`` is the size of one
     row on the wire (``hidden * dtype_bytes``) in both phases; ``dispatch_transport`` /
@@ -370,103 +371,3 @@ def link_stats(hops: Hops, ranks: int, gpus_per_node: int, row_bytes: int, rows_
     msg_pair = (unique_msgs // (int(hops.msg.max(initial=0)) + 1)) % (ranks * ranks)
     messages = np.bincount(msg_pair, minlength=ranks * ranks).reshape(ranks, ranks)
     return LinkStats(nic_send, nic_recv, nvlink, messages, np.asarray(rows_computed))
-
-
-# ---------------------------------------------------------------------------------------------
-# Entry views
-
-
-class EntryView:
-    """Flat views of a routing, plus its per-token deduplications.
-
-    Entries (``[n]``, batch order, missing entries left out): ``owner``, ``token``, ``entry``,
-    ``comp``; ``n = R*T*k`` when nothing is missing.
-    Token-GPU pairs (``tc_*``, ``[P]``): distinct (token, computing rank), ordered by (owner,
-    token, rank). Token-node pairs (``tn_*``, ``[Q]``): distinct (token, computing node), ordered
-    by (owner, token, node). ``tc_pair_node [P]`` indexes the token-node pair of each token-GPU
-    pair. Dedup sorts each token's ``k`` ranks, so it is linear in the entries; the pairs are built
-    on first use (the a2av transports need none).
-    """
-
-    def __init__(self, routing: Routing):
-        p = routing.placement
-        ranks, T, k = routing.topk_ids.shape
-        self.ranks, self.T, self.k, self.L = ranks, T, k, p.gpus_per_node
-        self.N = ranks // self.L
-        comp_all = routing.compute_rank.ravel().astype(np.int32)
-        missing = comp_all < 0
-        self._valid = None if not missing.any() else np.flatnonzero(~missing)
-        self.comp = comp_all if self._valid is None else comp_all[self._valid]
-        self._comp_all = comp_all
-
-    _PAIRS = ("tc_owner", "tc_token", "tc_comp", "tn_owner", "tn_token", "tn_node", "tc_pair_node")
-
-    def __getattr__(self, name: str):
-        # the token-GPU and token-node pairs are built on first use (a2av needs none of them)
-        if name in EntryView._PAIRS:
-            self._build_pairs()
-            return self.__dict__[name]
-        raise AttributeError(f"'EntryView' object has no attribute {name!r}")
-
-    def _build_pairs(self) -> None:
-        ranks, T, k = self.ranks, self.T, self.k
-        G = ranks * T
-        comp = np.sort(self._comp_all.reshape(G, k), axis=1)  # a token's ranks, ascending (so nodes too); -1 first
-        node = comp // self.L
-        first_c = np.ones((G, k), bool)
-        first_c[:, 1:] = comp[:, 1:] != comp[:, :-1]
-        first_n = np.ones((G, k), bool)
-        first_n[:, 1:] = node[:, 1:] != node[:, :-1]
-        if self._valid is not None:  # a missing entry is no pair
-            first_c &= comp >= 0
-            first_n &= comp >= 0
-        fc, fn = first_c.ravel(), first_n.ravel()
-        tc_where, tn_where = np.flatnonzero(fc), np.flatnonzero(fn)
-        tc_g, tn_g = (tc_where // k).astype(np.int32), (tn_where // k).astype(np.int32)  # token index
-        self.tc_owner = tc_g // T
-        self.tc_token = tc_g - self.tc_owner * T
-        self.tc_comp = comp.ravel()[tc_where].astype(np.int32)
-        self.tn_owner = tn_g // T
-        self.tn_token = tn_g - self.tn_owner * T
-        self.tn_node = node.ravel()[tn_where].astype(np.int32)
-        self.tc_pair_node = (np.cumsum(fn) - 1)[fc]
-
-    # Per-entry views, built only where needed (a2av and validation).
-    def _keep(self, a: np.ndarray) -> np.ndarray:
-        return a if self._valid is None else a[self._valid]
-
-    @functools.cached_property
-    def owner(self) -> np.ndarray:
-        return self._keep(np.repeat(np.arange(self.ranks, dtype=np.int32), self.T * self.k))
-
-    @functools.cached_property
-    def token(self) -> np.ndarray:
-        return self._keep(np.tile(np.repeat(np.arange(self.T, dtype=np.int32), self.k), self.ranks))
-
-    @functools.cached_property
-    def entry(self) -> np.ndarray:
-        return self._keep(np.tile(np.arange(self.k, dtype=np.int8), self.ranks * self.T))
-
-    @functools.cached_property
-    def _pair_remote(self) -> np.ndarray:
-        return self.tc_comp // self.L != self.tc_owner // self.L
-
-    def same_node_pairs(self) -> np.ndarray:
-        """Mask of token-GPU pairs on the owner's node but not the owner itself."""
-        return ~self._pair_remote & (self.tc_comp != self.tc_owner)
-
-    def remote_pairs(self) -> np.ndarray:
-        """Mask of token-GPU pairs on another node."""
-        return self._pair_remote
-
-def nic_split(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The NIC-balanced minimal-move split of node-to-node streams.
-
-    ``volume [P, L]``: union rows of each stream from each local GPU. Returns ``cap [P, L]``
-    (rows NIC ``i`` carries: ``floor(V/L) + [i < V mod L]``) and ``kept [P, L]`` (rows GPU
-    ``i`` sends through its own NIC, ``min(V_i, cap_i)``); the excess moves to GPUs under cap.
-    """
-    P, L = volume.shape
-    total = volume.sum(1, keepdims=True)
-    cap = total // L + (np.arange(L)[None, :] < total % L)
-    return cap, np.minimum(volume, cap)

@@ -10,8 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from zepp.planner.flows import COMBINES, DISPATCHES
-from zepp.planner.types import COMBINE, DISPATCH, EntryView, FlowPlan, Hops, PlanInvariantError, nic_split
+from zepp.planner.flows import COMBINES, DISPATCHES, nic_split
+from zepp.planner.flows.entry_view import EntryView
+from zepp.planner.types import COMBINE, DISPATCH, FlowPlan, Hops, PlanInvariantError
 
 
 def validate_flow_plan(plan: FlowPlan) -> None:

@@ -2,11 +2,13 @@
 
 ``DISPATCHES`` and ``COMBINES`` below hold one record per transport (function, one-line meaning,
 flags: ``zepp.planner.choices``; the registry's and ``zepp systems``' tables; a dispatch names its
-natural combine); ``build_flows`` builds a pair by name. ``direct_flows`` holds the
+natural combine); ``build_flows`` builds a pair by name from the routing's ``EntryView``
+(``entry_view``: its entries and their per-token deduplications). ``direct_flows`` holds the
 one-stage transports (``a2av``, ``dedup``, ``allgather``), ``gateway_flows`` the ones through a
 gateway GPU of each destination node (dispatch ``relay``, ``zepp``; combine ``reduce``,
-``reduce-direct``); ``call_scopes`` says which process group carries each collective call of a
-plan (the rail-aligned hierarchy both executors follow). See ``zepp.planner.types.Hops`` for what a hop means and the stage rules.
+``reduce-direct``) and ``nic_split``, the zepp dispatch's NIC balance; ``call_scopes`` says
+which process group carries each collective call of a plan (the rail-aligned hierarchy both
+executors follow). See ``zepp.planner.types.Hops`` for what a hop means and the stage rules.
 
 Missing entries (id ``-1``, slot ``-1``) move nothing. Everything is vectorised numpy over rows.
 """
@@ -19,9 +21,10 @@ from zepp.errors import ZeppInputError
 from zepp.planner.choices import Choice, ChoiceTable
 from zepp.planner.flows.direct_flows import (a2av_combine, a2av_dispatch, allgather_dispatch, dedup_combine,
                                              dedup_dispatch)
-from zepp.planner.flows.gateway_flows import (reduce_combine, reduce_direct_combine, relay_dispatch,
+from zepp.planner.flows.entry_view import EntryView
+from zepp.planner.flows.gateway_flows import (nic_split, reduce_combine, reduce_direct_combine, relay_dispatch,
                                               zepp_dispatch)
-from zepp.planner.types import EntryView, FlowPlan, Hops, Routing, nic_split
+from zepp.planner.types import FlowPlan, Hops, Routing
 
 __all__ = ["build_flows", "check_transports", "transport_pairs", "nic_split", "DISPATCHES", "COMBINES",
            "DispatchChoice", "CombineChoice"]

@@ -13,7 +13,8 @@ combine builders take ``(x, remote_rows)``; ``coalesce`` and ``remote_rows`` are
 
 from __future__ import annotations
 
-from zepp.planner.types import EntryView, Hops
+from zepp.planner.flows.entry_view import EntryView
+from zepp.planner.types import Hops
 
 
 def a2av_dispatch(x: EntryView, coalesce: bool) -> tuple[Hops, None]:

@@ -21,7 +21,8 @@ Combine (needs a gatewayed dispatch):
   stage fewer; the sending NICs stay balanced, the receiving NIC is the owner's.
 
 Dispatch builders take ``(x: EntryView, coalesce)`` and return ``(Hops, RemoteRows)``; combine
-builders take ``(x, RemoteRows)``.
+builders take ``(x, RemoteRows)``. ``nic_split`` is the zepp dispatch's split rule (the validation
+checks the caps with it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.planner.routing import position_in_group
-from zepp.planner.types import EntryView, Hops, nic_split
+from zepp.planner.flows.entry_view import EntryView
+from zepp.planner.types import Hops
 
 
 @dataclass
@@ -84,6 +86,19 @@ def reduce_direct_combine(x: EntryView, rr: RemoteRows) -> Hops:
 
 
 # --------------------------------------------------------------------------- union rows
+
+
+def nic_split(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The NIC-balanced minimal-move split of node-to-node streams.
+
+    ``volume [P, L]``: union rows of each stream from each local GPU. Returns ``cap [P, L]``
+    (rows NIC ``i`` carries: ``floor(V/L) + [i < V mod L]``) and ``kept [P, L]`` (rows GPU
+    ``i`` sends through its own NIC, ``min(V_i, cap_i)``); the excess moves to GPUs under cap.
+    """
+    P, L = volume.shape
+    total = volume.sum(1, keepdims=True)
+    cap = total // L + (np.arange(L)[None, :] < total % L)
+    return cap, np.minimum(volume, cap)
 
 
 def _remote_union(x: EntryView):

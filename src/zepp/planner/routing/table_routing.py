@@ -18,7 +18,7 @@ where ``u = entry_hash((rank * T + t) * k + j) >> 15`` (in ``[0, 65536)``, the s
 as ``base_routing.entry_hash``): a gather and a compare per entry, on the device, with no
 exchange of ids and no per-batch water-fill. Every rank computes the same slots
 (``route_by_table`` for all ranks equals ``rank_slots`` of each rank alone); the torch twin is
-``zepp.planner.torch.table_routing``. A batch's actual loads scatter around the expected ones,
+``zepp.planner.torch.routing.table_routing``. A batch's actual loads scatter around the expected ones,
 so its ``Routing`` carries no relaxation (the bounds hold in expectation, not per batch).
 """
 

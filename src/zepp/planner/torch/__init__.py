@@ -3,6 +3,16 @@
 ``route`` and ``build_flows`` here are the torch twins of ``zepp.planner.routing.route`` and
 ``zepp.planner.flows.build_flows`` (the ids a tensor on any device); callers plan a batch through
 ``zepp.planner.plan_batch`` with ``backend="torch"`` (or a tensor of ids), which calls them.
+
+The package mirrors the numpy planner file for file and name for name: ``types`` (``TorchRouting``,
+``TorchHops``, ``TorchFlowPlan``), ``routing/`` (``base_routing``, ``simple_routing``,
+``zepp_routing``, ``zepp_vacate``, ``table_routing``) and ``flows/`` (``entry_view``,
+``direct_flows``, ``gateway_flows``); the twin of ``zepp.planner.X.Y.f`` is
+``zepp.planner.torch.X.Y.f`` (``zepp.planner.choices.Choice.twin``, which ``route`` and
+``build_flows`` use). Torch-only helpers: ``_ops`` (tensor building blocks),
+``routing/device_placement`` (a placement's device tables) and ``flows/hop_parts`` (filling a
+fixed-capacity hop table).
+
 The outputs equal the numpy planner's element for element (``tests/planner/test_planner_torch.py``):
 ``slot [R, T, k]`` and every column of both hop tables, in the same order and dtypes.
 
@@ -31,10 +41,9 @@ with a few host reads (free on the CPU, tens of microseconds each on a GPU).
 
 from __future__ import annotations
 
-from zepp.planner.torch.api import as_device_ids, route_to_torch
 from zepp.planner.torch.flows import build_flows
-from zepp.planner.torch.routing import DevicePlacement, device_placement, entry_hash, route
-from zepp.planner.torch.tables import IncompletePlan, TorchFlowPlan, TorchHops, TorchRouting
+from zepp.planner.torch.routing import DevicePlacement, as_device_ids, device_placement, entry_hash, route
+from zepp.planner.torch.types import IncompletePlan, TorchFlowPlan, TorchHops, TorchRouting, route_to_torch
 
 __all__ = ["route", "build_flows", "as_device_ids", "route_to_torch", "IncompletePlan", "TorchRouting", "TorchHops",
            "TorchFlowPlan", "DevicePlacement", "device_placement", "entry_hash"]

@@ -1,4 +1,5 @@
-"""Small tensor building blocks of the device planner: fixed shapes, integer arithmetic, no host reads.
+"""Small tensor building blocks of the device planner: fixed shapes, integer arithmetic, no host reads
+(torch-only helpers; the numpy planner's are numpy calls).
 
 Every function here takes and returns tensors on one device and never reads a value back to
 the host, so a sequence of them can be captured in a CUDA graph for fixed input shapes.
@@ -25,21 +26,6 @@ def counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     out = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
     out.scatter_add_(0, key, torch.ones_like(key))
     return out[:num_keys]
-
-
-def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """For each element of ``key [n]`` (int64 in ``[0, num_keys]``), how many earlier elements
-    share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions are
-    meaningless). The torch twin of ``zepp.planner.routing.position_in_group`` (a stable sort)."""
-    n = key.shape[0]
-    order = sort_order(key, num_keys)
-    sorted_key = key[order]
-    c = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
-    c.scatter_add_(0, key, torch.ones_like(key))
-    starts = torch.cumsum(c, 0) - c
-    pos = torch.empty_like(key)
-    pos[order] = arange(n, key.device) - starts[sorted_key]
-    return pos
 
 
 def sort_order(key: torch.Tensor, num_keys: int) -> torch.Tensor:

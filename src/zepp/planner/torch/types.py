@@ -1,11 +1,13 @@
-"""The device planner's plan objects: routings and hop tables as tensors.
+"""The device planner's plan objects: routings and hop tables as tensors (the torch twins of
+``zepp.planner.types``' ``Routing``, ``Hops`` and ``FlowPlan``).
 
 A hop table's length depends on the data, so on the device it lives in a *fixed-capacity*
 buffer: every column ``[capacity]`` with the first ``count`` elements valid (``count`` is a 0-d
 int64 tensor on the same device) and the rest zero. The capacity is known from the batch shape
 alone (``R*T*k`` per hop group), so building a table never reads a value back to the host.
 ``to_numpy()`` turns it into the numpy planner's ``zepp.planner.types.Hops`` with exactly one host read
-(the count) plus the copy.
+(the count) plus the copy. The replica-load bounds are ``zepp.planner.types.expert_load_bounds``
+itself (its operators hold for tensors). ``zepp.planner.torch.flows.hop_parts`` fills the tables.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class IncompletePlan(PlanInvariantError):
 
 _COLS = tuple(HOP_COLUMNS)
 _NP_DTYPES = HOP_COLUMNS
-_T_DTYPES = {c: {np.int8: torch.int8, np.int32: torch.int32}[dtype] for c, dtype in HOP_COLUMNS.items()}
+# ``HOP_COLUMNS`` with torch dtypes: ``{column: dtype}``
+HOP_TENSOR_DTYPES = {c: {np.int8: torch.int8, np.int32: torch.int32}[dtype] for c, dtype in HOP_COLUMNS.items()}
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,13 @@ class TorchRouting:
             raise IncompletePlan(f"water-fill left {unplaced} entries unplaced (too few sweeps); re-plan")
         return Routing(self.topk_ids.cpu().numpy().astype(np.int32), self.slot.cpu().numpy().astype(np.int32),
                        self.placement, relaxation=self.relaxation)
+
+
+def route_to_torch(routing: Routing, device=None) -> TorchRouting:
+    """A numpy ``Routing`` as a ``TorchRouting`` on ``device`` (a copy)."""
+    return TorchRouting(torch.as_tensor(routing.topk_ids, device=device),
+                        torch.as_tensor(routing.slot.astype(np.int32), device=device),
+                        routing.placement, routing.relaxation)
 
 
 @dataclass(frozen=True)
@@ -92,92 +102,6 @@ class TorchHops:
         """``{column: tensor [count]}`` on the device (one host read: the count)."""
         n = int(self.count)
         return {c: getattr(self, c)[:n] for c in _COLS}
-
-
-class _Kept:
-    """The kept rows of a 2-D mask ``[A, B]`` (row-major): gathers a column broadcastable to
-    the mask (``[A, B]``, ``[A, 1]``, ``[1, B]`` or ``[B]``) at them without materialising the
-    broadcast (row and column indices computed once per mask)."""
-
-    def __init__(self, mask: torch.Tensor):
-        self.shape = mask.shape
-        self.flat = torch.nonzero(mask.reshape(-1))[:, 0]
-        self._rc = None
-
-    def take(self, v: torch.Tensor) -> torch.Tensor:
-        A, B = self.shape
-        if v.dim() == 1:
-            v = v.reshape(1, -1)
-        if tuple(v.shape) == (A, B):
-            return v.reshape(-1)[self.flat]
-        if self._rc is None:
-            self._rc = (self.flat // B, self.flat % B)
-        rows, cols = self._rc
-        if v.shape[0] == 1 and v.shape[1] == 1:
-            return v.reshape(1).expand(self.flat.shape[0])
-        return v.reshape(-1)[rows] if v.shape[1] == 1 else v.reshape(-1)[cols]
-
-
-class HopParts:
-    """Collects hop groups as masked candidate lists and packs them into one ``TorchHops``.
-
-    ``add(mask, stage, src, dst, owner, token, msg=0, entry=-1)``: the candidates of one group
-    in table order (tensors broadcastable to ``mask``'s shape, or Python ints); the kept ones are
-    those where ``mask`` is True. ``pack(exact)`` concatenates the groups in the order added:
-
-    - ``exact=False``: into a fixed-capacity buffer (capacity = all candidates), kept rows
-      compacted to the front by a prefix sum and a scatter; no host read (capturable).
-    - ``exact=True``: only the kept rows (``nonzero``, whose output size is read on the
-      host), so ``capacity == count``; for CPU tensors, where that read is free and the smaller
-      tables are faster.
-    """
-
-    def __init__(self, device):
-        self.device = device
-        self.groups: list[tuple[torch.Tensor, tuple]] = []
-
-    def add(self, mask, stage, src, dst, owner, token, msg=0, entry=-1) -> None:
-        self.groups.append((mask, (stage, src, dst, owner, token, msg, entry)))
-
-    def _col(self, v, shape, c) -> torch.Tensor:
-        if isinstance(v, torch.Tensor):
-            return v.to(_T_DTYPES[c]).expand(shape)
-        return torch.full((1,) * len(shape), int(v), dtype=_T_DTYPES[c], device=self.device).expand(shape)
-
-    def pack(self, exact: bool = False) -> TorchHops:
-        dev = self.device
-        if exact:
-            out = {c: [] for c in _COLS}
-            for mask, vals in self.groups:
-                kept = _Kept(mask)
-                for c, v in zip(_COLS, vals):
-                    if isinstance(v, torch.Tensor):
-                        out[c].append(kept.take(v).to(_T_DTYPES[c]))
-                    else:
-                        out[c].append(torch.full(kept.flat.shape, int(v), dtype=_T_DTYPES[c], device=dev))
-            cols = {c: (torch.cat(v) if v else torch.zeros(0, dtype=_T_DTYPES[c], device=dev)) for c, v in out.items()}
-            n = cols["src"].shape[0]
-            return TorchHops(**cols, count=torch.tensor(n, dtype=torch.int64, device=dev))
-        cap = sum(m.numel() for m, _ in self.groups)
-        buf = torch.zeros(len(_COLS), cap + 1, dtype=torch.int32, device=dev)  # all columns, one scatter per group
-        offset = torch.zeros((), dtype=torch.int64, device=dev)
-        for mask, vals in self.groups:
-            m = mask.reshape(-1)
-            n = m.shape[0]
-            within = torch.cumsum(m, 0, dtype=torch.int64)
-            dest = torch.where(m, offset + within - 1, cap)
-            if n:
-                offset = offset + within[-1]
-            cols = torch.stack([self._i32(v, mask.shape) for v in vals]).reshape(len(_COLS), n)  # [7, n]
-            buf.scatter_(1, dest.expand(len(_COLS), n), cols)
-        out = {c: (buf[i, :cap] if _T_DTYPES[c] == torch.int32 else buf[i, :cap].to(_T_DTYPES[c]))
-               for i, c in enumerate(_COLS)}
-        return TorchHops(**out, count=offset)
-
-    def _i32(self, v, shape) -> torch.Tensor:
-        if isinstance(v, torch.Tensor):
-            return (v if v.dtype == torch.int32 else v.to(torch.int32)).expand(shape)
-        return torch.full((1,) * len(shape), int(v), dtype=torch.int32, device=self.device).expand(shape)
 
 
 @dataclass(frozen=True)

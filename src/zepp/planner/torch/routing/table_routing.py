@@ -1,7 +1,9 @@
-"""``zepp-table`` in torch: what one rank computes alone at run time, on the device.
+"""``zepp-table`` in torch: what one rank computes alone at run time, on the device (the twin of
+``zepp.planner.routing.table_routing``'s lookup; the table itself is built with numpy, once per
+placement).
 
 ``table_tensors(table, device)`` copies a ``zepp.planner.routing.RoutingTable``'s ``choices`` and
-``shares [G, E, m]`` to ``device`` once per placement. ``rank_slots_torch(ids [T, k], rank,
+``shares [G, E, m]`` to ``device`` once per placement. ``rank_slots(ids [T, k], rank,
 tables)`` is ``zepp.planner.routing.rank_slots`` as tensor operations of fixed shapes: a gather
 of the rank's rows, the integer entry hash, a compare against the cumulative shares and a
 gather of the pick. No host read (it can be captured in a CUDA graph), and the result equals
@@ -16,7 +18,7 @@ import torch
 
 from zepp.planner.routing.table_routing import HASH_SHIFT, RoutingTable
 from zepp.planner.torch._ops import I64
-from zepp.planner.torch.routing import entry_hash
+from zepp.planner.torch.routing.base_routing import entry_hash
 
 
 class TableTensors(NamedTuple):
@@ -32,7 +34,7 @@ def table_tensors(table: RoutingTable, device) -> TableTensors:
                         torch.as_tensor(table.shares, dtype=I64, device=device))
 
 
-def rank_slots_torch(ids: torch.Tensor, rank: int, tables: TableTensors) -> torch.Tensor:
+def rank_slots(ids: torch.Tensor, rank: int, tables: TableTensors) -> torch.Tensor:
     """Slots ``[T, k]`` int32 of rank ``rank``'s entries ``ids [T, k]`` (integer tensor on the
     tables' device; ``-1`` ids give ``-1``)."""
     T, k = ids.shape

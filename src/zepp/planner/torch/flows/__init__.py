@@ -1,0 +1,50 @@
+"""Flows in torch: the numpy planner's hop tables (``zepp.planner.flows.build_flows``), element for element.
+
+The tree mirrors the numpy one module for module and name for name: ``entry_view`` (the routing
+as fixed grids: ``EntryView``), ``direct_flows`` (``a2av``, ``dedup``, ``allgather``),
+``gateway_flows`` (``relay``, ``zepp``, ``reduce``, ``reduce-direct``, ``nic_split``);
+``hop_parts`` (torch only) fills a hop table. ``build_flows`` runs a pair by name: the numpy
+records' ``twin()`` (``zepp.planner.choices``), so there is no second table of names; a transport
+whose record has no torch twin is refused.
+
+``HopParts.pack`` concatenates a phase's hop groups in the numpy planner's order and compacts
+the kept rows to the front of a fixed-capacity buffer (a prefix sum and a scatter), so a whole
+phase is built without any value read back to the host; only the row count of each table is
+data-dependent (``TorchHops.count``, a device scalar).
+"""
+
+from __future__ import annotations
+
+from zepp.errors import ZeppInputError
+from zepp.planner.flows import COMBINES, DISPATCHES
+from zepp.planner.flows import check_transports as numpy_check_transports
+from zepp.planner.torch.flows.entry_view import EntryView
+from zepp.planner.torch.routing.base_routing import default_sync
+from zepp.planner.torch.types import TorchFlowPlan, TorchRouting
+
+__all__ = ["build_flows", "check_transports"]
+
+
+def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
+    """Validate a (dispatch, combine) pair as ``zepp.planner.flows`` does; ``None`` takes the natural
+    combine; refuse a transport whose record has no torch twin."""
+    dispatch, combine = numpy_check_transports(dispatch, combine)
+    if not (DISPATCHES[dispatch].torch_twin and COMBINES[combine].torch_twin):
+        raise ZeppInputError(f"transport {dispatch}/{combine} has no torch planner; the torch planner has "
+                             f"dispatch {', '.join(DISPATCHES.having('torch_twin'))} and combine "
+                             f"{', '.join(COMBINES.having('torch_twin'))} (use the numpy planner)")
+    return dispatch, combine
+
+
+def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: str | None = None,
+                coalesce: bool = True, *, sync: bool | None = None) -> TorchFlowPlan:
+    """The device FlowPlan of ``routing`` (see ``zepp.planner.flows.build_flows``), equal after
+    ``to_numpy()`` to the numpy planner's. ``sync=False`` (default while a CUDA graph is being
+    captured): hop tables in fixed-capacity buffers, no host read (capturable); ``sync=True``: tables
+    of exactly ``count`` rows (``nonzero``; its output size is a host read)."""
+    dispatch, combine = check_transports(dispatch, combine)
+    exact = default_sync(routing.slot) if sync is None else bool(sync)
+    x = EntryView(routing)
+    d, remote_rows = DISPATCHES[dispatch].twin()(x, coalesce)
+    c = COMBINES[combine].twin()(x, remote_rows)
+    return TorchFlowPlan(routing, d.pack(exact), c.pack(exact), x.L, int(row_bytes), dispatch, combine)
