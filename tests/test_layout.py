@@ -128,6 +128,64 @@ def test_no_function_over_80_lines():
     assert not long, "functions over 80 lines: " + "; ".join(long)
 
 
+# The executors sit below the launchers: ``zepp.runtime`` and ``zepp.serve`` import nothing of
+# ``zepp.launch``, ``zepp.emulate`` or ``zepp.cli`` (lazy imports included), so a normal run's ranks
+# load no emulated-cluster code; ``zepp.serve`` uses ``zepp.runtime``, never the simulator. The
+# launchers name the module their ranks run; ``zepp.emulate`` wraps the ranks (``worker_rank``,
+# ``serve_rank``) instead of the ranks reaching for it.
+EXECUTOR_FORBIDDEN = {"runtime": {"launch", "emulate", "cli"}, "serve": {"launch", "emulate", "cli", "sim"}}
+# the rank entry points (``python -m ...``), and module names that are gone
+RANK_ENTRY_POINTS = ("zepp.runtime.worker", "zepp.serve.rank", "zepp.emulate.worker_rank", "zepp.emulate.serve_rank",
+                     "zepp.emulate.call_rank", "zepp.emulate.a2a_jobs")
+GONE_MODULE_NAMES = ("zepp.emulate.rankrun", "zepp.emulate.rankmain", "zepp.emulate.jobs", "zepp.emulate.runner",
+                     "zepp.serve.blocks", "zepp.launch.generate")
+
+
+@pytest.mark.parametrize("package", sorted(EXECUTOR_FORBIDDEN))
+def test_executors_import_no_launcher(package):
+    files = sorted((SRC / package).rglob("*.py"))
+    assert files, f"no sources under {SRC / package}"
+    bad = [f"{p.relative_to(SRC)} imports zepp.{unit}" for p in files
+           for unit in sorted(_imported_units(ast.parse(p.read_text())) & EXECUTOR_FORBIDDEN[package])]
+    assert not bad, bad
+
+
+def _named_modules() -> dict[str, str]:
+    """Every string constant of ``src/zepp`` that names a zepp module (``zepp.a.b``) or a function
+    in one (``zepp.a.b:f``, as ``EmulatedCluster.call`` takes), with the file that names it."""
+    import re
+
+    named = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.fullmatch(r"zepp(\.\w+)+(:\w+)?", node.value):
+                named[node.value] = str(path.relative_to(SRC))
+    return named
+
+
+def test_string_module_names_point_at_modules_that_exist():
+    """Rank entry points and ``module:function`` targets are named by strings: each resolves to a
+    file (a package's ``__init__`` or a module) and, with ``:function``, to a function defined there."""
+    named = _named_modules()
+    missing = set(RANK_ENTRY_POINTS) - {n.partition(":")[0] for n in named}
+    assert not missing, f"rank entry points no launcher names: {sorted(missing)}"
+    bad = []
+    for name, where in sorted(named.items()):
+        mod, _, func = name.partition(":")
+        base = SRC.parent / mod.replace(".", "/")
+        path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if not path.is_file():
+            bad.append(f"{where}: {name} (no module)")
+        elif func and func not in {n.name for n in ast.walk(ast.parse(path.read_text()))
+                                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
+            bad.append(f"{where}: {name} (no function {func})")
+    assert not bad, bad
+    texts = "".join(p.read_text() for p in _sources())
+    for old in GONE_MODULE_NAMES:
+        assert old not in texts, f"{old} is still named somewhere in src/zepp"
+
+
 @pytest.mark.parametrize("module", ["zepp.runtime", "zepp.serve", "zepp.runtime.worker", "zepp.runtime.moe",
                                     "zepp.serve.rank", "zepp.serve.engine"])
 def test_executors_load_nothing_of_emulate(module):

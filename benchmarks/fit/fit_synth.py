@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 from paths import DATA, RESULTS, ROOT, add_traces_option, find_traces  # noqa: E402
 
 from zepp.model import model_preset  # noqa: E402
-from zepp.traces.synthetic import fit_synth, save_params, synthetic_traces, trace_statistics  # noqa: E402
+from zepp.traces.synthetic import save_params, synthetic_traces  # noqa: E402
+from zepp.traces.synthetic_fit import fit_synth  # noqa: E402
+from zepp.traces.trace_stats import trace_statistics  # noqa: E402
 from zepp.traces import load_model_traces  # noqa: E402
 
 

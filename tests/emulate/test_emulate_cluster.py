@@ -16,13 +16,13 @@ import time
 
 import pytest
 
+from zepp.emulate import host_check
 from zepp.emulate import inventory as inv
-from zepp.emulate import topology as nx
 from zepp.emulate.topology import EmulatedCluster
 from zepp.errors import EmulationUnavailable
 from procs import alive as _alive
 
-OK, REASON = nx.availability()
+OK, REASON = host_check.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
 pytestmark = pytest.mark.netns
 
@@ -35,13 +35,13 @@ def _default_sigint() -> None:
 
 
 def test_unavailable_is_one_clear_message(monkeypatch):
-    monkeypatch.setattr(nx, "_AVAILABLE", None)
-    monkeypatch.setattr(nx.os, "geteuid", lambda: 1000)
-    ok, reason = nx.availability()
+    monkeypatch.setattr(host_check, "_AVAILABLE", None)
+    monkeypatch.setattr(host_check.os, "geteuid", lambda: 1000)
+    ok, reason = host_check.availability()
     assert not ok and "root" in reason
     with pytest.raises(EmulationUnavailable, match="root"):
         EmulatedCluster(2, 2, prefix="zx").up()
-    monkeypatch.setattr(nx, "_AVAILABLE", None)  # don't leave the fake answer cached
+    monkeypatch.setattr(host_check, "_AVAILABLE", None)  # don't leave the fake answer cached
 
 
 def test_bad_shape_is_input_error():

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from zepp.emulate import inventory as inv
-from zepp.emulate import topology as nx
+from zepp.emulate import host_check
 from procs import alive as _alive
 
-OK, REASON = nx.availability()
+OK, REASON = host_check.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
 pytestmark = pytest.mark.netns
 
@@ -102,7 +102,7 @@ def test_emulate_without_netns_is_one_clear_message(monkeypatch, capfd, command)
     """Checked with the options, before any rank starts (``generate``: before the checkpoint is read)."""
     from zepp.cli import main as zepp_main
 
-    monkeypatch.setattr(nx, "_AVAILABLE", (False, "the emulated cluster needs root (network namespaces, veth, tc); "
+    monkeypatch.setattr(host_check, "_AVAILABLE", (False, "the emulated cluster needs root (network namespaces, veth, tc); "
                                                   "run as root"))
     args = SMALL if command == "run" else ["--checkpoint", "/nonexistent-zepp-checkpoint", "--input-ids", "x.json"]
     with pytest.raises(SystemExit) as info:

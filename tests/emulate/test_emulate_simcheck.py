@@ -14,7 +14,7 @@ from zepp.errors import ZeppInputError
 from zepp.planner.overlap.grouping import arrival_stage
 from zepp.registry import system
 from zepp.planner.flows.call_scopes import NODE, RAIL, WORLD
-from zepp.runtime.dispatcher import plan_scopes
+from zepp.runtime.collectives import plan_scopes
 from zepp.runtime.program import compile_rank
 from zepp.runtime.worker import default_config
 from zepp.sim.engine import simulate

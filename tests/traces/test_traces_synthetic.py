@@ -11,9 +11,10 @@ from zepp.errors import ZeppInputError
 from zepp.model import PRESET_NAMES, model_preset
 from zepp.traces import Trace, load_model_traces
 from zepp.traces.synthetic import (
-    PROFILES, SynthParams, default_profile, distinct_nodes, fit_synth, load_params, merge_saving, pair_concentration,
-    popularity_tv, sample_window, synthetic_history, synthetic_traces, trace_statistics,
+    PROFILES, SynthParams, default_profile, load_params, sample_window, synthetic_history, synthetic_traces,
 )
+from zepp.traces.synthetic_fit import fit_synth
+from zepp.traces.trace_stats import distinct_nodes, merge_saving, pair_concentration, popularity_tv, trace_statistics
 
 from shared_traces import TRACES, needs_traces  # noqa: E402
 

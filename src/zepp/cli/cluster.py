@@ -17,14 +17,9 @@ import click
 
 import zepp.emulate.inventory as inventory
 import zepp.emulate.ownership as ownership
-from zepp.emulate.topology import (
-    DEFAULT_NIC_MTU,
-    DEFAULT_NVLINK_MTU,
-    DEFAULT_PREFIX,
-    DEFAULT_RATE_MBIT,
-    EmulatedCluster,
-    availability,
-)
+from zepp.emulate.host_check import availability
+from zepp.emulate.links import DEFAULT_NIC_MTU, DEFAULT_NVLINK_MTU, DEFAULT_RATE_MBIT
+from zepp.emulate.topology import DEFAULT_PREFIX, EmulatedCluster
 from zepp.errors import EmulationError, EmulationUnavailable, RankFailure
 
 _prefix_opt = click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,

@@ -200,7 +200,7 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     """Plan batches with each system and print per-link bytes, planning time and the simulated
     layer time on the chosen cluster."""
     from zepp.cluster import load_cluster_file
-    from zepp.launch.checks import check_number, check_output_folder, check_output_path, check_sim_numbers
+    from zepp.launch.checks import check_sim_numbers
 
     check_schedule(schedule)
     check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, iters=iters, seed=seed)
@@ -208,15 +208,7 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     cluster = load_cluster_file(cluster_file, nodes, gpus_per_node, default_nodes=DEFAULT_NODES) if cluster_file \
         else cluster_preset(cluster_name, DEFAULT_NODES if nodes is None else nodes, gpus_per_node)
     nodes, gpus_per_node = cluster.nodes, cluster.gpus_per_node
-    if relaxation is not None:
-        check_number("--relaxation", relaxation, 0, 1000)
-    if not 0 <= extra <= spec.num_experts:
-        raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
-                             f"got {extra}")
-    if json_path is not None:
-        check_output_path(json_path, "--json")
-    if dump is not None:
-        check_output_folder(dump, "--dump")
+    _check_outputs(spec, relaxation, extra, json_path, dump)
     names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
@@ -247,3 +239,18 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
         click.echo(f"wrote {json_path}")
     if dump:
         click.echo(f"wrote {len(names) * iters} plans to {dump}/")
+
+
+def _check_outputs(spec: MoESpec, relaxation: float | None, extra: int, json_path, dump) -> None:
+    """``--relaxation``, ``--extra`` and the output paths, before anything is planned."""
+    from zepp.launch.checks import check_number, check_output_folder, check_output_path
+
+    if relaxation is not None:
+        check_number("--relaxation", relaxation, 0, 1000)
+    if not 0 <= extra <= spec.num_experts:
+        raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
+                             f"got {extra}")
+    if json_path is not None:
+        check_output_path(json_path, "--json")
+    if dump is not None:
+        check_output_folder(dump, "--dump")

@@ -2,7 +2,9 @@
 
 Modules, by what they own:
 
-- ``topology``: ``EmulatedCluster`` (namespaces, links, shaping, faults, running ranks in it);
+- ``topology``: ``EmulatedCluster`` (its names, up and down, counters, faults, running ranks in it);
+  ``links``: its namespaces, links, routes and shaping; ``host_check``: whether this machine can
+  build one; ``exit_teardown``: a run's clusters removed at exit and on SIGTERM;
 - ``inventory``: what exists for a prefix (``status``), removing it (``down``), ``attach``;
 - ``ownership``: the marks and records that say which namespaces are zepp's and whose;
 - ``counters``: the links' byte counters;
@@ -24,7 +26,9 @@ Processes, temp folders and the watchdog that cleans up after a killed launcher 
 from zepp.emulate.counters import LinkCounters
 from zepp.launch.processes import RankGroup, RunResult
 from zepp.emulate.inventory import attach, down, status
-from zepp.emulate.topology import DEFAULT_PREFIX, DEFAULT_RATE_MBIT, EmulatedCluster, availability
+from zepp.emulate.host_check import availability
+from zepp.emulate.links import DEFAULT_RATE_MBIT
+from zepp.emulate.topology import DEFAULT_PREFIX, EmulatedCluster
 from zepp.errors import EmulationError, EmulationUnavailable, RankFailure
 
 __all__ = [

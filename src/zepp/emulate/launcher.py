@@ -31,7 +31,9 @@ from __future__ import annotations
 import json
 import os
 
-from zepp.emulate.topology import DEFAULT_RATE_MBIT, EmulatedCluster, availability
+from zepp.emulate.host_check import availability
+from zepp.emulate.links import DEFAULT_RATE_MBIT
+from zepp.emulate.topology import EmulatedCluster
 from zepp.errors import ZeppInputError
 from zepp.launch.ranks import RankRun, thread_env
 

@@ -1,43 +1,16 @@
-"""An emulated multi-node cluster on one Linux machine: network namespaces, links, shaping.
+"""An emulated multi-node cluster on one Linux machine: ``EmulatedCluster``.
 
-Layout (prefix ``zepp``, ``N`` nodes of ``L`` ranks, rank ``r = n * L + i``)::
-
-    namespace zepp-n{n}r{i}  (one per rank: its own host view, its own routing table)
-        lo                     up; a rank's traffic to itself; its alias is the ownership mark
-        nic   10.213.n.(i+1)/16  the rank's "NIC": veth to the switch, shaped (tbf) both ways
-        nv{j}                  one veth per other rank j of the same node: the "NVLink", unshaped
-    namespace zepp-sw        (the switch)
-        zepp-br                bridge joining the switch-side ends zepp-s{n}r{i} of every NIC
-
-Every rank has exactly one address, its NIC address, which is what gloo advertises and binds
-(``GLOO_SOCKET_IFNAME=nic``). A host route ``10.213.n.(j+1)/32 dev nv{j} src <own address>``
-sends traffic to a same-node peer over the NVLink veth; everything else follows the /16 route
-out of the NIC. Both ends of every TCP connection therefore pick the right link, whoever
-initiated it. The ranks rendezvous through a file (``torch.distributed.FileStore``), so no
-rank listens for the rendezvous at all, and nothing listens in the root namespace.
-
-Why one namespace per rank and not one per node: gloo does not bind the source address of
-the connections it initiates (checked with ``ss -tn``: in a node namespace with one NIC
-address per rank, both ranks' outgoing connections left through the node's first NIC, the
-second NIC carried 586 bytes). Source routing cannot fix that, since the kernel chooses the
-source before it knows the process. With a namespace per rank each rank's routing table is its
-own. The price: same-node ranks talk over a veth pair instead of the loopback device, which
-measured (interleaved, loaded 2-core machine) ~200 us against ~100 us small-message latency and
-0.7-1.7 GB/s against 1.0-4.2 GB/s for 1-8 MB messages, i.e. up to ~2x slower, still 6-14x the
-default NIC. In return the veth counters give the intra-node byte matrix per pair.
-
-Shaping: ``tbf`` on the rank-side ``nic`` (egress of the NIC) and on the switch-side
-``zepp-s{n}r{i}`` (its egress is the NIC's ingress), at ``rate_mbit`` each way. Added latency
-needs ``sch_netem``; kernels without it (like the one this was developed on) support
-``delay_ms=0`` only and say so.
+``nodes`` x ``gpus_per_node`` ranks, one network namespace each, joined by shaped "NIC" links
+through a switch namespace and unshaped "NVLink" veths inside a node: the layout, the routes and
+the shaping are ``zepp.emulate.links``; whether this machine can build one is
+``zepp.emulate.host_check``.
 
 Ownership (``zepp.emulate.ownership``): every namespace carries the cluster's mark and the
 cluster has a record under ``/run/zepp``; ``down``/``status`` (``zepp.emulate.inventory``)
 touch only marked namespaces of their prefix, ``up`` refuses a prefix that is in use (unless ``replace=True``) and removes only
 the leftovers of a run whose launcher is gone. A cluster that belongs to one run
-(``keep=False``) is removed when the context exits, at interpreter exit, on SIGTERM (before the
-process dies of it, unless the process has its own handler, as ``zepp run`` has: then its
-``with`` blocks remove it), and by the launcher's watchdog after ``kill -9``
+(``keep=False``) is removed when the context exits, at interpreter exit and on SIGTERM
+(``zepp.emulate.exit_teardown``), and by the launcher's watchdog after ``kill -9``
 (``zepp.launch.processes``).
 
 Running ranks (the interface the runtime launcher uses)::
@@ -59,141 +32,29 @@ function in every rank and returns its JSON results per rank.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import zepp.emulate.ownership as own
+from zepp.emulate import exit_teardown
 from zepp.emulate.counters import NIC_IF, LinkCounters, read_link_counters
+from zepp.emulate.host_check import availability
 from zepp.emulate.iproute import sh, tool
+from zepp.emulate.links import (DEFAULT_NIC_MTU, DEFAULT_NVLINK_MTU, DEFAULT_RATE_MBIT, MAX_DELAY_MS, MAX_RATE_MBIT,
+                                SUBNET, build_links)
+from zepp.errors import EmulationError, EmulationUnavailable
 from zepp.launch.checks import check_number, check_ranks
 from zepp.launch.processes import WATCHDOG, RankGroup, RunResult, temp_folder
-from zepp.errors import EmulationError, EmulationUnavailable
 
-SUBNET = "10.213"  # the project's own range; exists only inside the emulated namespaces
+__all__ = ["EmulatedCluster", "DEFAULT_PREFIX", "DEFAULT_RATE_MBIT", "DEFAULT_NIC_MTU", "DEFAULT_NVLINK_MTU",
+           "availability"]
+
 DEFAULT_PREFIX = "zepp"
-# Defaults, measured in benchmarks/results/emulate_links.md (2 cores, shared and loaded, load
-# average 6-8): gloo between two ranks streams 1-8 MB messages at 1.0-4.2 GB/s over loopback and
-# 0.3-1.7 GB/s over an unshaped veth (our NVLink), swinging 2-3x with machine load. At 1000 Mbit/s
-# (~123 MB/s of payload per direction) the NIC is ~8-30x slower than loopback and ~3-14x slower
-# than the NVLink veth, and a 2x2 all-to-all of 1 MB per peer takes 1.9-2.9x as long as
-# unshaped. At 2000 Mbit/s the loaded CPU, not the NIC, sets the all-to-all time (1.0-1.4x), so
-# NIC bytes would barely show in wall-clock; at 500 Mbit/s runs get slow (4-6x) for no new insight.
-# MTU 9000 on both (jumbo frames: fewer packets per byte for a CPU-bound machine; 65520 on the
-# veth measured no better).
-DEFAULT_RATE_MBIT = 1000.0
-DEFAULT_NIC_MTU = 9000
-DEFAULT_NVLINK_MTU = 9000
-MAX_RATE_MBIT = 100_000.0  # 100 Gbit/s: far beyond what veth carries here; tbf's own limit is higher
-MAX_DELAY_MS = 10_000.0
-
-
-def _quiet_ipv6(ip: str, ns: str) -> None:
-    """Disable IPv6 in ``ns`` before its interfaces exist: otherwise neighbour discovery and MLD
-    put a few hundred bytes on every NIC counter that no rank sent."""
-    script = "for k in all default; do echo 1 > /proc/sys/net/ipv6/conf/$k/disable_ipv6; done 2>/dev/null; true"
-    sh([ip, "netns", "exec", ns, "sh", "-c", script], check=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# availability
-
-
-_AVAILABLE: tuple[bool, str] | None = None
-
-
-def availability() -> tuple[bool, str]:
-    """``(ok, reason)``: can this process build an emulated cluster? Probed once and cached.
-
-    Needs root, the ``ip``/``tc`` tools, network namespaces, veth pairs and the tbf qdisc.
-    """
-    global _AVAILABLE
-    if _AVAILABLE is not None:
-        return _AVAILABLE
-    if not sys.platform.startswith("linux"):
-        _AVAILABLE = (False, "the emulated cluster needs Linux network namespaces")
-        return _AVAILABLE
-    if os.geteuid() != 0:
-        _AVAILABLE = (False, "the emulated cluster needs root (network namespaces, veth, tc); run as root")
-        return _AVAILABLE
-    try:
-        ip, tc = tool("ip"), tool("tc")
-    except EmulationUnavailable as exc:
-        _AVAILABLE = (False, str(exc))
-        return _AVAILABLE
-    probe = f"zeppprobe{os.getpid()}"
-    try:
-        sh([ip, "netns", "add", probe])
-    except (EmulationError, OSError) as exc:
-        _AVAILABLE = (False, f"cannot create a network namespace here: {exc}")
-        return _AVAILABLE
-    try:
-        sh([ip, "-n", probe, "link", "add", "pa", "type", "veth", "peer", "name", "pb"])
-        sh([tc, "-n", probe, "qdisc", "add", "dev", "pa", "root", "tbf", "rate", "100mbit",
-            "burst", "64kb", "latency", "50ms"])
-        _AVAILABLE = (True, "")
-    except (EmulationError, OSError) as exc:
-        _AVAILABLE = (False, f"network namespaces work but veth or the tbf qdisc do not: {exc}")
-    finally:
-        sh([ip, "netns", "del", probe], check=False)
-    return _AVAILABLE
-
-
-def netem_available(ns: str) -> bool:
-    """Whether the kernel has ``sch_netem`` (needed for ``delay_ms > 0``), probed inside ``ns``."""
-    tc = tool("tc")
-    ok = sh([tc, "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"], check=False)
-    if ok.returncode == 0:
-        sh([tc, "-n", ns, "qdisc", "del", "dev", "lo", "root"], check=False)
-    return ok.returncode == 0
-
-
-# ---------------------------------------------------------------------------------------------
-# teardown at exit and on SIGTERM (clusters of one run)
-
-
-_LIVE_CLUSTERS: "weakref.WeakSet[EmulatedCluster]" = weakref.WeakSet()
-_HANDLERS_INSTALLED = False
-
-
-def _teardown_all() -> None:
-    for c in list(_LIVE_CLUSTERS):
-        try:
-            c.down()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
-
-def _sigterm(signum, frame):  # noqa: ARG001
-    """SIGTERM in a process that did not choose its own handler: remove this process's clusters,
-    then die of the signal as it would have (a host such as pytest must not survive it by
-    catching a SystemExit); its watchdog removes its temp folders. Launchers that want their
-    ``finally`` blocks to run install ``zepp.launch.processes.launcher_signals`` instead."""
-    _teardown_all()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_handlers() -> None:
-    global _HANDLERS_INSTALLED
-    if _HANDLERS_INSTALLED:
-        return
-    atexit.register(_teardown_all)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _sigterm)
-    _HANDLERS_INSTALLED = True
-
-
-# ---------------------------------------------------------------------------------------------
-# the cluster
 
 
 @dataclass(eq=False)
@@ -257,7 +118,8 @@ class EmulatedCluster:
         n, i = divmod(rank, self.gpus_per_node)
         return f"{SUBNET}.{n}.{i + 1}"
 
-    def _switch_port(self, rank: int) -> str:
+    def switch_port(self, rank: int) -> str:
+        """Switch-side end of ``rank``'s NIC (``{prefix}-s{node}r{local}``)."""
         n, i = divmod(rank, self.gpus_per_node)
         return f"{self.prefix}-s{n}r{i}"
 
@@ -291,14 +153,13 @@ class EmulatedCluster:
             self._claim_prefix()
             self.id = own.new_id()
             if not self.keep:
-                _install_handlers()
-                _LIVE_CLUSTERS.add(self)
+                exit_teardown.track(self)
                 WATCHDOG.add("file", own.record_path(self.prefix))
                 WATCHDOG.add("file", own.lock_path(self.prefix))
             own.write_record(self.prefix, self.record("building"))
             self._is_up = True
             try:
-                self._build(ip, tc)
+                build_links(self, ip, tc)
                 own.write_record(self.prefix, self.record("up"))
             except BaseException:
                 self._down_locked()
@@ -325,7 +186,8 @@ class EmulatedCluster:
         self.notes.append(f"removed {'the leftovers of a run that is gone' if stale else 'the cluster it replaces'}"
                           f" ({len(removed)} namespaces)")
 
-    def _add_ns(self, ip: str, ns: str) -> None:
+    def add_namespace(self, ip: str, ns: str) -> None:
+        """Create ``ns`` with this cluster's mark (and, for a cluster of one run, on the watchdog's list)."""
         sh([ip, "netns", "add", ns])
         try:
             own.set_mark(ns, self.prefix, self.id)
@@ -334,55 +196,6 @@ class EmulatedCluster:
             raise
         if not self.keep:
             WATCHDOG.add("netns", ns, mark=own.mark_text(self.prefix, self.id))
-
-    def _build(self, ip: str, tc: str) -> None:
-        R, L = self.ranks, self.gpus_per_node
-        sw, br = self.switch_ns, f"{self.prefix}-br"
-        self._add_ns(ip, sw)
-        _quiet_ipv6(ip, sw)
-        sh([ip, "-n", sw, "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0"])
-        sh([ip, "-n", sw, "link", "set", br, "mtu", str(self.nic_mtu), "up"])
-        if self.delay_ms > 0 and not netem_available(sw):
-            raise EmulationUnavailable(
-                f"delay_ms={self.delay_ms} needs the netem qdisc, which this kernel lacks "
-                "(CONFIG_NET_SCH_NETEM); use delay_ms=0 (the links then carry the real per-message "
-                "cost of TCP over veth, see linkcal)")
-        for r in range(R):
-            ns = self.netns(r)
-            self._add_ns(ip, ns)
-            _quiet_ipv6(ip, ns)
-            sh([ip, "-n", ns, "link", "set", "lo", "up"])
-            port = self._switch_port(r)
-            sh([ip, "link", "add", NIC_IF, "netns", ns, "mtu", str(self.nic_mtu), "type", "veth",
-                "peer", "name", port, "netns", sw, "mtu", str(self.nic_mtu)])
-            sh([ip, "-n", sw, "link", "set", port, "master", br, "up"])
-            sh([ip, "-n", ns, "addr", "add", f"{self.addr(r)}/16", "dev", NIC_IF])
-            sh([ip, "-n", ns, "link", "set", NIC_IF, "up"])
-            self._shape(tc, ns, NIC_IF)
-            self._shape(tc, sw, port)
-        for n in range(self.nodes):
-            for i in range(L):
-                for j in range(i + 1, L):
-                    a, b = n * L + i, n * L + j
-                    sh([ip, "link", "add", f"nv{j}", "netns", self.netns(a), "mtu", str(self.nvlink_mtu),
-                        "type", "veth", "peer", "name", f"nv{i}", "netns", self.netns(b),
-                        "mtu", str(self.nvlink_mtu)])
-                    for src, dst, dev in ((a, b, f"nv{j}"), (b, a, f"nv{i}")):
-                        sh([ip, "-n", self.netns(src), "link", "set", dev, "up"])
-                        sh([ip, "-n", self.netns(src), "route", "add", f"{self.addr(dst)}/32", "dev", dev,
-                            "src", self.addr(src)])
-
-    def _shape(self, tc: str, ns: str, dev: str) -> None:
-        rate_bytes = self.rate_mbit * 1e6 / 8
-        # burst: >= one 64 KB GSO super-packet and ~1 ms at the rate (tbf on hrtimers); the queue
-        # holds 100 ms at the rate so an incast of a few senders queues instead of dropping.
-        burst = max(65536 + 2 * self.nic_mtu, int(rate_bytes * 1e-3))
-        limit = max(4 * burst, int(rate_bytes * 0.1))
-        sh([tc, "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
-            "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)])
-        if self.delay_ms > 0:
-            sh([tc, "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
-                "delay", f"{self.delay_ms}ms", "limit", "100000"])
 
     def down(self) -> None:
         """Delete this cluster's namespaces (only those carrying its mark; idempotent)."""
@@ -399,7 +212,7 @@ class EmulatedCluster:
         WATCHDOG.remove("file", own.record_path(self.prefix))
         WATCHDOG.remove("file", own.lock_path(self.prefix))
         self._is_up = False
-        _LIVE_CLUSTERS.discard(self)
+        exit_teardown.untrack(self)
 
     # -- counters ---------------------------------------------------------------------------------
     def counters(self) -> LinkCounters:

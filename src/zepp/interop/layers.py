@@ -93,9 +93,10 @@ def _place_per_gpu(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpu
         raise ZeppInputError(f"--policy {policy}: needs the expert count ({e}) to be a multiple of the GPU count "
                              f"({ranks}); use --policy zepp or eplb")
     extra = num_physical // ranks - e // ranks
-    if policy == "home" and extra:
-        raise ZeppInputError("--policy home has no redundant experts: use --redundant 0")
-    return make_placement(policy, hist, e, ranks, gpus_per_node, extra)
+    pl = make_placement(policy, hist, e, ranks, gpus_per_node, extra)
+    if pl.slots_per_rank * ranks != num_physical:  # a placement without replicas (its S stays E / R)
+        raise ZeppInputError(f"--policy {policy} has no redundant experts: use --redundant 0")
+    return pl
 
 
 # {policy: how it places P slots in total}; the registry's other placements go through _place_per_gpu

@@ -5,7 +5,7 @@
   FlowPlan's hop tables for the ``a2av``, ``relay`` and ``zepp`` transports.
 - ``MoELayer`` (``moe.py``): this rank's expert weights, grouped GELU-MLP compute, overlap,
   intra-node weight swaps; ``swap_copies.py``: the swaps' weight copies, posted before a step on
-  a channel of their own and waited for slot by slot; ``swap_steps.py``: ``zepp-swap`` per step
+  a channel of their own and waited for slot by slot; ``swap_steps.py``: a swapping system's swaps per step
   in ``zepp run`` (plan, post, finish, what it cost).
 - ``program.py``: compiles one rank's part of a FlowPlan into index arrays (pure numpy).
 - ``reference.py``: the single-process reference MoE and an in-process executor.

@@ -1,6 +1,6 @@
 """What a ``zepp run`` case runs on: the traces its batches come from, each iteration's
 activations and gate weights (seeded, so every rank and the reference can rebuild any rank's),
-the dtypes and the cost figures of ``zepp-auto``."""
+the dtypes and the cost figures of an overlap chosen per batch (``granularity="auto"``)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def _system(cfg: dict, recs: list[dict], tol: float) -> dict:
         "bytes_per_iter": _link_bytes(recs), "metadata_bytes_per_iter": meta,
         # swapped slots: every rank holds the whole plan's count, so rank 0's; bytes: summed over senders
         "swapped_slots": recs[0]["swapped_slots"], "swap_bytes": sum(r["swap_bytes"] for r in recs),
-        # zepp-auto: (groups, waves) per timed iteration, and whether every rank chose the same
+        # an overlap chosen per batch: (groups, waves) per timed iteration, and whether every rank chose the same
         "granularity": recs[0]["granularity"],
         "breakdown_ms": breakdown_ms([r.get("breakdown", []) for r in recs]),
         "granularity_same_on_all_ranks": all(r["granularity"] == recs[0]["granularity"] for r in recs),

@@ -243,35 +243,15 @@ def post_copies(weights: list, copies, old_slot_expert: np.ndarray, new_slot_exp
     copies = check_swap_copies(copies, S, gpus_per_node)
     if np.any(old.ravel()[copies[:, 0]] != copies[:, 2]):
         raise SwapError("a swap copy reads a slot that does not hold its expert")
-    W = len(weights)
     stats = CopyStats(int(copies.shape[0]), np.zeros(channel.world, np.int64))
     side = torch.cuda.stream(channel.stream) if channel.stream is not None else _Null()
     if channel.stream is not None:
         channel.stream.wait_stream(torch.cuda.current_stream(channel.device))
-    incoming, sends, ops, op_slots = {}, [], [], []
+    sends: list = []
     with side:
         staged = {a - r * S: _stage(weights, a - r * S, channel) for a in np.unique(copies[:, 0]).tolist()
                   if a // S == r}
-        for i, (a, b, _) in enumerate(copies.tolist()):
-            ra, rb = a // S, b // S
-            if ra == r and rb == r:
-                incoming[b - r * S] = _Incoming(staged[a - r * S])
-                stats.local += sum(x.numel() * x.element_size() for x in staged[a - r * S])
-            elif ra == r:
-                for j, buf in enumerate(staged[a - r * S]):
-                    tag = tag_base + i * W + j
-                    ops.append(dist.P2POp(dist.isend, buf, group=channel.group, tag=tag, group_peer=rb))
-                    op_slots.append(None)
-                    stats.sent_to[rb] += buf.numel() * buf.element_size()
-            elif rb == r:
-                dev = "cpu" if channel.host_p2p else weights[0].device
-                bufs = [w[0].new_empty(w[0].shape, device=dev) for w in weights]
-                incoming[b - r * S] = _Incoming(bufs)
-                for j, buf in enumerate(bufs):
-                    tag = tag_base + i * W + j
-                    ops.append(dist.P2POp(dist.irecv, buf, group=channel.group, tag=tag, group_peer=ra))
-                    op_slots.append(b - r * S)
-                    stats.received += buf.numel() * buf.element_size()
+        incoming, ops, op_slots = _copy_ops(weights, copies, staged, S, channel, tag_base, stats)
         _post(ops, op_slots, incoming, sends, staged, channel)
         event = None
         if channel.stream is not None:
@@ -282,6 +262,36 @@ def post_copies(weights: list, copies, old_slot_expert: np.ndarray, new_slot_exp
     emptied = np.flatnonzero((new[r] < 0) & (old[r] >= 0))
     stats.post_s = time.perf_counter() - t0
     return PendingCopies(list(weights), incoming, sends, emptied, stats)
+
+
+def _copy_ops(weights: list, copies: np.ndarray, staged: dict, S: int, channel: SwapChannel, tag_base: int,
+              stats: CopyStats) -> tuple[dict, list, list]:
+    """This rank's part of ``copies [M, 3]``: ``(incoming {local slot: _Incoming}, ops [P2POp],
+    op_slots [local slot of a receive, None for a send])``; a copy inside the rank takes its
+    ``staged`` clone at once. ``stats`` gets the bytes."""
+    r, W = channel.rank, len(weights)
+    incoming, ops, op_slots = {}, [], []
+    for i, (a, b, _) in enumerate(copies.tolist()):
+        ra, rb = a // S, b // S
+        if ra == r and rb == r:
+            incoming[b - r * S] = _Incoming(staged[a - r * S])
+            stats.local += sum(x.numel() * x.element_size() for x in staged[a - r * S])
+        elif ra == r:
+            for j, buf in enumerate(staged[a - r * S]):
+                tag = tag_base + i * W + j
+                ops.append(dist.P2POp(dist.isend, buf, group=channel.group, tag=tag, group_peer=rb))
+                op_slots.append(None)
+                stats.sent_to[rb] += buf.numel() * buf.element_size()
+        elif rb == r:
+            dev = "cpu" if channel.host_p2p else weights[0].device
+            bufs = [w[0].new_empty(w[0].shape, device=dev) for w in weights]
+            incoming[b - r * S] = _Incoming(bufs)
+            for j, buf in enumerate(bufs):
+                tag = tag_base + i * W + j
+                ops.append(dist.P2POp(dist.irecv, buf, group=channel.group, tag=tag, group_peer=ra))
+                op_slots.append(b - r * S)
+                stats.received += buf.numel() * buf.element_size()
+    return incoming, ops, op_slots
 
 
 def _post(ops: list, op_slots: list, incoming: dict, sends: list, staged: dict, channel: SwapChannel) -> None:

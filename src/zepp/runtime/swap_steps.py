@@ -1,4 +1,4 @@
-"""``zepp-swap`` in ``zepp run``: per step, plan swaps from the previous batch's slot loads, post
+"""A swapping system (``System.swaps``) in ``zepp run``: per step, plan swaps from the previous batch's slot loads, post
 their weight copies (``zepp.runtime.swap_copies``), run the layer, finish; record what it cost.
 
 Modes (worker config ``swap_copies``, a name of ``SWAP_COPY_MODES``): ``hidden`` (default: the
@@ -44,7 +44,7 @@ _KEYS = ("swaps", "swap_sent", "swap_cross_node", "swap_plan_s", "swap_post_s", 
 
 
 class SwapSteps:
-    """The swaps of one ``zepp-swap`` layer on this rank (module docstring).
+    """The swaps of one swapping system's layer on this rank (module docstring).
 
     ``layer``: the ``MoELayer``; ``cfg``: the worker config; ``rank`` / ``gpus_per_node``: where
     this rank is; ``record``: the system's record (``_KEYS`` lists are appended per timed step).

@@ -16,8 +16,9 @@ The JSON config (all keys written by ``zepp.cli.run``; see ``default_config``):
 iteration by iteration, so they share the machine's load alike; default: when every system's
 weights fit in 2 GiB per rank), ``fault`` (tests: ``{"rank", "system", "iter", "mode":
 "die"|"hang"}``), ``cases`` (tests: a list of overrides; each case runs in turn in the same
-process group and the report holds ``cases``), ``cost_cluster`` (``zepp-auto``'s cost figures),
-``swap_copies`` / ``swap_measure`` (``zepp-swap``'s copies: ``zepp.runtime.swap_steps``),
+process group and the report holds ``cases``), ``cost_cluster`` (the cost figures of an overlap
+chosen per batch), ``swap_copies`` / ``swap_measure`` (a swapping system's copies:
+``zepp.runtime.swap_steps``),
 ``schedule`` (a drift schedule of ``zepp.traces.schedules``; null: batches sampled from the trace).
 
 Example, one rank of four (run the same with RANK=0..3)::

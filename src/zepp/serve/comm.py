@@ -59,7 +59,7 @@ class ExpertParallel:
         self.expert_load = np.zeros((len(self.placements), spec.num_experts), np.int64)
         self.on_layer = None  # test hook: called with (layer) before each layer's dispatch (fault injection)
         self.moe_seconds = 0.0
-        # zepp-swap: {layer: PendingCopies} posted between steps (zepp.serve.engine.Swapper); the
+        # swaps: {layer: PendingCopies} posted between steps (zepp.serve.engine.Swapper); the
         # layer's GEMMs wait slot by slot, the layer finishes them; seconds this thread waited
         self.pending: dict = {}
         self.swap_wait_s = 0.0

@@ -13,10 +13,11 @@ wire, so every rank holds its own ragged ``T_r`` per step. A rank with no live r
 or all finished) still takes part in every MoE layer of every step with zero rows
 (``ExpertParallelMoE.idle``), until the count all-gather of ``begin_step`` shows every rank done.
 
-Between steps, systems with ``adaptation == "zepp-swap"`` plan intra-node swaps per layer from
-that layer's recent slot loads (``zepp.planner.adaptation.swaps.plan_swaps``) and post the weight copies
-inside the node (``zepp.runtime.swap_copies``); they run beside the next step, whose layer waits
-only where a swapped slot's GEMM needs its weights.
+Between steps, systems that swap experts (``System.swaps``, the adaptation record's flag) plan
+intra-node swaps per layer from that layer's recent slot loads
+(``zepp.planner.adaptation.swaps.plan_swaps``) and post the weight copies inside the node
+(``zepp.runtime.swap_copies``); they run beside the next step, whose layer waits only where a
+swapped slot's GEMM needs its weights.
 """
 
 from __future__ import annotations
@@ -180,10 +181,10 @@ def _inject(fault: dict) -> None:
 
 
 class Swapper:
-    """``zepp-swap`` between steps: per layer, plan intra-node swaps from its recent slot loads and
-    post the weight copies (inside nodes only) on a channel of their own; the next step's layer
-    waits for a slot's copy only where that slot's GEMM needs it, and finishes the rest
-    (``zepp.serve.comm.ExpertParallel.moe``). ``swapper(log)`` appends per step the swaps, bytes
+    """Swaps between steps (``System.swaps``): per layer, plan intra-node swaps from its recent
+    slot loads and post the weight copies (inside nodes only) on a channel of their own; the next
+    step's layer waits for a slot's copy only where that slot's GEMM needs it, and finishes the
+    rest (``zepp.serve.comm.ExpertParallel.moe``). ``swapper(log)`` appends per step the swaps, bytes
     and seconds (planning + posting) of the swaps it posts, and the seconds the step just run
     waited for copies. ``sent_to [R]``: swap weight bytes this rank sent, per rank. Every rank
     constructs its ``Swapper`` at the same point (the channel is a process group)."""

@@ -203,7 +203,6 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
     nic = {part: byt[f"{part}_dispatch_nic"] + byt[f"{part}_combine_nic"] for part in ("prefill", "decode")}
     load = expert_load.astype(np.float64)
     mm = (load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-9)).tolist()
-    swaps = np.sum([pr["swapped_slots"] for pr in per_rank[:1]], axis=0) if per_rank[0]["swapped_slots"] else []
     return {
         "system": name, "output_ids": output_ids, "logits": logits if cfg.get("keep_logits") else None,
         "steps": int(secs.size), "prefill_tokens": prompt_tokens,
@@ -216,15 +215,7 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
         "nic_bytes": nic["prefill"] + nic["decode"], "nic_bytes_prefill": nic["prefill"],
         "nic_bytes_decode": nic["decode"], "bytes": byt,
         "expert_load_max_over_mean": mm,
-        "swaps_per_step": [int(x) for x in swaps],
-        "swap_bytes_per_step": [int(sum(pr["swap_bytes"][i] for pr in per_rank))
-                                for i in range(len(per_rank[0]["swap_bytes"]))],
-        "swap_bytes_cross_node": int(sum(pr["swap_bytes_cross_node"] for pr in per_rank)),
-        # slowest rank: planning + posting between steps; waiting for copies inside each step
-        "swap_ms_per_step": [float(max(pr["swap_seconds"][i] for pr in per_rank) * 1e3)
-                             for i in range(len(per_rank[0]["swap_seconds"]))],
-        "swap_wait_ms_per_step": [float(max(pr["swap_wait_seconds"][i] for pr in per_rank) * 1e3)
-                                  for i in range(len(per_rank[0]["swap_wait_seconds"]))],
+        **_swaps(per_rank),
         "memory": {"checkpoint_bytes": int(ckpt_bytes),
                    "param_bytes_per_rank": [int(pr["param_bytes"]) for pr in per_rank],
                    "checkpoint_bytes_read_per_rank": [int(pr["bytes_read"]) for pr in per_rank],
@@ -237,6 +228,23 @@ def summarize(cfg: dict, name: str, shape: dict, per_rank: list[dict], expert_lo
         "breakdown_ms_per_layer": _breakdown(per_rank, shape["layers"]),
     }
 
+
+
+def _swaps(per_rank: list[dict]) -> dict:
+    """The report's swap figures per step: slots swapped, weight bytes (summed over senders; across
+    nodes: must be 0) and milliseconds (the slowest rank's)."""
+    swaps = np.sum([pr["swapped_slots"] for pr in per_rank[:1]], axis=0) if per_rank[0]["swapped_slots"] else []
+    return {
+        "swaps_per_step": [int(x) for x in swaps],
+        "swap_bytes_per_step": [int(sum(pr["swap_bytes"][i] for pr in per_rank))
+                                for i in range(len(per_rank[0]["swap_bytes"]))],
+        "swap_bytes_cross_node": int(sum(pr["swap_bytes_cross_node"] for pr in per_rank)),
+        # slowest rank: planning + posting between steps; waiting for copies inside each step
+        "swap_ms_per_step": [float(max(pr["swap_seconds"][i] for pr in per_rank) * 1e3)
+                             for i in range(len(per_rank[0]["swap_seconds"]))],
+        "swap_wait_ms_per_step": [float(max(pr["swap_wait_seconds"][i] for pr in per_rank) * 1e3)
+                                  for i in range(len(per_rank[0]["swap_wait_seconds"]))],
+    }
 
 def _breakdown(per_rank: list[dict], layers: int) -> dict:
     """Per part of a MoE layer (``zepp.runtime.dispatcher.HOST_PARTS``, stages ``d<s>`` / ``c<s>``,

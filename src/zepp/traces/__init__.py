@@ -6,7 +6,9 @@
   recorded trace folders;
 - ``sampling``: batches sampled from a window, per-rank and per-node demand;
 - ``layer_history``: every MoE layer's history (tokens or load histograms) as placement input;
-- ``synthetic``: built-in synthetic traces for every preset, fitted to the recorded ones;
+- ``synthetic``: built-in synthetic traces for every preset, fitted to the recorded ones
+  (``synthetic_fit``: the fit, for ``benchmarks/fit/fit_synth.py``); ``trace_stats``: the
+  statistics a trace is judged on (skew, distinct nodes, merge savings, drift, pair concentration);
 - ``topics``: prompts grouped into topics by expert usage (recorded and synthetic);
 - ``schedules``: demand schedules (``SCHEDULES``): a run's history and batches drifting between topics.
 

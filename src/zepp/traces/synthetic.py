@@ -8,7 +8,7 @@ these two *skew profiles* adapted to its expert count and top-k (:func:`adapt_pa
 profile is chosen by the user or by :func:`default_profile` and named in the traces' source),
 and :func:`synthetic_history` makes a multi-layer history from them.
 
-The model (fitted by :func:`fit_synth`, refitted by ``benchmarks/fit/fit_synth.py``):
+The model (fitted by ``zepp.traces.synthetic_fit.fit_synth``, refitted by ``benchmarks/fit/fit_synth.py``):
 
 - Tokens come in ``C`` latent *types* (mixture components). A type ``z`` has expert logits
   ``L[z, :]`` shared by both windows; it carries *which experts a token picks together*.
@@ -21,16 +21,10 @@ The model (fitted by :func:`fit_synth`, refitted by ``benchmarks/fit/fit_synth.p
   the argmax of ``L[z] + delta[w] + g + sum over picked j of J[|e - j|]``. With ``J = 0``
   this is Plackett-Luce sampling (Gumbel top-k).
 
-Fitting: EM for a mixture of multinomials over both windows' rows (shared ``L``, per-window
-``pi``); then, on a fixed Monte Carlo sample (common random numbers, so the fit is
-deterministic), iterative scaling of the tilts ``delta[w]`` until each window's per-expert
-entry frequency (its *popularity*) equals the real window's, and of ``J[d]`` until the number
-of co-selected pairs at each id distance ``d`` equals the real one. Popularity and the pair
-rate by id distance are therefore matched by construction; everything else (distinct nodes
-per token, merge savings, per-batch skew, concentration of pairs) is a consequence the tests
-check. The real traces' rows are ordered by prompt;
-synthetic rows are independent draws (the benchmark samples rows with replacement, so the
-order never reaches a result).
+The fit matches each window's per-expert popularity and the pair rate by id distance
+(``zepp.traces.synthetic_fit``); what the traces are judged on is ``zepp.traces.trace_stats``.
+The real traces' rows are ordered by prompt; synthetic rows are independent draws (the
+benchmark samples rows with replacement, so the order never reaches a result).
 """
 
 from __future__ import annotations
@@ -46,7 +40,7 @@ import numpy as np
 from zepp.errors import ZeppInputError
 from zepp.traces.trace import Trace
 
-__all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_params", "sample_window",
+__all__ = ["SynthParams", "synthetic_traces", "load_params", "save_params", "sample_window",
            "PROFILES", "default_profile", "adapt_params", "synthetic_history", "synthetic_prompts",
            "preset_params"]
 
@@ -54,7 +48,7 @@ __all__ = ["SynthParams", "fit_synth", "synthetic_traces", "load_params", "save_
 PROFILES = ("k2", "qwen")
 
 WINDOWS = ("pool", "eval")
-_NEG = -30.0  # logit of an expert a window never selects (exp(-30) ~ 1e-13)
+NEG_LOGIT = -30.0  # logit of an expert a window never selects (exp(-30) ~ 1e-13)
 
 
 @dataclass(frozen=True)
@@ -112,10 +106,7 @@ class SynthParams:
         return p
 
 
-# ---------------------------------------------------------------- generation
-
-
-def _draw(scores: np.ndarray, k: int, kernel: np.ndarray) -> np.ndarray:
+def draw_picks(scores: np.ndarray, k: int, kernel: np.ndarray) -> np.ndarray:
     """Pick ``k`` distinct experts per row, greedily, from ``scores [n, E]`` (logits + Gumbel
     noise; modified in place); after each pick the others' scores gain ``kernel[|e - pick|]``.
     Returns ``[n, k]`` int32, sorted per row."""
@@ -147,7 +138,7 @@ def sample_window(params: SynthParams, window: str, rows: int, seed, chunk: int 
     for lo in range(0, rows, chunk):  # chunks bound the [n, E] score buffer
         z = types[lo:lo + chunk]
         scores = base[z] + rng.gumbel(size=(len(z), params.num_experts)).astype(np.float32)
-        out[lo:lo + chunk] = _draw(scores, params.top_k, params.kernel)
+        out[lo:lo + chunk] = draw_picks(scores, params.top_k, params.kernel)
     return out
 
 
@@ -187,7 +178,7 @@ def default_profile(model_name: str) -> str:
 
 def _live_columns(p: SynthParams, n: int) -> np.ndarray:
     """``n`` evenly spaced expert ids among those both windows select (tilt above the floor)."""
-    live = np.flatnonzero((p.tilt > _NEG / 2).all(axis=0))
+    live = np.flatnonzero((p.tilt > NEG_LOGIT / 2).all(axis=0))
     if live.size < n:
         live = np.arange(p.num_experts)
     return live[(np.arange(n) * live.size) // n]
@@ -321,173 +312,3 @@ def synthetic_prompts(model_name: str, seed: int = 0, rows_per_prompt: int = 32,
         out.append(Trace(ids.reshape(-1, p.top_k), p.num_experts,
                          f"synthetic:{model_name}/{window}(profile={prof},seed={seed},prompts)"))
     return out[0], out[1]
-
-
-# ---------------------------------------------------------------- fitting
-
-
-def _em(ids: list[np.ndarray], num_experts: int, types: int, iters: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """Mixture of multinomials over rows of several windows; shared type distributions.
-
-    ``ids[w] [N_w, k]`` -> ``(log_p [C, E], pi [W, C])``.
-    """
-    e = num_experts
-    all_ids = np.concatenate(ids)
-    win = np.concatenate([np.full(len(a), w) for w, a in enumerate(ids)])
-    n = len(all_ids)
-    resp = rng.dirichlet(np.ones(types), size=n)  # random soft start
-    flat = all_ids.ravel()
-    for _ in range(iters):
-        # M-step (loop over types: C is small)
-        counts = np.stack([np.bincount(flat, weights=np.repeat(resp[:, z], all_ids.shape[1]), minlength=e)
-                           for z in range(types)])
-        p = (counts + 1e-3) / (counts + 1e-3).sum(axis=1, keepdims=True)
-        pi = np.stack([resp[win == w].mean(axis=0) for w in range(len(ids))])
-        # E-step
-        log_p = np.log(p)
-        ll = log_p[:, all_ids].sum(axis=2).T + np.log(pi[win] + 1e-300)  # [n, C]
-        ll -= ll.max(axis=1, keepdims=True)
-        resp = np.exp(ll)
-        resp /= resp.sum(axis=1, keepdims=True)
-    return np.log(p), pi
-
-
-def _pair_distance_counts(ids: np.ndarray, dmax: int) -> np.ndarray:
-    """Co-selected pairs per id distance ``d = 0..dmax`` (``[dmax + 1]``; pairs farther are dropped)."""
-    k = ids.shape[1]
-    i, j = np.triu_indices(k, 1)
-    dist = np.abs(ids[:, i].astype(np.int64) - ids[:, j]).ravel()
-    return np.bincount(dist[dist <= dmax], minlength=dmax + 1).astype(np.float64)
-
-
-def fit_synth(pool: Trace, eval_: Trace, types: int = 8, kernel_range: int | None = None, em_iters: int = 60,
-              scale_iters: int = 25, mc_factor: int = 3, seed: int = 0, model: str | None = None) -> SynthParams:
-    """Fit the generator to a real ``(pool, eval)`` pair (see the module docstring).
-
-    ``types``: latent token types ``C``. ``kernel_range``: largest id distance ``D`` of the
-    co-selection kernel (default ``E // 4``, the home block of 4 nodes). ``mc_factor``: the
-    Monte Carlo sample is ``mc_factor`` times a window's rows. Deterministic for a ``seed``.
-    """
-    if pool.num_experts != eval_.num_experts or pool.top_k != eval_.top_k:
-        raise ZeppInputError("fit_synth: pool and eval traces must have the same num_experts and top_k")
-    e, k = pool.num_experts, pool.top_k
-    dmax = max(1, min(e - 1, e // 4 if kernel_range is None else int(kernel_range)))
-    rng = np.random.default_rng(seed)
-    log_p, pi = _em([pool.topk_ids, eval_.topk_ids], e, types, em_iters, rng)
-
-    windows = (pool, eval_)
-    targets = [t.expert_load() / t.topk_ids.size for t in windows]  # popularity per window
-    pair_target = sum(_pair_distance_counts(t.topk_ids, dmax) / len(t) for t in windows)
-    base = []
-    for w, t in enumerate(windows):  # fixed Monte Carlo sample per window
-        m = mc_factor * len(t)
-        z = np.repeat(np.arange(types), np.round(pi[w] * m).astype(int))  # stratified types
-        g = np.random.default_rng([seed, w]).gumbel(size=(len(z), e)).astype(np.float32)
-        base.append(g + log_p[z].astype(np.float32))
-    tilt = np.stack([np.where(tg == 0, _NEG, 0.0) for tg in targets])
-    kernel = np.zeros(dmax + 1)
-    # Damped (half-step) updates: a full step overshoots, as both fits move each other.
-    for _ in range(scale_iters):
-        pair_sim = np.zeros(dmax + 1)
-        for w in range(2):
-            top = _draw(base[w] + tilt[w].astype(np.float32), k, kernel)
-            sim = np.bincount(top.ravel(), minlength=e) / top.size
-            ok = targets[w] > 0
-            tilt[w, ok] += 0.5 * np.log(targets[w][ok] / np.maximum(sim[ok], 0.25 / top.size))
-            tilt[w, ok] -= tilt[w, ok].mean()
-            pair_sim += _pair_distance_counts(top, dmax) / len(top)
-        kernel[1:] += 0.5 * np.log(np.maximum(pair_target[1:], 1e-9) / np.maximum(pair_sim[1:], 1e-9))
-    return SynthParams(model or "?", e, k, log_p, pi, tilt, kernel, (len(pool), len(eval_)), seed)
-
-
-# ---------------------------------------------------------------- the statistics it is judged on
-
-
-def home_nodes(ids: np.ndarray, num_experts: int, nodes: int) -> np.ndarray:
-    """Node of each id under home placement (expert ``e`` on node ``e // (E / N)``)."""
-    if num_experts % nodes:
-        raise ZeppInputError(f"{num_experts} experts do not split evenly over {nodes} nodes")
-    return ids // (num_experts // nodes)
-
-
-def distinct_nodes(ids: np.ndarray, num_experts: int, nodes: int) -> float:
-    """Mean number of distinct home nodes per token (``ids [..., k]``)."""
-    s = np.sort(home_nodes(ids, num_experts, nodes), axis=-1)
-    return float((1 + (s[..., 1:] != s[..., :-1]).sum(-1)).mean())
-
-
-def merge_saving(batch: np.ndarray, num_experts: int, nodes: int, gpus_per_node: int = 4) -> float:
-    """Fraction of inter-node rows merging removes, under home placement.
-
-    ``batch [R, T, k]``, token of rank ``r`` on node ``r // L``. Without merging every entry
-    whose expert lives on another node is one row on the wire; with merging, one row per
-    (token, remote node). Returns ``1 - merged / per_entry``.
-    """
-    r = batch.shape[0]
-    own = (np.arange(r) // gpus_per_node)[:, None, None]
-    g = home_nodes(batch, num_experts, nodes)
-    remote = g != own
-    s = np.sort(np.where(remote, g, -1), axis=-1)
-    merged = ((s[..., 1:] != s[..., :-1]) & (s[..., 1:] >= 0)).sum() + (s[..., 0] >= 0).sum()
-    return float(1 - merged / max(1, remote.sum()))
-
-
-def batch_skew(batches: np.ndarray, num_experts: int) -> float:
-    """Mean over iterations of max / mean entries per expert: ``batches [iters, R, T, k]``."""
-    flat = batches.reshape(batches.shape[0], -1)
-    loads = np.stack([np.bincount(b, minlength=num_experts) for b in flat])
-    return float((loads.max(axis=1) / (flat.shape[1] / num_experts)).mean())
-
-
-def gpu_skew(batches: np.ndarray, num_experts: int) -> float:
-    """Mean over iterations of max / mean rows per GPU under home placement (expert ``e`` on
-    rank ``e // (E / R)``): ``batches [iters, R, T, k]``."""
-    r = batches.shape[1]
-    if num_experts % r:
-        raise ZeppInputError(f"{num_experts} experts do not split evenly over {r} GPUs")
-    flat = (batches // (num_experts // r)).reshape(batches.shape[0], -1)
-    loads = np.stack([np.bincount(b, minlength=r) for b in flat])
-    return float((loads.max(axis=1) / (flat.shape[1] / r)).mean())
-
-
-def popularity_tv(a: Trace, b: Trace) -> float:
-    """Total-variation distance between the expert popularity (entry shares) of two traces."""
-    pa = a.expert_load() / a.topk_ids.size
-    pb = b.expert_load() / b.topk_ids.size
-    return float(0.5 * np.abs(pa - pb).sum())
-
-
-def pair_concentration(ids: np.ndarray, num_experts: int, top: float = 0.01) -> float:
-    """Share of co-selected pairs that fall on the ``top`` fraction of most frequent expert pairs."""
-    k = ids.shape[1]
-    i, j = np.triu_indices(k, 1)
-    a = np.minimum(ids[:, i], ids[:, j]).astype(np.int64)
-    b = np.maximum(ids[:, i], ids[:, j]).astype(np.int64)
-    counts = np.sort(np.bincount((a * num_experts + b).ravel(), minlength=num_experts**2))[::-1]
-    n_pairs = num_experts * (num_experts - 1) // 2
-    return float(counts[: max(1, int(top * n_pairs))].sum() / counts.sum())
-
-
-def trace_statistics(pool: Trace, eval_: Trace, tokens_per_gpu: int, node_counts=(4, 8, 16),
-                     gpus_per_node: int = 4, iters: int = 4, seed: int = 0) -> dict:
-    """The statistics that drive the benchmark's results, for one ``(pool, eval)`` pair.
-
-    Batches are sampled from ``eval`` as the benchmark does (``tokens_per_gpu`` per rank).
-    Keys: ``skew@{N}`` (max/mean expert load per batch at ``N * L`` ranks), ``gpu_skew@{N}``
-    (:func:`gpu_skew`, home placement), ``nodes@{N}``
-    (distinct home nodes per eval token), ``merge@{N}`` (:func:`merge_saving`), ``drift_tv``
-    (:func:`popularity_tv` of pool vs eval), ``pairs_top1pct`` (:func:`pair_concentration`).
-    """
-    from zepp.traces.sampling import sample_batches
-
-    e = eval_.num_experts
-    out: dict[str, float] = {}
-    for n in node_counts:
-        b = sample_batches(eval_, n * gpus_per_node, tokens_per_gpu, iters, seed)
-        out[f"skew@{n}"] = batch_skew(b, e)
-        out[f"gpu_skew@{n}"] = gpu_skew(b, e)
-        out[f"nodes@{n}"] = distinct_nodes(eval_.topk_ids, e, n)
-        out[f"merge@{n}"] = float(np.mean([merge_saving(x, e, n, gpus_per_node) for x in b]))
-    out["drift_tv"] = popularity_tv(pool, eval_)
-    out["pairs_top1pct"] = pair_concentration(eval_.topk_ids, e)
-    return out

@@ -1,0 +1,74 @@
+"""The metadata all-gather: every rank's router output, so that every rank plans the same batch.
+
+Ragged batches are first-class: rank ``r`` passes its own ``T_r`` tokens (zero is fine: a rank
+with nothing to send still takes part). The all-gather first exchanges the counts ``T_r``, then
+the ids and gate weights padded with ``-1`` / ``0`` to ``Tmax = max T_r``; the planner sees
+``topk_ids [R, Tmax, k]`` with ``-1`` for missing entries, which produce no hops, so padding
+never reaches the wire. A caller that already knows every rank's count for a step (a serving
+engine, once per step for all layers) passes it (``Dispatcher.expect_tokens``) and saves that
+collective. The bytes go to the ``metadata`` phase of the Dispatcher's ``LinkCounter``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zepp.errors import ZeppInputError
+
+
+@dataclass
+class GatheredBatch:
+    """Every rank's router output: ``ids [R, Tmax, k]`` for the planner (a tensor on the device
+    when that is not the CPU, so the planner runs there, else numpy; ``-1`` for missing tokens),
+    ``weights [R, Tmax, k]`` fp32 tensor (0 for missing tokens), ``device_ids [R, Tmax, k]``
+    int64 on the device, ``counts [R]`` the tokens ``T_r``."""
+
+    ids: np.ndarray | torch.Tensor
+    weights: torch.Tensor
+    device_ids: torch.Tensor
+    counts: np.ndarray
+
+
+def gather_counts(d, T: int) -> np.ndarray:
+    """``[R]`` tokens per rank (one small all-gather, unless ``d.expected_counts`` holds them)."""
+    if d.expected_counts is not None:
+        if int(d.expected_counts[d.rank]) != T:
+            raise ZeppInputError(f"rank {d.rank}: expect_tokens said {int(d.expected_counts[d.rank])} tokens, "
+                                 f"the batch has {T}")
+        return d.expected_counts
+    c = torch.tensor([T], dtype=torch.int64, device=d.device)
+    out = [torch.empty_like(c) for _ in range(d.world)]
+    dist.all_gather(out, c, group=d.group)
+    for q in range(d.world):
+        if q != d.rank:
+            d.counter.add("metadata", q, c.element_size())
+    return torch.cat(out).cpu().numpy()
+
+
+def gather_metadata(d, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> GatheredBatch:
+    """All-gather this rank's ``topk_ids [T_r, k]`` and ``topk_weights [T_r, k]`` over the
+    Dispatcher ``d``'s group (the ids and the weights' bits packed in one int32 tensor)."""
+    T, k = topk_ids.shape
+    counts = gather_counts(d, T)
+    Tmax = int(counts.max()) if counts.size else 0
+    packed = torch.full((Tmax, 2 * k), -1, dtype=torch.int32, device=d.device)
+    packed[:, k:] = 0
+    if T:
+        packed[:T, :k] = topk_ids.to(d.device, torch.int32)
+        packed[:T, k:] = topk_weights.to(d.device, torch.float32).view(torch.int32)
+    out = [torch.empty_like(packed) for _ in range(d.world)]
+    dist.all_gather(out, packed, group=d.group)
+    nbytes = packed.numel() * packed.element_size()
+    for q in range(d.world):
+        if q != d.rank:
+            d.counter.add("metadata", q, nbytes)
+    allp = torch.stack(out)
+    device_ids = allp[:, :, :k].to(torch.int64)
+    # on a GPU the ids stay there for the device planner; on the CPU numpy plans them
+    ids = device_ids if device_ids.device.type != "cpu" else device_ids.numpy()
+    w = allp[:, :, k:].contiguous().view(torch.float32)
+    return GatheredBatch(ids, w, device_ids, counts)
