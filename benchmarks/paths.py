@@ -3,9 +3,8 @@ the package ships, and the recorded traces.
 
 The traces are found the way the tests find them (``tests/shared_traces.py``): a script's
 ``--traces DIR`` where given, else ``$ZEPP_TRACES``, else ``../shared/traces`` beside the
-repository. Scripts in ``benchmarks/`` import this module directly (``python benchmarks/X.py``
-puts ``benchmarks/`` first on the path); scripts in ``benchmarks/fit/`` add ``benchmarks/``
-to the path first.
+repository. Every script lives one folder down (``benchmarks/<kind>/X.py``) and puts
+``benchmarks/`` on the path itself before importing this module, so it runs from any folder.
 """
 
 from __future__ import annotations

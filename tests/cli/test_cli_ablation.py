@@ -1,6 +1,6 @@
 """``zepp ablation`` and the ``--schedule`` option of ``zepp bench`` / ``plan`` / ``timeline``:
-the drift schedule's topic mix is reported with the results (bad values: the option table in
-``test_cli_options.py``)."""
+the drift schedule's topic mix is reported with the results (bad values: the bad-input table in
+``test_cli_bad_inputs.py``)."""
 
 from __future__ import annotations
 

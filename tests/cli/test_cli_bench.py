@@ -1,5 +1,5 @@
 """``zepp bench``: the documented JSON schema, written as configurations finish, ``--resume``,
-bit-identical repeats, signals (bad options: ``tests/cli/test_cli_options.py``)."""
+bit-identical repeats, signals (bad options: ``tests/cli/test_cli_bad_inputs.py``)."""
 
 import json
 

@@ -1,5 +1,5 @@
 """zepp generate: the checks that need a checkpoint (one line, before any rank starts; the options
-it shares with zepp run are ``tests/launch/test_launch_options.py``), the --record layout read back,
+it shares with zepp run are ``tests/cli/test_cli_bad_inputs.py``), the --record layout read back,
 --history, --check, a rank that dies ending the run naming it (the launcher's failure path itself
 is ``tests/launch/test_launch_ranks.py``), checkpoint layouts and the emulated cluster. The
 command runs in this process (``zepp.cli.main``): no extra interpreter importing torch."""

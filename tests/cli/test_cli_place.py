@@ -1,5 +1,5 @@
 """``zepp place``: the file each engine loads
-written from its own recording, the report's figures, and the report JSON (bad options: ``tests/cli/test_cli_options.py``)."""
+written from its own recording, the report's figures, and the report JSON (bad options: ``tests/cli/test_cli_bad_inputs.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``zepp plan`` end to end: the table, --json, --dump, and one clear error per bad trace file (bad options:
-``tests/cli/test_cli_options.py``)."""
+``tests/cli/test_cli_bad_inputs.py``)."""
 
 import json
 

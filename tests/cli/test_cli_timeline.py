@@ -1,6 +1,6 @@
 """``zepp timeline``: the drawn batch is the benchmark table's (the same latency as ``zepp
 bench``'s configuration, third batch), the PNG draws the ranks asked for, and one clear line
-per bad option before any work (the bad-option table: ``tests/cli/test_cli_options.py``)."""
+per bad option before any work (the bad-input table: ``tests/cli/test_cli_bad_inputs.py``)."""
 
 
 from clirun import run_cli

@@ -1,13 +1,14 @@
-"""Hardening (issue 11): nothing of anyone else's is touched, nothing listens where it should
+"""The launcher hardened: nothing of anyone else's is touched, nothing listens where it should
 not, no input gets past the launcher unchecked, nothing is left behind, and failures are
-reported as what they were. One test (or group) per finding; each failed on the code before.
+reported as what they were. One test (or group) per finding of a review (issue 11); each failed
+on the code before.
 
 The namespace tests need root and ``ip netns`` (skipped with the reason otherwise); each uses
 its own prefix (the ``netns_prefix`` fixture). Runs that must be ended from outside use
 ``--iters 100000`` (they would take half an hour) and a private ``TMPDIR``, so the test sees
 exactly the temp folders of its run. How failures are reported, and that nothing outlives a
 killed launcher, is ``test_launch_ranks.py`` (small stdlib ranks); every bad option of every
-command is ``test_launch_options.py``.
+command is ``tests/cli/test_cli_bad_inputs.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Checkpoint checks before any rank starts (``zepp.serve.ckpt_check``) on layouts the probe table
-(``tests/cli/test_bad_inputs.py``) does not build: good checkpoints of an aliased architecture
+(``tests/cli/test_cli_bad_inputs.py``) does not build: good checkpoints of an aliased architecture
 and of the stacked expert layout pass, a stacked tensor of the wrong shape is named; NaN weights
 are refused by the reader a rank uses, and the launcher turns a rank's bad-input exit into one line."""
 

@@ -1,6 +1,6 @@
 """Measured speedups on the emulated cluster, and the simulator against them.
 
-    python benchmarks/emulate_bench.py [--rates 1000,500] [--iters 8] [--shapes 2x2,4x2] [--models k2,qwen]
+    python benchmarks/emulated/emulate_bench.py [--rates 1000,500] [--iters 8] [--shapes 2x2,4x2] [--models k2,qwen]
 
 For 2 nodes x 2 ranks and 4 nodes x 2 ranks at NIC rates 1000 Mbit/s (the emulator's default)
 and 500 Mbit/s (one emulated cluster per rate and shape, ``zepp.emulate``),
@@ -33,16 +33,18 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp.emulate.topology import EmulatedCluster, availability
-from zepp.emulate.launcher import run_emulated
-from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans
-from zepp.emulate.glooexec import gloo_mechanics
-from zepp.runtime.systems import SYSTEMS
-from zepp.runtime.worker import default_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp.emulate.topology import EmulatedCluster, availability  # noqa: E402
+from zepp.emulate.launcher import run_emulated  # noqa: E402
+from zepp.emulate.simcheck import calibrate, fit_free_parameters, simulate_system, worker_plans  # noqa: E402
+from zepp.emulate.glooexec import gloo_mechanics  # noqa: E402
+from zepp.runtime.systems import SYSTEMS  # noqa: E402
+from zepp.runtime.worker import default_config  # noqa: E402
 
 MODELS = {"k2": "k2", "qwen": "qwen3"}
 SYSTEM_NAMES = ["a2av", "eplb", "relay", "zepp-overlap", "zepp-sync", "zepp-a2av", "zepp-direct"]

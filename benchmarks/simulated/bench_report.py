@@ -1,7 +1,7 @@
 """Markdown report of ``zepp bench --json`` results: the simulated table, the simulator's error
 against every measured baseline cell (PAPER.md section 4), ratios to the lower bound.
 
-    python benchmarks/bench_report.py benchmarks/results/bench_real.json "real traces" > benchmarks/results/bench_real.md
+    python benchmarks/simulated/bench_report.py benchmarks/results/bench_real.json "real traces" > benchmarks/results/bench_real.md
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ the low-latency kernels' per-pair messages), so the largest prefill batches run 
 ``GRID`` lists what runs and ``NOT_RUN`` what does not and why. Deterministic: the same
 arguments give the same file.
 
-    PYTHONPATH=src python benchmarks/bench_today.py --traces ../shared/traces
+    PYTHONPATH=src python benchmarks/simulated/bench_today.py --traces ../shared/traces
 writes ``benchmarks/results/bench_today.{md,json,png}``.
 """
 
@@ -27,17 +27,19 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp import registry
-from zepp.sim.calibrate import calibrated, network_of
-from zepp.model import model_preset
-from zepp.sim.run import Config, Shared, run_system
-from zepp.traces import node_demand, sample_batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp import registry  # noqa: E402
+from zepp.sim.calibrate import calibrated, network_of  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.sim.run import Config, Shared, run_system  # noqa: E402
+from zepp.traces import node_demand, sample_batches  # noqa: E402
 
 # today's engines, each switching DeepEP's kernels by batch size; sglang-lp where the registry has it
 BASELINES = tuple(b for b in ("sglang-deepep", "vllm-eplb", "sglang-lp") if b in registry.SYSTEMS)
@@ -235,7 +237,7 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
     summary.append(f"- CPU seconds per configuration (this machine, the process's own CPU time): largest "
                    f"{max(cpu):.1f} s ({sum(c > 60 for c in cpu)} over 60 s), median {float(np.median(cpu)):.1f} s")
     text = ["# Today's clusters: Zepp on DeepEP's kernels vs SGLang + DeepEP + EPLB and vLLM + EPLB", "",
-            "Simulated MoE layer latency (ms, median of the timed batches), `benchmarks/bench_today.py`. "
+            "Simulated MoE layer latency (ms, median of the timed batches), `benchmarks/simulated/bench_today.py`. "
             "Network: DeepEP's published figures (`zepp.sim.mechanics.DEEPEP_NET`, PAPER.md section 5), not fitted. "
             "The baselines (" + ", ".join(BASELINES) + ") run the DeepEP mode the batch size picks (ll: low-latency, "
             "normal); 'fastest baseline' names the fastest of them on the row and 'vs fastest' is Zepp against it; "

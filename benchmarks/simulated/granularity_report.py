@@ -2,7 +2,7 @@
 fastest simulated baseline, before (``zepp`` = best of zepp-a2av / zepp-overlap / zepp-swap) and
 after (``zepp-auto`` joins the variants), with the granularity ``zepp-auto`` chose.
 
-    python benchmarks/granularity_report.py
+    python benchmarks/simulated/granularity_report.py
 
 Reads JSON only, the two runs of the granularity work (branch ``h-gran``, commits 28322d2 and
 60dfcb8), so the table stays the one it published while ``bench_{synth,real}.json`` move on:
@@ -23,10 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections import Counter
+from pathlib import Path
 
-from paths import RESULTS as RES
-from zepp import registry
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS as RES  # noqa: E402
+from zepp import registry  # noqa: E402
 
 BEFORE_VARIANTS = ("zepp-a2av", "zepp-overlap", "zepp-swap")
 
@@ -73,7 +76,7 @@ def table(kind: str) -> tuple[list[dict], list[str]]:
 
 def main() -> None:
     md = ["# Zepp's per-batch granularity in the paper's table (simulated)", "",
-          "Produced by `python benchmarks/granularity_report.py` from `granularity_bench_{synth,real}.json` "
+          "Produced by `python benchmarks/simulated/granularity_report.py` from `granularity_bench_{synth,real}.json` "
           "(baselines and zepp-a2av / zepp-overlap / zepp-swap: `zepp bench` on branch h-gran, bit-identical to "
           "`bench_{synth,real}.json` as they stood then) and `granularity_{synth,real}_auto.detail.json` "
           "(`zepp bench [--traces ../shared/traces] --systems zepp-auto` on that branch: 10 timed + 5 warm-up "

@@ -1,6 +1,6 @@
 """Runtime checks on one CUDA GPU (for the lead; < 2 minutes). Writes a JSON report.
 
-    python benchmarks/gpu_runtime_check.py OUT.json
+    python benchmarks/runtime/gpu_runtime_check.py OUT.json
 
 One GPU cannot host two NCCL ranks, so the multi-rank checks are split:
 
@@ -91,7 +91,8 @@ def _sync(dev) -> None:
 
 
 def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str, **over) -> dict:
-    from zepp.cli.run import RankFailure, spawn_local
+    from zepp.errors import RankFailure
+    from zepp.launch.ranks import spawn_local
     from zepp.runtime.worker import default_config
 
     cfg = default_config()
@@ -100,7 +101,7 @@ def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str
     cfg.update(over)
     t0 = time.time()
     try:
-        rep = spawn_local(cfg, grace=20)
+        rep = spawn_local("zepp.runtime.worker", cfg, grace=20)
     except RankFailure as exc:
         return {"systems": systems, "ok": False, "error": str(exc)[-3000:], "wall_s": time.time() - t0}
     res = {n: {k: s[k] for k in ("correct", "max_rel_err", "bytes_match", "inputs_ok", "median_layer_ms",
@@ -112,7 +113,7 @@ def part_spawn(systems: list[str], nodes: int, L: int, device: str, backend: str
 
 def main() -> None:
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: python benchmarks/gpu_runtime_check.py OUT.json")
+        sys.exit("usage: python benchmarks/runtime/gpu_runtime_check.py OUT.json")
     report = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
     if not torch.cuda.is_available():
         Path(sys.argv[1]).write_text(json.dumps(report, indent=1))

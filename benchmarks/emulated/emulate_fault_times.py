@@ -11,7 +11,7 @@ Cases (each run ``--repeats`` times, median and max reported):
   go down mid-layer, collective timeout 6 s: time until ``RankFailure``, cluster teardown included.
 
 Writes ``benchmarks/results/emulate_fault_times.{json,md}``. Usage:
-``python benchmarks/emulate_fault_times.py [--repeats 3] [--out benchmarks/results]``
+``python benchmarks/emulated/emulate_fault_times.py [--repeats 3] [--out benchmarks/results]``
 """
 
 from __future__ import annotations
@@ -21,12 +21,17 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from paths import RESULTS
-from zepp.errors import RankFailure
-from zepp.cli.run import spawn_local
-from zepp.runtime.worker import default_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS  # noqa: E402
+from zepp.errors import RankFailure  # noqa: E402
+from zepp.launch.ranks import spawn_local  # noqa: E402
+from zepp.runtime.worker import default_config  # noqa: E402
+
+WORKER = "zepp.runtime.worker"  # what every rank runs (as ``zepp run``'s ranks)
 
 
 def _cfg(nodes: int, L: int, timeout: float, fault: dict | None) -> dict:
@@ -51,9 +56,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     cases = {
-        "local-die": lambda: spawn_local(_cfg(2, 1, 30.0, {"rank": 1, "system": "zepp-overlap", "iter": 1,
+        "local-die": lambda: spawn_local(WORKER, _cfg(2, 1, 30.0, {"rank": 1, "system": "zepp-overlap", "iter": 1,
                                                              "mode": "die"})),
-        "local-hang": lambda: spawn_local(_cfg(2, 1, 4.0, {"rank": 0, "system": "zepp-overlap", "iter": 1,
+        "local-hang": lambda: spawn_local(WORKER, _cfg(2, 1, 4.0, {"rank": 0, "system": "zepp-overlap", "iter": 1,
                                                              "mode": "hang"}), grace=3),
     }
     from zepp.emulate.topology import availability
@@ -74,7 +79,7 @@ def main() -> None:
     with open(os.path.join(args.out, "emulate_fault_times.json"), "w") as f:
         json.dump(res, f, indent=1)
     lines = ["# Time for a failing rank to end a run", "",
-             f"Measured by `benchmarks/emulate_fault_times.py` ({args.repeats} repeats; {os.cpu_count()} CPUs, load "
+             f"Measured by `benchmarks/emulated/emulate_fault_times.py` ({args.repeats} repeats; {os.cpu_count()} CPUs, load "
              f"average {res['machine']['load_avg_start'][0]:.1f} at the start, shared machine).", "",
              "| case | median s | max s | what bounds it |", "| --- | --- | --- | --- |"]
     why = {"local-die": "the peer sees the closed connection at once (timeout 30 s not reached)",

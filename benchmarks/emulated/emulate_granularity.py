@@ -1,6 +1,6 @@
 """Zepp's per-batch granularity on the emulated cluster, against the fixed extremes.
 
-    python benchmarks/emulate_granularity.py [--shapes 2x2,4x2] [--tokens 128,512] [--iters 8]
+    python benchmarks/emulated/emulate_granularity.py [--shapes 2x2,4x2] [--tokens 128,512] [--iters 8]
 
 Per shape one emulated cluster (``zepp.emulate``, prefix ``zgr``, NIC ``--rate`` Mbit/s), its
 links and expert compute calibrated (``zepp.emulate.simcheck.calibrate``); the cost figures of
@@ -32,12 +32,14 @@ import os
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp.emulate.launcher import run_emulated
-from zepp.emulate.simcheck import calibrate
-from zepp.emulate.topology import EmulatedCluster, availability
-from zepp.runtime.worker import default_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp.emulate.launcher import run_emulated  # noqa: E402
+from zepp.emulate.simcheck import calibrate  # noqa: E402
+from zepp.emulate.topology import EmulatedCluster, availability  # noqa: E402
+from zepp.runtime.worker import default_config  # noqa: E402
 
 OUT = str(RESULTS)
 SYSTEMS = ["zepp-overlap", "zepp-auto", "zepp-sync"]
@@ -111,7 +113,7 @@ def main() -> int:
 
 def write(args, cells: list[dict], seconds: float) -> None:
     md = [f"# Zepp's granularity on the emulated cluster ({time.strftime('%Y-%m-%d %H:%M')})", "",
-          f"`python benchmarks/emulate_granularity.py --shapes {args.shapes} --tokens {args.tokens} --iters "
+          f"`python benchmarks/emulated/emulate_granularity.py --shapes {args.shapes} --tokens {args.tokens} --iters "
           f"{args.iters}`; NIC {args.rate:g} Mbit/s per direction, NVLink = unshaped veth; K2 ids (top-8, 384 experts) "
           f"from ../shared/traces/k2, layer H={args.hidden}, FFN={args.ffn}, fp32. {os.cpu_count()} CPU cores shared "
           "with other work (load average per cell below). Systems interleaved iteration by iteration; per cell the "

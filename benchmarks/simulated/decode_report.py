@@ -2,7 +2,7 @@
 files, per row Zepp's time beside the fastest of the named baseline systems and beside the
 fastest of every baseline variant the run simulated.
 
-    python benchmarks/decode_report.py AFTER.json [--before BEFORE.json] [--title TEXT] > OUT.md
+    python benchmarks/simulated/decode_report.py AFTER.json [--before BEFORE.json] [--title TEXT] > OUT.md
 
 The named systems are the engines as users run them (``sglang-deepep``, ``sglang-lp``,
 ``vllm-eplb``: each switches to its low-latency kernels at decode sizes); the variants include

@@ -1,6 +1,6 @@
 """Swaps that hide in the runtime, measured on the emulated cluster.
 
-    python benchmarks/swap_bench.py [--reps 3] [--iters 16] [--hidden 256] [--ffn 512] [--tokens 256]
+    python benchmarks/emulated/swap_bench.py [--reps 3] [--iters 16] [--hidden 256] [--ffn 512] [--tokens 256]
                                     [--rounds 5] [--hidden-ffn 1024] [--hidden-tokens 64]
 
 One emulated cluster (``zepp.emulate``, 2 nodes x 2 ranks, NICs at ``--rate`` Mbit/s, the
@@ -40,13 +40,15 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp.emulate.launcher import run_emulated
-from zepp.emulate.topology import EmulatedCluster, availability
-from zepp.runtime.worker import default_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp.emulate.launcher import run_emulated  # noqa: E402
+from zepp.emulate.topology import EmulatedCluster, availability  # noqa: E402
+from zepp.runtime.worker import default_config  # noqa: E402
 
 SYSTEMS = ["zepp-overlap", "zepp-swap"]
 
@@ -199,7 +201,7 @@ def markdown(out: dict) -> str:
     a, s = out["args"], out["summary"]
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["# Swaps that hide in the runtime (emulated cluster)", "",
-             f"`python benchmarks/swap_bench.py` ({out['seconds']:.0f} s): 2 nodes x 2 ranks, "
+             f"`python benchmarks/emulated/swap_bench.py` ({out['seconds']:.0f} s): 2 nodes x 2 ranks, "
              f"NIC {a['rate']:g} Mbit/s, "
              f"K2 shape (384 experts, top-8) with H={a['hidden']}, FFN={a['ffn']}, {a['tokens']} tokens per rank, "
              f"fp32, relaxation {a['relaxation']}, {a['iters']} timed iterations (+{a['warmup']} warm-up), "

@@ -5,19 +5,22 @@ per system and reports the busiest NIC's bytes (send or receive, dispatch + comb
 inter-node bytes and their ratios to ``a2av``. The first batch of every system is validated.
 Writes ``benchmarks/results/plan_bytes.{json,md}``.
 
-    python benchmarks/plan_bytes.py [--traces ../shared/traces] [--iters 3]
+    python benchmarks/planner/plan_bytes.py [--traces ../shared/traces] [--iters 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp.cli.plan import default_relaxation, plan_table
-from zepp.model import model_preset
-from zepp.traces import load_model_traces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp.cli.plan import plan_table  # noqa: E402  (zepp plan's table; to move into the library)
+from zepp.model import model_preset  # noqa: E402
+from zepp.planner.routing import default_relaxation  # noqa: E402
+from zepp.traces import load_model_traces  # noqa: E402
 
 SYSTEMS = ["a2av", "relay", "eplb", "sglang", "epic", "zepp-a2av", "zepp-relay", "zepp"]
 

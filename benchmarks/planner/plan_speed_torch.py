@@ -11,7 +11,7 @@ The torch planner runs in its default mode on the CPU (``sync=True``: early exit
 tables); ``--capture-safe`` adds the ``sync=False`` mode (no host read; the mode a CUDA graph
 captures) for the smaller configurations.
 
-    nice python benchmarks/plan_speed_torch.py [--traces ../shared/traces] [--repeats 3]
+    nice python benchmarks/planner/plan_speed_torch.py [--traces ../shared/traces] [--repeats 3]
         [--nodes 4,8,16,32] [--budgets 1,4,16,64] [--models k2,qwen] [--out benchmarks/results/plan_speed_torch]
 
 Writes ``<out>.json`` and ``<out>.md``.
@@ -23,13 +23,14 @@ of the same (captured once for the batch shape), checks the replayed plan agains
 planner, and writes ``<out>_cuda.{json,md}``; with ``--data`` it adds the figures to the data
 file's ``device_records``:
 
-    python benchmarks/plan_speed_torch.py --device cuda --nodes 16 --budgets 16 --models k2 \
+    python benchmarks/planner/plan_speed_torch.py --device cuda --nodes 16 --budgets 16 --models k2 \
         --data src/zepp/data/planner_torch_times.json
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -45,15 +46,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paths import RESULTS, ROOT, add_traces_option, find_traces
-from zepp.planner.flows import build_flows
-from zepp.model import model_preset
-from zepp.planner.placement import make_placement
-from zepp.planner.routing import route
-from zepp.planner.torch import build_flows as t_build_flows
-from zepp.planner.torch import device_placement
-from zepp.planner.torch import route as t_route
-from zepp.traces import load_model_traces, node_demand, sample_batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, ROOT, add_traces_option, find_traces  # noqa: E402
+from zepp.planner.flows import build_flows  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.planner.placement import make_placement  # noqa: E402
+from zepp.planner.routing import route  # noqa: E402
+from zepp.planner.torch import build_flows as t_build_flows  # noqa: E402
+from zepp.planner.torch import device_placement  # noqa: E402
+from zepp.planner.torch import route as t_route  # noqa: E402
+from zepp.traces import load_model_traces, node_demand, sample_batches  # noqa: E402
 
 COLS = ("stage", "src", "dst", "owner", "token", "msg", "entry")
 OTHER_PAIRS = (("a2av", "a2av"), ("relay", "dedup"), ("zepp", "reduce-direct"))
@@ -98,7 +100,7 @@ def _write_data(path: str, info: dict) -> None:
         mode="sync=True (host reads allowed, early exits, exact-size tables)", torch=info["torch"],
         measured_at=info["measured_at"], where="the project's shared 2-core development VM (loaded by other work)",
         load_average_end=info["load_average_end"], statistic=f"median of {info['repeats']} interleaved runs",
-        traces=info["traces"], written_by="benchmarks/plan_speed_torch.py --data",
+        traces=info["traces"], written_by="benchmarks/planner/plan_speed_torch.py --data",
         rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
                    entries=r["entries"], relaxation=r["relaxation"],
                    parts_ms={"route:zepp": round(r["torch_route_ms"], 3),
@@ -362,7 +364,7 @@ def device_main(args) -> None:
         data["device_records"].append(dict(
             device="cuda", device_name=rows[0]["device"] if rows else None, cuda_graph=True, measured_at=info["measured_at"],
             hbm_bw=2 * clock * 1e3 * bus / 8 if clock and bus else None,
-            torch=info["torch"], written_by="benchmarks/plan_speed_torch.py --device cuda --data",
+            torch=info["torch"], written_by="benchmarks/planner/plan_speed_torch.py --device cuda --data",
             rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
                        entries=r["entries"], graph_ms=r.get("graph_ms"), eager_ms=r["eager_ms"],
                        capture_safe_ms=r["capture_safe_ms"], parts_ms=r.get("parts_ms", {})) for r in rows]))

@@ -4,10 +4,10 @@ times section 7 reports for EPLB, set against the simulated ones (a check, not a
 
     zepp bench --traces ../shared/traces --systems a2av,fast,comet,eplb,epic,moonep,comet+eplb \\
         --json benchmarks/results/baseline_mechanics.json
-    python benchmarks/baseline_mechanics.py BEFORE.json AFTER.json [--phases] [--traces DIR]
+    python benchmarks/simulated/baseline_mechanics.py BEFORE.json AFTER.json [--phases] [--traces DIR]
 
 ``BEFORE.json`` / ``AFTER.json``: ``zepp bench --json`` files (real traces) holding the baseline
-columns; the errors are simulated / measured - 1 per cell, as ``benchmarks/bench_report.py``
+columns; the errors are simulated / measured - 1 per cell, as ``benchmarks/simulated/bench_report.py``
 computes them. ``--phases`` simulates the EPLB phase times on the recorded traces (``--traces``,
 found by ``benchmarks/paths.py``). The tables are printed; ``benchmarks/results/baseline_mechanics.md``
 holds them with the notes written around them (see ``benchmarks/README.md``).
@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from paths import add_traces_option, find_traces
-from zepp.registry import PAPER_BASELINES as BASELINES
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import add_traces_option, find_traces  # noqa: E402
+from zepp.registry import PAPER_BASELINES as BASELINES  # noqa: E402
 
 
 def cell_errors(path: str) -> dict[tuple, dict[str, float]]:

@@ -5,7 +5,7 @@ Writes ``benchmarks/results/ablation.{json,md,png}``: ``zepp ablation``'s six ar
 ``unseen`` schedules, with the topics' statistics; and ``ablation_case_study.png``: ``zepp timeline
 --schedule unseen --compare zepp-overlap,zepp-swap --budget-mb 64`` (its printed lines go into the markdown).
 
-    python benchmarks/ablation.py [--traces DIR] [--iters 32] [--budget-mb 64] [--schedules ...]
+    python benchmarks/simulated/ablation.py [--traces DIR] [--iters 32] [--budget-mb 64] [--schedules ...]
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from paths import RESULTS, add_traces_option, find_traces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
 
 from zepp.sim import ablation as abl
 from zepp.sim.plots import ablation_bars
@@ -42,7 +44,7 @@ def _markdown(res: dict, topics_text: str, case: str, load: tuple) -> str:
     lines = [
         "# Ablation: COMET to Zepp, under drifting demand (simulated)",
         "",
-        f"`python benchmarks/ablation.py` = `zepp ablation --model {cfg['model']} --nodes {cfg['nodes']} --budget-mb "
+        f"`python benchmarks/simulated/ablation.py` = `zepp ablation --model {cfg['model']} --nodes {cfg['nodes']} --budget-mb "
         f"{cfg['budget_mb']:g} --traces ../shared/traces --iters {cfg['iters']} --schedules "
         f"{','.join(res['schedules'])}`; cluster {cfg['cluster']}, {cfg['gpus_per_node']} GPUs per node; "
         f"mean layer time over the schedule's {cfg['iters']} batches (all timed), ms, and the speedup over comet. "

@@ -1,6 +1,6 @@
 """Issue 21's generate run: ``zepp generate --system a2av,eplb,relay,zepp --emulate --json``, repeated.
 
-    python benchmarks/generate_bench.py [--reps 3] [--out benchmarks/results/generate_bench]
+    python benchmarks/emulated/generate_bench.py [--reps 3] [--out benchmarks/results/generate_bench]
 
 A random Qwen3-MoE (hidden 1024, 32 experts of FFN 64, top-8, 4 layers; ``zepp.serve.tiny``),
 2 nodes x 2 ranks on the emulated cluster at 500 Mbit/s, 16 requests of 96-160 random tokens
@@ -19,10 +19,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from paths import RESULTS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS  # noqa: E402
 
 SYSTEMS = "a2av,eplb,relay,zepp"
 
@@ -65,7 +67,7 @@ def ratios(rep: dict) -> dict:
 
 
 def markdown(runs: list[dict]) -> str:
-    out = ["# zepp generate on the emulated cluster (benchmarks/generate_bench.py)", "",
+    out = ["# zepp generate on the emulated cluster (benchmarks/emulated/generate_bench.py)", "",
            "2x2 ranks, NICs 500 Mbit/s; random Qwen3-MoE (hidden 1024, 32 experts of FFN 64, top-8, 4 layers), "
            "16 requests of 96-160 tokens (4 per rank), 8 new tokens, home placements (no history). "
            "One `zepp generate --system a2av,eplb,relay,zepp --emulate --json` run per repetition.", ""]

@@ -6,7 +6,7 @@ this torch has it) and a loop of per-expert matmuls (the "unfused" way). Times a
 medians over repeats after warm-up. Writes JSON with the time, TFLOP/s and the fraction of the
 given peak per (model, rows per expert, method).
 
-    python benchmarks/gpu_gemm.py OUT.json [--peak-tflops 989]
+    python benchmarks/runtime/gpu_gemm.py OUT.json [--peak-tflops 989]
 """
 
 from __future__ import annotations

@@ -1,20 +1,23 @@
 """Accuracy and speed of the engine's event coarsening (``zepp.sim.layer.SIM_OPTS``) against the
 exact engine (every event, exact max-min levels), on real traces, one batch per configuration.
 
-    python benchmarks/bench_sim_accuracy.py [CASES] [--traces DIR] > benchmarks/results/bench_sim_accuracy.md
+    python benchmarks/simulated/bench_sim_accuracy.py [CASES] [--traces DIR] > benchmarks/results/bench_sim_accuracy.md
 
 ``CASES``: run only the first that many configurations of ``CASES`` (all by default).
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import zepp.sim.layer as layer
-from paths import add_traces_option, find_traces
-from zepp.sim.calibrate import calibrated
-from zepp.model import model_preset
-from zepp.sim.run import Config, run_system
-from zepp.traces import load_model_traces, node_demand, sample_batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import add_traces_option, find_traces  # noqa: E402
+from zepp.sim.calibrate import calibrated  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.sim.run import Config, run_system  # noqa: E402
+from zepp.traces import load_model_traces, node_demand, sample_batches  # noqa: E402
 
 CASES = [(4, "k2", 16.0), (16, "k2", 16.0), (16, "qwen", 4.0)]
 SYS = ["a2av", "eplb", "moonep", "comet", "epic", "zepp-overlap"]

@@ -3,7 +3,7 @@
 Writes benchmarks/results/emulate_links.json and .md: loopback (two ranks in one namespace)
 against the NVLink veth and the shaped NIC at several rates (latency, streaming bandwidth per
 message size, all NICs of a node streaming at once), and the time of a 2x2 all-to-all at each rate
-next to an effectively unshaped NIC. Needs root. Usage: python benchmarks/emulate_links.py
+next to an effectively unshaped NIC. Needs root. Usage: python benchmarks/emulated/emulate_links.py
 [--rates 500,1000,2000] [--out benchmarks/results]
 """
 
@@ -13,11 +13,14 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
-from paths import RESULTS
-from zepp.emulate import EmulatedCluster, availability
-from zepp.emulate.linkcal import calibrate_links, measure_loopback
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS  # noqa: E402
+from zepp.emulate import EmulatedCluster, availability  # noqa: E402
+from zepp.emulate.linkcal import calibrate_links, measure_loopback  # noqa: E402
 
 SIZES = (4096, 65536, 1 << 20, 8 << 20)
 INTERLEAVE_SIZES = (1 << 20, 8 << 20)

@@ -1,6 +1,6 @@
 """Serving benchmark: a MoE checkpoint generating on the emulated cluster, per system.
 
-    python benchmarks/serve_bench.py --shapes 2x2,4x2 --rate-mbit 500 --out benchmarks/results/serve_bench.json
+    python benchmarks/emulated/serve_bench.py --shapes 2x2,4x2 --rate-mbit 500 --out benchmarks/results/serve_bench.json
 
 1. Model (made once, cached in ``--work``): DeepSeek-V3 architecture (the one transformers MoE
    with a per-expert selection bias, ``e_score_correction_bias``), ``--hidden`` 1024, 128 experts,
@@ -23,7 +23,7 @@
 
 Reported: prefill tokens/s and decode ms/step per system and batch, NIC payload bytes, expert
 max/mean load of the evaluation run beside the real traces', per-rank memory. Rank mode
-(internal): ``python benchmarks/serve_bench.py --rank CONFIG``.
+(internal): ``python benchmarks/emulated/serve_bench.py --rank CONFIG``.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from paths import RESULTS, add_traces_option, find_traces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- model and skew
@@ -309,7 +311,7 @@ def _breakdown_table(t: dict, systems: list[str]) -> list[str]:
 def markdown(report: dict) -> str:
     """The results note: per shape, prefill tokens/s and decode ms/step per system and batch."""
     a = report["args"]
-    out = ["# Serving benchmark (benchmarks/serve_bench.py)", "",
+    out = ["# Serving benchmark (benchmarks/emulated/serve_bench.py)", "",
            f"Emulated cluster, NICs {a['rate_mbit']:g} Mbit/s; DeepSeek-V3-shaped model, hidden {a['hidden']}, "
            f"128 experts (FFN {a['ffn']}), top-8, {a['layers']} MoE layers, fp32 rows on the wire; median of "
            f"{a['reps']} interleaved repetitions; times are the slowest rank's.", "",

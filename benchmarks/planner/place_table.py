@@ -21,27 +21,29 @@ MoE layer 5: history ``pool.txt``, held out ``eval.txt``) and a synthetic multi-
 ``--layers`` MoE layers, history = pool window, held out = eval window); for multi-layer traces
 the figures are sums over the layers.
 
-    python benchmarks/place_table.py [--iters 3] [--budget-mb 4] [--traces DIR]
+    python benchmarks/planner/place_table.py [--iters 3] [--budget-mb 4] [--traces DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp.cluster import cluster_preset
-from zepp.planner.flows import build_flows
-from zepp.traces import history_from_traces
-from zepp.interop.buys import simulated_ms
-from zepp.interop.layers import plan_layers
-from zepp.model import model_preset
-from zepp.planner.routing import route
-from zepp.traces import load_model_traces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp.cluster import cluster_preset  # noqa: E402
+from zepp.planner.flows import build_flows  # noqa: E402
+from zepp.traces import history_from_traces  # noqa: E402
+from zepp.interop.buys import simulated_ms  # noqa: E402
+from zepp.interop.layers import plan_layers  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.planner.routing import route  # noqa: E402
+from zepp.traces import load_model_traces  # noqa: E402
 
 ENGINES = {"sglang": "locality", "sglang-dyn": "dynamic", "vllm": "random", "trtllm": "replica-rr"}
 CONFIGS = ("eplb", "zepp-place", "zepp-route", "zepp-full")
@@ -138,7 +140,7 @@ def main() -> None:
 
 
 def replot(json_path: str) -> None:
-    """Redraw the figure from a results JSON (``python benchmarks/place_table.py --replot FILE``)."""
+    """Redraw the figure from a results JSON (``python benchmarks/planner/place_table.py --replot FILE``)."""
     d = json.loads(Path(json_path).read_text())
     plot(d["rows"], Path(json_path).with_suffix(".png"))
     print("wrote", Path(json_path).with_suffix(".png"))
@@ -147,7 +149,7 @@ def replot(json_path: str) -> None:
 def write_md(rows, meta, path: Path) -> None:
     mib = 2.0 ** 20
     out = ["# What Zepp's placement buys an engine (zepp place), 2-8 nodes of 8 GPUs", "",
-           f"`python benchmarks/place_table.py` ({meta['when']}, {meta['seconds']} s). Per batch of "
+           f"`python benchmarks/planner/place_table.py` ({meta['when']}, {meta['seconds']} s). Per batch of "
            f"{meta['budget_mb']:g} MiB per GPU, mean of {meta['iters']} batches from the held-out window, dispatch + "
            f"combine, {meta['transport']}; redundant experts: {meta['redundant']}. Multi-layer rows sum the layers.",
            "", "Columns: `eplb` = the engine's replica choice over EPLB's placement (today); `zepp-place` = the same "

@@ -1,6 +1,6 @@
 """DeepEP's normal kernels in the simulator against DeepEP's published internode figures.
 
-    python benchmarks/deepep_normal_rate.py   # writes benchmarks/results/deepep_normal_rate.md
+    python benchmarks/simulated/deepep_normal_rate.py   # writes benchmarks/results/deepep_normal_rate.md
 
 DeepEP's benchmark (``tests/test_internode.py`` of deepseek-ai/DeepEP): 4096 tokens per GPU,
 hidden 7168, 256 experts, top-8 among the experts of the ``min(nodes, 4)`` nodes with the highest
@@ -15,17 +15,21 @@ pipelining (``zepp.sim.chunks``). Nothing here is fitted: the figures are what t
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
-from paths import RESULTS
-from zepp import registry
-from zepp.model import model_preset
-from zepp.sim.calibrate import calibrated
-from zepp.sim.mechanics import DEEPEP_FP8, MECHANICS
-from zepp.sim.run import Config, Shared, simulate_plan
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS  # noqa: E402
+from zepp import registry  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.sim.calibrate import calibrated  # noqa: E402
+from zepp.sim.mechanics import DEEPEP_FP8, MECHANICS  # noqa: E402
+from zepp.sim.run import Config, Shared, simulate_plan  # noqa: E402
 
 PUBLISHED = {2: 43e9, 4: 58e9, 8: 51e9}  # dispatch, EP 16 / 32 / 64 (TODAY.md)
 # combine, EP 16 / 32 / 64: DeepEP's README table beside the dispatch figures (an earlier revision
@@ -71,8 +75,10 @@ def rates(nodes: int, chunked: bool) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description="DeepEP's normal kernels, simulated vs published; writes "
+                            "benchmarks/results/deepep_normal_rate.md").parse_args()
     lines = ["# DeepEP normal kernels: simulated vs published RDMA bandwidth", "",
-             "Written by `python benchmarks/deepep_normal_rate.py` (see its docstring for the setting). GB/s per "
+             "Written by `python benchmarks/simulated/deepep_normal_rate.py` (see its docstring for the setting). GB/s per "
              "rank; `DeepEP count`: (token, node) pairs incl. the token's own node x row bytes / kernel time, as "
              "DeepEP's benchmark counts; `NIC`: bytes the rank's NIC sent (dispatch) or received (combine). "
              "Published: DeepEP README, H800 + CX7 400 Gb/s.", "",

@@ -6,12 +6,13 @@ Writes ``benchmarks/results/plan_speed.{json,md}`` (or ``--out PREFIX``). Batche
 recorded K2 traces (``--traces``, found by ``benchmarks/paths.py``), else from the built-in
 synthetic ones.
 
-    python benchmarks/plan_speed.py [--traces ../shared/traces] [--repeats 7]
+    python benchmarks/planner/plan_speed.py [--traces ../shared/traces] [--repeats 7]
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -23,12 +24,13 @@ import statistics
 import time
 from pathlib import Path
 
-from paths import RESULTS, add_traces_option, find_traces
-from zepp.planner.flows import build_flows
-from zepp.model import model_preset
-from zepp.planner.placement import make_placement
-from zepp.planner.routing import route
-from zepp.traces import load_model_traces, node_demand, sample_batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
+from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from zepp.planner.flows import build_flows  # noqa: E402
+from zepp.model import model_preset  # noqa: E402
+from zepp.planner.placement import make_placement  # noqa: E402
+from zepp.planner.routing import route  # noqa: E402
+from zepp.traces import load_model_traces, node_demand, sample_batches  # noqa: E402
 
 
 def timed(fn, repeats):
