@@ -139,19 +139,6 @@ def test_no_source_file_over_400_lines():
     assert not big, f"files over {FILE_LINES_MAX} lines: " + "; ".join(big)
 
 
-def test_rank_entry_points_named_by_strings_exist():
-    """Rank entry points are named by strings (``python -m ...``): each one resolves to a file,
-    and the old names are named nowhere in ``src/zepp``."""
-    named = ["zepp.runtime.worker", "zepp.serve.rank", "zepp.emulate.worker_rank", "zepp.emulate.serve_rank",
-             "zepp.emulate.call_rank", "zepp.emulate.a2a_jobs"]
-    for mod in named:
-        assert (SRC.parent / (mod.replace(".", "/") + ".py")).is_file(), mod
-    texts = "".join(p.read_text() for p in _sources())
-    for old in ("zepp.emulate.rankrun", "zepp.emulate.rankmain", "zepp.emulate.jobs", "zepp.emulate.runner",
-                "zepp.serve.blocks", "zepp.launch.generate"):
-        assert old not in texts, f"{old} is still named somewhere in src/zepp"
-
-
 # The executors sit below the launchers: ``zepp.runtime`` and ``zepp.serve`` import nothing of
 # ``zepp.launch``, ``zepp.emulate`` or ``zepp.cli`` (lazy imports included), so a normal run's ranks
 # load no emulated-cluster code; ``zepp.serve`` uses ``zepp.runtime``, never the simulator. The

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
 from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
-from zepp.cli.plan import plan_table  # noqa: E402  (zepp plan's table; to move into the library)
+from zepp.sim.plan_report import plan_table  # noqa: E402
 from zepp.model import model_preset  # noqa: E402
 from zepp.planner.routing import default_relaxation  # noqa: E402
 from zepp.traces import load_model_traces  # noqa: E402

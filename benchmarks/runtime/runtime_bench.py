@@ -35,7 +35,7 @@ from zepp.runtime.worker import default_config  # noqa: E402
 
 WORKER = "zepp.runtime.worker"  # what every rank runs (as ``zepp run``'s ranks)
 
-SYSTEMS = ["a2av", "eplb", "relay", "zepp", "zepp-sync", "zepp-a2av"]
+SYSTEMS = ["a2av", "eplb", "relay", "zepp-overlap", "zepp-sync", "zepp-a2av"]
 
 
 def _trace_files(traces: Path | None, tdir: str) -> dict:

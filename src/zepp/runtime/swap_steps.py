@@ -5,7 +5,7 @@ Modes (worker config ``swap_copies``, a name of ``SWAP_COPY_MODES``): ``hidden``
 copies run beside the step, a slot's GEMM waits for its own weights) or ``blocking`` (the same
 copies, finished before the layer starts, as swaps ran before).
 
-With ``swap_measure = K`` (worker config; the benchmark's switch, ``benchmarks/swap_bench.py``),
+With ``swap_measure = K`` (worker config; the benchmark's switch, ``benchmarks/emulated/swap_bench.py``),
 every timed step that swapped is followed, outside its timed window, by ``K`` rounds of three
 replays on the same batch, each between barriers:
 

@@ -217,7 +217,7 @@ static void finish(Sim *s, int64_t t, double at) {
 static inline double np_minimum(double x, double y) { return (x <= y || isnan(x)) ? x : y; }
 static inline double np_maximum(double x, double y) { return (x >= y || isnan(x)) ? x : y; }
 
-/* zepp.sim.engine.maxmin_rates over the current flows, into s->frate.
+/* zepp.sim.link_sharing.maxmin_rates over the current flows, into s->frate.
  *
  * The same passes as the numpy version, with two shortcuts that change no result: link-level
  * work runs over the links that still carry unfrozen flows (the others' shares are read by no

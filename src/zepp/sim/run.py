@@ -49,7 +49,7 @@ class Config:
     ``hist [N, E]`` history histogram; ``batches [iters, R, T, k]``; the first ``warmup``
     batches are not timed (stateful systems still plan them); ``relaxation`` C (default 0.25,
     0.5 at 16 nodes and more); ``extra`` redundant slots per GPU; ``sim_opts`` the engine's
-    coarsening options (``benchmarks/bench_sim_accuracy.py`` compares them with the exact engine).
+    coarsening options (``benchmarks/simulated/bench_sim_accuracy.py`` compares them with the exact engine).
     """
 
     cluster: Cluster

@@ -14,7 +14,7 @@ group has anything to move (no rank waits on a call its peers skip):
 - ``world``: anything else; one call over all ranks.
 
 Group member order is ascending global rank, so a sender's rows ordered by global destination
-are already in the group's order. The runtime (``zepp.runtime.dispatcher``) and the simulator's
+are already in the group's order. The runtime (``zepp.runtime.collectives``) and the simulator's
 stage-collective model (``zepp.sim.collectives``) both read ``call_scopes``.
 """
 
