@@ -56,13 +56,16 @@ class RemoteRows:
 
 
 def relay_dispatch(x: EntryView, coalesce: bool) -> tuple[Hops, RemoteRows]:
-    rr = _relay_rows(x)
-    return _gatewayed_dispatch(x, rr), rr
+    return _with_rows(x, _relay_rows(x))
 
 
 def zepp_dispatch(x: EntryView, coalesce: bool) -> tuple[Hops, RemoteRows]:
     """``coalesce``: pieces one NIC carries to one node travel as one message (else one each)."""
-    rr = _zepp_rows(x, coalesce)
+    return _with_rows(x, _zepp_rows(x, coalesce))
+
+
+def _with_rows(x: EntryView, rr: RemoteRows) -> tuple[Hops, RemoteRows]:
+    """A gatewayed dispatch's hops and the union rows its combine reduces back through."""
     return _gatewayed_dispatch(x, rr), rr
 
 
