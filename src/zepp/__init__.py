@@ -10,7 +10,8 @@ serve them. ``registry`` is the one table of systems.
 from zepp.cluster import Cluster, cluster_preset
 from zepp.errors import ZeppInputError
 from zepp.model import MoESpec, model_preset
-from zepp.planner.types import FlowPlan, Hops, LinkStats, Placement, Routing
+from zepp.planner.types import FlowPlan, Hops, Placement, Routing
+from zepp.planner.volumes import LinkStats
 
 
 __all__ = [

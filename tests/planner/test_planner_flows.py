@@ -4,6 +4,8 @@ validation catching broken plans, and ``plan_batch``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -169,15 +171,12 @@ def test_validate_catches_broken_plans():
     good = build_flows(route("home", ids, pl), "zepp", 1)
     good.validate()
     # drop a dispatch hop: some entry never receives its token
-    broken = type(good)(good.routing, good.dispatch.select(np.arange(good.dispatch.size) > 0), good.combine,
-                        good.gpus_per_node, good.row_bytes, good.dispatch_transport,
-                        good.combine_transport)
+    broken = replace(good, hops=(good.dispatch.select(np.arange(good.dispatch.size) > 0), good.combine))
     with pytest.raises(PlanInvariantError, match="never delivers"):
         broken.validate()
     # duplicate a combine hop: an output would be counted twice
     twice = Hops.concat([good.combine, good.combine.select(np.arange(good.combine.size) == 0)])
-    broken = type(good)(good.routing, good.dispatch, twice, good.gpus_per_node, good.row_bytes, good.dispatch_transport,
-                        good.combine_transport)
+    broken = replace(good, hops=(good.dispatch, twice))
     with pytest.raises(PlanInvariantError):
         broken.validate()
     # route an entry to a slot of the wrong expert
@@ -195,7 +194,7 @@ def test_validate_checks_the_nic_caps_of_a_balanced_dispatch():
     ids[0, :, 0] = 5
     relay = build_flows(route("home", ids, pl), "relay", 1)
     relay.validate()
-    as_zepp = FlowPlan(relay.routing, relay.dispatch, relay.combine, 4, 1, "zepp", "dedup")
+    as_zepp = FlowPlan(relay.routing, 4, 1, "zepp", "dedup", hops=(relay.dispatch, relay.combine))
     with pytest.raises(PlanInvariantError, match="above its cap"):
         as_zepp.validate()
 

@@ -154,7 +154,7 @@ def test_plan_that_sends_unheld_row_is_rejected():
     placement = make_placement("home", None, E, R, L)
     plan = build_flows(route("home", ids, placement), "a2av", 8)
     bad = Hops.concat([plan.dispatch, Hops.make(0, np.array([1]), 2, 0, 0)])  # rank 1 sends rank 0's token
-    broken = FlowPlan(plan.routing, bad, plan.combine, L, 8, "a2av", "a2av")
+    broken = FlowPlan(plan.routing, L, 8, "a2av", "a2av", hops=(bad, plan.combine))
     with pytest.raises(PlanInvariantError, match="does not hold"):
         compile_rank(broken, 1)
 

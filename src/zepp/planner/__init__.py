@@ -27,7 +27,8 @@ from zepp.planner.batch import BACKENDS, Stages, plan_batch
 from zepp.planner.flows import build_flows
 from zepp.planner.placement import make_placement, rebalance_experts
 from zepp.planner.routing import default_relaxation, route
-from zepp.planner.types import FlowPlan, Hops, LinkStats, Placement, Routing
+from zepp.planner.types import FlowPlan, Hops, Placement, Routing
+from zepp.planner.volumes import LinkStats
 
 __all__ = ["make_placement", "rebalance_experts", "route", "build_flows", "plan_batch", "Stages", "BACKENDS",
            "default_relaxation", "Placement", "Routing", "Hops", "FlowPlan", "LinkStats"]

@@ -11,13 +11,15 @@ Shapes used throughout (all numpy arrays):
   ranks hold different numbers of tokens); a missing entry has slot ``-1`` and moves no row.
 
 This module owns the plan objects, the replica-load bounds and the routing's invariants
-(``Routing.validate``; ``FlowPlan.validate`` runs ``zepp.planner.validation``). The flat,
+(``Routing.validate``; ``FlowPlan.validate`` runs ``zepp.planner.validation``); a plan's counts
+and link accounting are ``zepp.planner.volumes``'. The flat,
 deduplicated view of a routing that the flow builders and the validation read is
 ``zepp.planner.flows.entry_view.EntryView``.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -266,39 +268,6 @@ class Hops:
         return Hops(**{f: getattr(self, f)[mask] for f in Hops._fields()})
 
 
-@dataclass(frozen=True)
-class LinkStats:
-    """Byte and message accounting of one phase (or both phases summed).
-
-    ``nic_send [R]`` / ``nic_recv [R]``: bytes each rank's NIC sends / receives to / from other
-    nodes. ``nvlink [R, R]``: bytes from rank i to rank j inside a node (zero across nodes).
-    ``messages [R, R]``: messages from i to j (either link). ``rows_computed [R]``: GEMM rows.
-    """
-
-    nic_send: np.ndarray
-    nic_recv: np.ndarray
-    nvlink: np.ndarray
-    messages: np.ndarray
-    rows_computed: np.ndarray
-
-    @property
-    def inter_node_bytes(self) -> int:
-        return int(self.nic_send.sum())
-
-    @property
-    def busiest_nic_bytes(self) -> int:
-        """Largest bytes over any NIC direction (send or receive)."""
-        return int(max(self.nic_send.max(initial=0), self.nic_recv.max(initial=0)))
-
-    @property
-    def nvlink_bytes(self) -> int:
-        return int(self.nvlink.sum())
-
-    def __add__(self, other: "LinkStats") -> "LinkStats":
-        return LinkStats(self.nic_send + other.nic_send, self.nic_recv + other.nic_recv,
-                         self.nvlink + other.nvlink, self.messages + other.messages, self.rows_computed)
-
-
 RoutingT = TypeVar("RoutingT")
 HopsT = TypeVar("HopsT")
 
@@ -308,30 +277,59 @@ class FlowPlanFields(Generic[RoutingT, HopsT]):
     """The one field list of a FlowPlan, whichever arrays hold it (``FlowPlan``: numpy;
     ``zepp.planner.torch.types.TorchFlowPlan``: tensors on a device).
 
-    ``routing`` and its ``dispatch`` / ``combine`` hop tables; ``row_bytes`` is the size of one
-    row on the wire (``hidden * dtype_bytes``) in both phases; ``dispatch_transport`` /
-    ``combine_transport`` name the transports that built each phase (``zepp.planner.flows``).
+    ``routing``; ``row_bytes`` is the size of one row on the wire (``hidden * dtype_bytes``) in
+    both phases; ``dispatch_transport`` / ``combine_transport`` name the transports of each phase
+    (``zepp.planner.flows``); ``coalesce``: the ``zepp`` dispatch's pieces one NIC carries to one
+    node travel as one message. A plan is decided on counts: ``volumes`` (rows per stage, source,
+    destination, message and owner node of each phase, ``zepp.planner.volumes``) are built from
+    the routing's counts on first use, and the per-row hop tables ``dispatch`` / ``combine``
+    only where something reads them (an executor, a dump, the validation), unless the plan was
+    made from given tables (``hops``: ``(dispatch, combine)``; the volumes are then theirs counted).
     """
 
     routing: RoutingT
-    dispatch: HopsT
-    combine: HopsT
     gpus_per_node: int
     row_bytes: int
     dispatch_transport: str
     combine_transport: str
+    coalesce: bool = True
+    hops: tuple | None = field(default=None, repr=False)
 
     @property
     def transport(self) -> str:
         """``dispatch/combine`` transport names, for messages and reports."""
         return f"{self.dispatch_transport}/{self.combine_transport}"
 
+    @functools.cached_property
+    def hop_tables(self) -> tuple:
+        """``(dispatch, combine)`` hop tables: the given ones, else built from the routing."""
+        return self.hops if self.hops is not None else self._build_hops()
+
+    @property
+    def dispatch(self) -> HopsT:
+        return self.hop_tables[0]
+
+    @property
+    def combine(self) -> HopsT:
+        return self.hop_tables[1]
+
+    @functools.cached_property
+    def volumes(self):
+        """``PlanVolumes(dispatch, combine)``: each phase's ``Volumes``."""
+        return self._build_volumes()
+
+    def _build_hops(self) -> tuple:
+        raise NotImplementedError
+
+    def _build_volumes(self):
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class FlowPlan(FlowPlanFields[Routing, Hops]):
-    """The transfers of one MoE layer: dispatch and combine hops for one routing (fields:
-    ``FlowPlanFields``). The ``allgather`` dispatch has no hop table: it delivers every token to
-    every rank (COMET's dense all-gather, which the simulator models with its own plug-in).
+    """The transfers of one MoE layer: its routing and transports, its volumes and hop tables
+    (fields: ``FlowPlanFields``). The ``allgather`` dispatch has no hop table: it delivers every
+    token to every rank (COMET's dense all-gather, which the simulator models with its own plug-in).
     """
 
     @property
@@ -342,14 +340,30 @@ class FlowPlan(FlowPlanFields[Routing, Hops]):
     def tokens_per_rank(self) -> int:
         return self.routing.topk_ids.shape[1]
 
-    def stats(self, phase: int | None = None) -> LinkStats:
-        """Byte and message accounting for ``DISPATCH``, ``COMBINE`` or both (``None``)."""
+    def _build_hops(self) -> tuple[Hops, Hops]:
+        from zepp.planner.flows import build_hops  # flows read the plan types
+
+        return build_hops(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
+
+    def _build_volumes(self):
+        from zepp.planner.flows import build_volumes
+        from zepp.planner.volumes import PlanVolumes, volumes_of_hops
+
+        if self.hops is None:
+            return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
+        return PlanVolumes(*(volumes_of_hops(h, self.ranks, self.gpus_per_node) for h in self.hops))
+
+    def stats(self, phase: int | None = None):
+        """``zepp.planner.volumes.LinkStats``: byte and message accounting for ``DISPATCH``,
+        ``COMBINE`` or both (``None``), from the volumes."""
+        from zepp.planner.volumes import volume_stats
+
         if phase is None:
             return self.stats(DISPATCH) + self.stats(COMBINE)
         if phase not in (DISPATCH, COMBINE):
             raise ValueError(f"phase must be zepp.planner.types.DISPATCH, COMBINE or None, got {phase!r}")
-        hops = self.dispatch if phase == DISPATCH else self.combine
-        return link_stats(hops, self.ranks, self.gpus_per_node, self.row_bytes, self.routing.rows_per_rank())
+        return volume_stats(self.volumes[phase], self.ranks, self.gpus_per_node, self.row_bytes,
+                            self.routing.rows_per_rank())
 
     def validate(self) -> None:
         """Prove the plan delivers every entry to its computing rank and returns every entry's
@@ -357,17 +371,3 @@ class FlowPlan(FlowPlanFields[Routing, Hops]):
         from zepp.planner.validation import validate_flow_plan  # validation reads the transport table
 
         validate_flow_plan(self)
-
-
-def link_stats(hops: Hops, ranks: int, gpus_per_node: int, row_bytes: int, rows_computed: np.ndarray) -> LinkStats:
-    """Aggregate a hop table into per-link bytes and messages (see ``LinkStats``)."""
-    cross = (hops.src // gpus_per_node) != (hops.dst // gpus_per_node)
-    nic_send = np.bincount(hops.src[cross], minlength=ranks).astype(np.int64) * row_bytes
-    nic_recv = np.bincount(hops.dst[cross], minlength=ranks).astype(np.int64) * row_bytes
-    pair = hops.src.astype(np.int64) * ranks + hops.dst
-    nvlink = (np.bincount(pair[~cross], minlength=ranks * ranks).astype(np.int64) * row_bytes).reshape(ranks, ranks)
-    key = (hops.stage.astype(np.int64) * ranks * ranks + pair) * (int(hops.msg.max(initial=0)) + 1) + hops.msg
-    unique_msgs = np.unique(key)
-    msg_pair = (unique_msgs // (int(hops.msg.max(initial=0)) + 1)) % (ranks * ranks)
-    messages = np.bincount(msg_pair, minlength=ranks * ranks).reshape(ranks, ranks)
-    return LinkStats(nic_send, nic_recv, nvlink, messages, np.asarray(rows_computed))

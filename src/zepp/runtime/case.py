@@ -190,7 +190,7 @@ class SystemRun:
     def _link_bytes(self) -> tuple[dict, dict]:
         """This rank's measured bytes against the planner's, per phase, NIC and NVLink; a
         mismatch (NIC total, or NVLink per destination) clears ``record["bytes_ok"]``."""
-        from zepp.planner.types import link_stats
+        from zepp.planner.volumes import link_stats
 
         case, d = self.case, self.layer.dispatcher
         plan, rank, same = d.last_plan, case.rank, case.same

@@ -19,25 +19,33 @@ from dataclasses import dataclass
 
 from zepp.errors import ZeppInputError
 from zepp.planner.choices import Choice, ChoiceTable
+from typing import Callable
+
+from zepp.planner.flows import direct_volumes as dv
+from zepp.planner.flows import gateway_volumes as gv
 from zepp.planner.flows.direct_flows import (a2av_combine, a2av_dispatch, allgather_dispatch, dedup_combine,
                                              dedup_dispatch)
 from zepp.planner.flows.entry_view import EntryView
 from zepp.planner.flows.gateway_flows import (nic_split, reduce_combine, reduce_direct_combine, relay_dispatch,
                                               zepp_dispatch)
+from zepp.planner.flows.token_counts import TokenCounts
 from zepp.planner.types import FlowPlan, Hops, Routing
+from zepp.planner.volumes import PlanVolumes
 
-__all__ = ["build_flows", "check_transports", "transport_pairs", "nic_split", "DISPATCHES", "COMBINES",
-           "DispatchChoice", "CombineChoice"]
+__all__ = ["build_flows", "build_hops", "build_volumes", "check_transports", "transport_pairs", "nic_split",
+           "DISPATCHES", "COMBINES", "DispatchChoice", "CombineChoice"]
 
 
 @dataclass(frozen=True)
 class DispatchChoice(Choice):
-    """A dispatch transport: ``function(x: EntryView, coalesce) -> (Hops, RemoteRows | None)``.
-    ``natural_combine``: the combine ``build_flows`` pairs it with by default. Flags:
+    """A dispatch transport: ``function(x: EntryView, coalesce) -> (Hops, RemoteRows | None)``
+    builds its hop table, ``volumes(tc: TokenCounts, coalesce) -> (Volumes, Gateways | None)`` its
+    volumes. ``natural_combine``: the combine ``build_flows`` pairs it with by default. Flags:
     ``gatewayed`` (its rows land on gateways, what the reducing combines need), ``has_hops`` (it
     has a hop table at all: a real executor can run it), ``nic_balanced`` (each node-to-node
     stream balanced over the node's NICs; ``zepp.planner.validation`` checks the caps)."""
 
+    volumes: Callable | None = None
     natural_combine: str = "a2av"
     gatewayed: bool = False
     has_hops: bool = True
@@ -46,32 +54,35 @@ class DispatchChoice(Choice):
 
 @dataclass(frozen=True)
 class CombineChoice(Choice):
-    """A combine transport: ``function(x: EntryView, remote_rows) -> Hops``. ``reduces``: it
-    pre-reduces on the dispatch's gateways (then it needs a gatewayed dispatch)."""
+    """A combine transport: ``function(x: EntryView, remote_rows) -> Hops`` builds its hop table,
+    ``volumes(tc: TokenCounts, gateways) -> Volumes`` its volumes. ``reduces``: it pre-reduces on
+    the dispatch's gateways (then it needs a gatewayed dispatch)."""
 
+    volumes: Callable | None = None
     reduces: bool = False
 
 
 DISPATCHES: ChoiceTable[DispatchChoice] = ChoiceTable("dispatch transport", (
-    DispatchChoice("a2av", "one row per entry, owner -> computing GPU", a2av_dispatch, True, natural_combine="a2av"),
+    DispatchChoice("a2av", "one row per entry, owner -> computing GPU", a2av_dispatch, True, dv.a2av_dispatch,
+                   natural_combine="a2av"),
     DispatchChoice("dedup", "one row per (token, computing GPU), owner -> computing GPU", dedup_dispatch, True,
-                   natural_combine="dedup"),
+                   dv.dedup_dispatch, natural_combine="dedup"),
     DispatchChoice("relay", "one NIC crossing per (token, node) to the same local index, then NVLink fan-out",
-                   relay_dispatch, True, natural_combine="dedup", gatewayed=True),
+                   relay_dispatch, True, gv.relay_dispatch, natural_combine="dedup", gatewayed=True),
     DispatchChoice("zepp", "relay + NIC-balanced minimal-move split + coalescing (PAPER.md 2.4)", zepp_dispatch, True,
-                   natural_combine="reduce", gatewayed=True, nic_balanced=True),
+                   gv.zepp_dispatch, natural_combine="reduce", gatewayed=True, nic_balanced=True),
     DispatchChoice("allgather", "COMET: every GPU receives every other GPU's whole shard (routing-oblivious)",
-                   allgather_dispatch, True, natural_combine="dedup", has_hops=False),
+                   allgather_dispatch, True, dv.allgather_dispatch, natural_combine="dedup", has_hops=False),
 ))
 
 COMBINES: ChoiceTable[CombineChoice] = ChoiceTable("combine transport", (
-    CombineChoice("a2av", "one row per entry, computing GPU -> owner", a2av_combine, True),
+    CombineChoice("a2av", "one row per entry, computing GPU -> owner", a2av_combine, True, dv.a2av_combine),
     CombineChoice("dedup", "one row per (token, computing GPU), summed there, straight to the owner", dedup_combine,
-                  True),
+                  True, dv.dedup_combine),
     CombineChoice("reduce", "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
-                  reduce_combine, True, reduces=True),
+                  reduce_combine, True, gv.reduce_combine, reduces=True),
     CombineChoice("reduce-direct", "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
-                  reduce_direct_combine, True, reduces=True),
+                  reduce_direct_combine, True, gv.reduce_direct_combine, reduces=True),
 ))
 
 
@@ -95,14 +106,27 @@ def transport_pairs(with_hops: bool = True) -> list[tuple[str, str]]:
 def build_flows(routing: Routing, dispatch: str, row_bytes: int, combine: str | None = None,
                 coalesce: bool = True) -> FlowPlan:
     """The FlowPlan of ``routing`` with ``dispatch`` and ``combine`` transports (``combine``
-    defaults to the dispatch's natural one, ``DISPATCHES[dispatch].natural_combine``). ``row_bytes``: bytes of one
-    hidden row.
+    defaults to the dispatch's natural one, ``DISPATCHES[dispatch].natural_combine``). ``row_bytes``:
+    bytes of one hidden row. Its volumes and hop tables are built on first use (``build_volumes``,
+    ``build_hops``).
 
     ``coalesce`` (``zepp`` dispatch only): pieces one NIC carries to one node travel as one
     message; without it, each piece keeps its own message (for ablation).
     """
     dispatch, combine = check_transports(dispatch, combine)
+    return FlowPlan(routing, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine, coalesce)
+
+
+def build_volumes(routing: Routing, dispatch: str, combine: str, coalesce: bool = True) -> PlanVolumes:
+    """The ``PlanVolumes`` of a (checked) transport pair, from the routing's counts."""
+    tc = TokenCounts(routing)
+    d, gateways = DISPATCHES[dispatch].volumes(tc, coalesce)
+    return PlanVolumes(d, COMBINES[combine].volumes(tc, gateways))
+
+
+def build_hops(routing: Routing, dispatch: str, combine: str, coalesce: bool = True) -> tuple[Hops, Hops]:
+    """The ``(dispatch, combine)`` hop tables of a (checked) transport pair, from the routing's
+    ``EntryView``: one hop per row moved (what an executor runs)."""
     x = EntryView(routing)
     d, remote_rows = DISPATCHES[dispatch].function(x, coalesce)
-    c: Hops = COMBINES[combine].function(x, remote_rows)
-    return FlowPlan(routing, d, c, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine)
+    return d, COMBINES[combine].function(x, remote_rows)

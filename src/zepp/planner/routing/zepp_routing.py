@@ -2,29 +2,34 @@
 the number of distinct remote nodes per token (PAPER.md section 2.2; the pass is
 ``zepp_vacate``).
 
-The water-fill is vectorised numpy over ``[R, M, C]`` arrays (``M`` experts with several replicas,
-``C`` the most replicas of any expert): loops run over sweeps and visit steps only.
+The decisions are made on counts: the water-fill runs on the batch's demand per (source rank,
+expert) as vectorised numpy over ``[R, M, C]`` arrays (``M`` experts with several replicas, ``C``
+the most replicas of any expert; loops run over sweeps and visit steps only), and its counts
+are turned into every entry's replica in one pass (``zepp_assign``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from zepp.planner.routing.base_routing import slot_routing
+from zepp.planner.routing.zepp_assign import assign_entries, entry_keys
+from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.routing.zepp_vacate import vacate
 from zepp.planner.types import Placement, PlanInvariantError, Routing, expert_load_bounds
+
+_NO_BOUND = 1 << 62
 
 
 def route_zepp(topk_ids: np.ndarray, placement: Placement, relaxation: float, vacate_rounds: int) -> Routing:
     """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the Routing carries C so
     ``validate()`` checks the replica-load bounds ``[floor((1-C) q), ceil((1+C) q)]``."""
-    slot = water_fill(topk_ids, placement, relaxation)
-    slot = vacate(topk_ids, slot, placement, relaxation, vacate_rounds)
-    return slot_routing(topk_ids, slot, placement, relaxation)
+    filled = _Filled(topk_ids, placement, relaxation)
+    slot = vacate(topk_ids, filled.slot, placement, relaxation, vacate_rounds, filled.slot_counts, filled.node)
+    return Routing(topk_ids, slot.reshape(topk_ids.shape), placement, relaxation=relaxation)
 
 
 def water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) -> np.ndarray:
-    """Rotation water-fill. Returns ``slot [R, T, k]``.
+    """Rotation water-fill. Returns ``slot [R, T, k]`` int32 (``-1`` for a missing entry).
 
     Per expert with several replicas, every source rank visits the replicas in its rotation order
     (own GPU, the other GPUs of its node, then remote nodes in rotation) and at each visit assigns
@@ -32,19 +37,40 @@ def water_fill(topk_ids: np.ndarray, placement: Placement, relaxation: float) ->
     unassigned demand to lift every replica to its lower bound. All sources take their ``v``-th
     visit together (a step), and where several reach one replica in a step, lower ranks are served
     first (prefix sums); so a plan is a few vectorised steps over ``[R, M, C]`` arrays, not a loop
-    over ranks, and maps onto a GPU as a handful of kernels.
+    over ranks, and maps onto a GPU as a handful of kernels. The entries of (rank ``r``, expert
+    ``e``) then fill ``r``'s counts in batch order (``zepp_assign.assign_entries``).
 
     Invariant kept by every step: unassigned demand >= the summed lower-bound deficits, and no
     replica exceeds its upper bound. Each sweep over the ``C`` visit steps places demand while any
     remains (a deficit is always reachable), so the sweeps end with everything placed.
     """
-    slot = placement.replicas[np.maximum(topk_ids, 0), 0].astype(np.int32)  # experts with one replica: done
-    multi = np.flatnonzero(placement.replica_count.astype(np.int64) > 1)
-    if multi.size == 0:
-        return slot
-    fill = _WaterFill(_rank_demand(topk_ids, placement.num_experts)[:, multi], placement, relaxation, multi)
-    fill.run()
-    return _entries_to_replicas(topk_ids, slot, placement, multi, fill.assigned)
+    return _Filled(topk_ids, placement, relaxation).slot.reshape(topk_ids.shape)
+
+
+class _Filled:
+    """The water-fill of a batch on counts, then its entries assigned: ``slot`` and ``node
+    [R, T*k]`` (each entry's replica and its node; home where missing) and, where any expert has
+    several replicas, ``slot_counts = (load, lower, upper)``, each ``[R*S]`` int64: the loads and
+    bounds of those experts' slots (``None`` otherwise); the other slots, which no vacate move
+    enters or leaves, get load 0 and no bounds."""
+
+    def __init__(self, topk_ids: np.ndarray, placement: Placement, relaxation: float):
+        tables = zepp_tables(placement)
+        keys = entry_keys(topk_ids, placement.num_experts)
+        multi = tables.multi
+        self.slot_counts = fill = None
+        if multi.size:
+            fill = _WaterFill(keys.demand[:, multi], placement, relaxation, multi)
+            fill.run()
+        self.slot, self.node = assign_entries(keys, None if fill is None else fill.assigned, tables, with_node=True)
+        if fill is not None:
+            slots = tables.multi_slots
+            valid = slots >= 0
+            out = np.zeros((3, placement.slot_expert.size), np.int64)
+            out[1], out[2] = -_NO_BOUND, _NO_BOUND
+            for row, per_expert in zip(out, (fill.load, fill.lower[:, None], fill.upper[:, None])):
+                row[slots[valid]] = np.broadcast_to(per_expert, slots.shape)[valid]
+            self.slot_counts = tuple(out)
 
 
 def visit_order(placement: Placement, multi: np.ndarray) -> np.ndarray:
@@ -146,36 +172,3 @@ class _RankOrder:
         out = np.empty_like(exclusive)
         np.put_along_axis(out, self.order, exclusive, axis=0)
         return out
-
-
-def _entries_to_replicas(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, multi: np.ndarray,
-                         assigned: np.ndarray) -> np.ndarray:
-    """``slot [R, T, k]`` with the entries of the experts ``multi [M]`` on their replicas:
-    entries of (rank r, expert e), in batch order, fill r's ``assigned [R, M, C]`` in replica
-    order. Sorted by group (a stable radix sort), the replica indices are each group's counts
-    laid end to end."""
-    ranks, E = placement.ranks, placement.num_experts
-    reps = placement.replicas[multi]
-    cmax = reps.shape[1]
-    flat = topk_ids.reshape(ranks, -1)
-    multi_index = np.full(E + 1, -1, np.int64)  # index E: missing entries (id -1)
-    multi_index[multi] = np.arange(multi.size)
-    where = np.flatnonzero(multi_index[flat.ravel()] >= 0)
-    rr, pos_in_rank = where // flat.shape[1], where % flat.shape[1]
-    mi = multi_index[flat.ravel()[where]]
-    groups = ranks * multi.size
-    group = rr * multi.size + mi
-    order = np.argsort(group.astype(np.uint16) if groups <= 1 << 16 else group, kind="stable")
-    rep_idx = np.empty(group.size, np.int64)
-    rep_idx[order] = np.repeat(np.tile(np.arange(cmax), groups), assigned.reshape(-1))
-    out = slot.reshape(ranks, -1)
-    out[rr, pos_in_rank] = reps[mi, rep_idx]
-    return out.reshape(topk_ids.shape)
-
-
-def _rank_demand(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """Entries per (rank, expert), missing entries left out: ``[R, T, k]`` -> ``[R, E]`` int64."""
-    r = topk_ids.shape[0]
-    key = (np.arange(r, dtype=np.int64)[:, None, None] * (num_experts + 1) + np.where(topk_ids >= 0, topk_ids,
-                                                                                    num_experts)).ravel()
-    return np.bincount(key, minlength=r * (num_experts + 1)).reshape(r, num_experts + 1)[:, :num_experts]

@@ -3,7 +3,12 @@ least onto replicas on nodes the token already touches (home node first), when t
 bounds allow (PAPER.md section 2.2, after the water-fill of ``zepp_routing``).
 
 A move of a token is all-or-nothing: it only pays if the node drops out entirely. Rounds are
-vectorised over the candidate tokens ``[g]`` and their entries ``[g, k]``.
+vectorised over the candidate tokens ``[g]`` and their proposed moves ``[m]``. A token's entries
+are held column by column (``node [k, G]``: entry ``j`` of every token contiguous), so a token's
+per-node counts are ``k(k-1)/2`` comparisons of two columns; a move's target is read off bit
+masks of nodes (``N <= zepp_tables.MASK_NODES``) or, on larger clusters, off the ``k + 1`` candidate nodes in turn.
+Admission counts a move's place among the earlier moves into (out of) the same replica only
+where more moves ask for a replica than it has room (``_fits_in_order``).
 """
 
 from __future__ import annotations
@@ -11,136 +16,170 @@ from __future__ import annotations
 import numpy as np
 
 from zepp.planner.routing.base_routing import position_in_group
+from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.types import Placement, expert_load_bounds
 
-_NO_REMOTE = np.iinfo(np.int32).max
+_ONE = np.uint64(1)
 
 
 def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
-           rounds: int) -> np.ndarray:
+           rounds: int, slot_counts: tuple | None = None, node: np.ndarray | None = None) -> np.ndarray:
     """``slot [R, T, k]`` after up to ``rounds`` rounds of the vacate pass.
 
     Each round every candidate token proposes its move; moves are admitted in token order while
     the target replica stays under its upper bound and the source above its lower bound; a token
     whose moves are not all admitted keeps its routing (its reserved room stays unused that round).
+    ``slot [R, T, k]``: ``-1`` where an entry is missing. ``slot_counts``: ``(load, lower, upper)``
+    per global slot ``[R*S]`` where the caller has them from its counts (the water-fill's; only the
+    slots of several-replica experts are read, the only ones a move leaves or enters), else they
+    are counted here. ``node``: each entry's node under ``slot`` (its home node where missing),
+    any shape of ``R*T*k`` elements, where the caller has it.
     """
     ranks, T, k = topk_ids.shape
     N = ranks // placement.gpus_per_node
     if N < 2 or rounds < 1 or not (placement.replica_count > 1).any():
         return slot
-    state = _Vacate(topk_ids, slot, placement, relaxation)
+    state = _Vacate(topk_ids, slot, placement, relaxation, slot_counts, node)
     for _ in range(rounds):
         if not state.round():
             break
-    return np.where(state.present, state.slot, -1).reshape(ranks, T, k).astype(np.int32)
-
-
-def replica_on_node(placement: Placement) -> np.ndarray:
-    """``[E, N]`` int32: the lowest global slot of expert ``e`` on node ``n``, or ``-1``."""
-    S, L, E = placement.slots_per_rank, placement.gpus_per_node, placement.num_experts
-    N = placement.ranks // L
-    reps = placement.replicas
-    rep_node = np.where(reps >= 0, reps // S // L, N)
-    table = np.full((E, N + 1), -1, np.int32)
-    ee = np.repeat(np.arange(E), reps.shape[1])
-    order = np.argsort(-reps.ravel(), kind="stable")  # highest slot first, so the lowest wins
-    table[ee[order], rep_node.ravel()[order]] = reps.ravel()[order]
-    return table[:, :N]
+    return state.slot.reshape(ranks, T, k)
 
 
 class _Vacate:
-    """The pass's state over the ``G = R*T`` tokens: ``expert``, ``present``, ``slot [G, k]``
-    (int64; a missing entry sits on its token's home node: never remote, never moved), ``home [G]``
-    node, ``load [R*S]`` per slot, ``candidates [g]`` tokens still worth a round; per expert the
-    bounds ``lower_e`` / ``upper_e [E]`` and ``replica_on_node [E, N]``."""
+    """The pass's state over the ``G = R*T`` tokens: ``expert`` and ``slot [G*k]`` (flat, ``-1``
+    where missing), ``node [k, G]`` (a missing entry sits on its token's home node: never remote,
+    never moved), ``home [G]``, ``load`` and the bounds ``lo`` / ``hi [R*S]`` per slot,
+    ``candidates [g]`` tokens still worth a round; the placement's ``tables``."""
 
-    def __init__(self, topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float):
+    def __init__(self, topk_ids, slot, placement: Placement, relaxation: float, slot_counts, node):
         ranks, T, k = topk_ids.shape
-        self.S, self.L = placement.slots_per_rank, placement.gpus_per_node
-        self.N = ranks // self.L
-        ids = topk_ids.ravel()
-        demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
-        self.lower_e, self.upper_e = expert_load_bounds(demand, placement.replica_count.astype(np.int64), relaxation)
-        self.replica_on_node = replica_on_node(placement)
-        self.expert = topk_ids.reshape(-1, k)  # [G, k], G = R * T tokens
-        G = self.expert.shape[0]
-        self.home = ((np.arange(G) // T) // self.L).astype(np.int16)  # [G] owner node of each token
-        self.present = self.expert >= 0
-        away = (self.home[:, None].astype(np.int64) * self.L) * self.S
-        self.slot = np.where(self.present, slot.reshape(-1, k), away).astype(np.int64)
-        self.load = np.bincount(self.slot[self.present], minlength=placement.slot_expert.size).astype(np.int64)
-        multi = (placement.replica_count > 1)[np.maximum(self.expert, 0)]
-        self.candidates = np.flatnonzero((multi & self.present).any(1))
+        self.tables = zepp_tables(placement)
+        self.N, self.k, self.SL = placement.nodes, k, placement.slots_per_rank * placement.gpus_per_node
+        G = ranks * T
+        self.expert = topk_ids.reshape(-1)
+        self.slot = slot.astype(np.int32).reshape(-1)  # a copy
+        self.multi = placement.replica_count > 1
+        self.home = (np.arange(G, dtype=np.int64) // (T * placement.gpus_per_node)).astype(self.tables.node_of.dtype)
+        if node is None:
+            node = np.where(self.slot >= 0, self.slot // self.SL, np.repeat(self.home, k))
+        self.node = np.ascontiguousarray(np.asarray(node, self.home.dtype).reshape(G, k).T)  # [k, G]
+        self.n_slots = placement.slot_expert.size
+        if slot_counts is None:
+            s = self.slot[self.slot >= 0]
+            slot_counts = (np.bincount(s, minlength=self.n_slots), *_slot_bounds(self.expert, placement, relaxation))
+        load, self.lo, self.hi = (np.asarray(a, np.int64) for a in slot_counts)
+        self.load = load.copy()
+        # every token: one without an entry of a several-replica expert proposes only infeasible
+        # moves (onto its own single-replica slots, which no feasible move touches) and drops out
+        self.candidates = np.arange(G)
 
     def round(self) -> bool:
         """One round; False when nothing was proposed or admitted (the pass ends)."""
-        if self.candidates.size == 0:
+        cand = self.candidates
+        g = cand.size
+        if g == 0:
             return False
-        g = self.candidates.size
-        sl = self.slot[self.candidates]
-        node = (sl // (self.S * self.L)).astype(np.int16)  # [g, k]
-        g_home = self.home[self.candidates]
-        gi, ki, least = _least_touched_entries(node, g_home, self.N)
+        node = self.node if g == self.node.shape[1] else self.node[:, cand]  # [k, g]
+        home = self.home[cand]
+        gi, ki, least, has_remote = _least_touched_entries(node, home, self.N)
         if gi.size == 0:
             return False
-        e_mv = self.expert[self.candidates[gi], ki]
-        src = sl[gi, ki].astype(np.int64)
-        dst, feasible = self._targets(e_mv, g_home[gi], node[gi], least[gi], src)
+        flat = cand[gi] * self.k + ki
+        e_mv = self.expert.take(flat).astype(np.int64)
+        # An entry of a single-replica expert on the node cannot move: its token keeps its routing
+        # (such moves only touch single-replica slots, so they hold no room of the others).
+        single = ~self.multi[e_mv]
+        stuck = np.bincount(gi[single], minlength=g) > 0
+        mv = np.flatnonzero(~single)
+        gi, ki, flat, e_mv = gi[mv], ki[mv], flat[mv], e_mv[mv]
+        src = self.slot.take(flat)
+        dst, feasible = self._targets(e_mv, node, gi, home[gi], least[gi], src)
         # Admission in token order; a token moves only if all its entries on that node can move.
-        fits = feasible & self._room(e_mv, src, dst)
-        accept = np.bincount(gi[~fits], minlength=g)[gi] == 0
+        fits = feasible & _fits_in_order(dst, self.hi - self.load, self.n_slots) \
+            & _fits_in_order(src, self.load - self.lo, self.n_slots)
+        accept = ~(stuck | (np.bincount(gi[~fits], minlength=g) > 0))[gi]
         if not accept.any():
             return False
-        gsel, ksel = self.candidates[gi[accept]], ki[accept]
-        self.slot[gsel, ksel] = dst[accept]
-        np.add.at(self.load, dst[accept], 1)
-        np.subtract.at(self.load, src[accept], 1)
+        da, sa = dst[accept], src[accept]
+        self.slot[flat[accept]] = da
+        self.node[ki[accept], cand[gi[accept]]] = da // self.SL
+        self.load += np.bincount(da, minlength=self.n_slots) - np.bincount(sa, minlength=self.n_slots)
         # Next round: tokens that moved (another node may now drop) and tokens that only lost
         # because rejected moves of other tokens held the room.
-        still = np.bincount(gi[~feasible], minlength=g) == 0
-        self.candidates = self.candidates[np.flatnonzero(still & (np.bincount(gi, minlength=g) > 0))]
+        still = ~stuck & (np.bincount(gi[~feasible], minlength=g) == 0)
+        self.candidates = cand[still & has_remote]
         return True
 
-    def _targets(self, e_mv: np.ndarray, home: np.ndarray, node: np.ndarray, least: np.ndarray,
-                 src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where each moving entry (expert ``e_mv [m]``, its token's ``home [m]`` node, the nodes
-        ``node [m, k]`` of the token's entries and the node ``least [m]`` to vacate) could go
-        instead: a replica on the home node or on another node the token touches, nearest to
-        home in rotation order. Returns ``(dst [m], feasible [m])`` (``dst = src`` where none)."""
-        N = self.N
-        m, k = node.shape
-        target_node = np.empty((m, k + 1), np.int16)  # [m, k+1]: home, then the token's nodes
-        target_node[:, 0] = home
-        target_node[:, 1:] = node
-        there = self.replica_on_node[e_mv[:, None], target_node]
-        rotation = target_node - target_node[:, :1]
-        rotation += N * (rotation < 0)
-        score = np.where((there >= 0) & (target_node != least[:, None]), rotation, N)
-        best = score.argmin(1)
-        feasible = score[np.arange(m), best] < N
-        dst = there[np.arange(m), best].astype(np.int64)
-        return np.where(feasible, dst, src), feasible
+    def _targets(self, e_mv, node, gi, home, least, src) -> tuple[np.ndarray, np.ndarray]:
+        """Where each move (expert ``e_mv [m]``, its token's nodes ``node[:, gi]``, ``home [m]``,
+        the node ``least [m]`` to vacate) could go instead: a replica on the home node or on
+        another node the token touches, nearest to home in rotation order (home, home+1, ...).
+        Returns ``(dst [m], feasible [m])`` (``dst = src`` where none)."""
+        N, ron, node_mask = self.N, self.tables.replica_on_node.ravel(), self.tables.node_mask
+        if node_mask is not None:
+            touched = np.zeros(node.shape[1], np.uint64)
+            for col in node:
+                touched |= _ONE << col.astype(np.uint64)
+            h = home.astype(np.uint64)
+            allowed = (touched[gi] | (_ONE << h)) & ~(_ONE << least.astype(np.uint64)) & node_mask[e_mv]
+            rotated = ((allowed >> h) | (allowed << (np.uint64(N) - h))) & ((_ONE << np.uint64(N)) - _ONE)
+            step = np.bitwise_count((rotated & (~rotated + _ONE)) - _ONE).astype(np.int64)  # lowest set bit
+            there = ron[e_mv * N + (home + step) % N]
+            feasible = allowed != 0
+        else:
+            best = np.full(e_mv.size, N, np.int64)
+            there = src.copy()
+            for col in (home, *(c[gi] for c in node)):  # home, then the token's nodes
+                rep = ron[e_mv * N + col]
+                dist = np.where((rep >= 0) & (col != least), (col.astype(np.int64) - home) % N, N)
+                better = dist < best
+                best = np.where(better, dist, best)
+                there = np.where(better, rep, there)
+            feasible = best < N
+        return np.where(feasible, there, src).astype(np.int32), feasible
 
-    def _room(self, e_mv: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """``[m]``: the move fits, in token order, under ``dst``'s upper and above ``src``'s lower bound."""
-        room_in = self.upper_e[e_mv] - self.load[dst]
-        room_out = self.load[src] - self.lower_e[e_mv]
-        n_slots = self.load.size
-        return (position_in_group(dst, n_slots) < room_in) & (position_in_group(src, n_slots) < room_out)
+
+def _slot_bounds(ids: np.ndarray, placement: Placement, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per global slot ``[R*S]``, its expert's replica-load bounds (0 for an empty slot), from the
+    entries' experts ``ids [n]``."""
+    demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
+    lo_e, hi_e = expert_load_bounds(demand, placement.replica_count.astype(np.int64), relaxation)
+    se = placement.slot_expert.ravel()
+    return np.where(se >= 0, lo_e[np.maximum(se, 0)], 0), np.where(se >= 0, hi_e[np.maximum(se, 0)], 0)
+
+
+def _fits_in_order(key: np.ndarray, room: np.ndarray, n_keys: int) -> np.ndarray:
+    """``[m]``: whether each element's place among the earlier elements with its key (array
+    order) is below ``room[key]``; places are counted only for keys asked more than their room."""
+    tight = np.bincount(key, minlength=n_keys) > np.maximum(room, 0)
+    ok = np.ones(key.size, bool)
+    at = np.flatnonzero(tight[key])
+    if at.size:
+        ok[at] = position_in_group(key[at], n_keys) < room[key[at]]
+    return ok
 
 
 def _least_touched_entries(node: np.ndarray, home: np.ndarray, N: int):
-    """Per token (``node [g, k]`` of its entries, ``home [g]``), the remote node it touches least
-    (ties: lowest node id): ``(gi [m], ki [m], least [g])``, the (token, entry) indices of the
-    entries on it."""
-    g = node.shape[0]
-    # Per entry, how many of its token's entries share its node.
-    token_node = (np.arange(g, dtype=np.int64)[:, None] * N + node).ravel()
-    count = np.bincount(token_node, minlength=g * N)[token_node].reshape(node.shape)
-    remote = node != home[:, None]
-    key = np.where(remote, count * N + node, _NO_REMOTE)
-    pick = key.argmin(1)
-    has_remote = key[np.arange(g), pick] < _NO_REMOTE
-    least = node[np.arange(g), pick]
-    gi, ki = np.nonzero((node == least[:, None]) & has_remote[:, None])
-    return gi, ki, least
+    """Per token (``node [k, g]`` of its entries, ``home [g]``), the remote node it touches least
+    (ties: lowest node id): ``(gi [m], ki [m], least [g], has_remote [g])``, the (token, entry)
+    indices of the entries on it, in token order."""
+    k, g = node.shape
+    count = np.zeros((k, g), np.int8)  # per entry, how many other entries of its token share its node
+    same = np.empty(g, bool)
+    for i in range(k):
+        for j in range(i + 1, k):
+            np.equal(node[i], node[j], out=same)
+            count[i] += same.view(np.int8)
+            count[j] += same.view(np.int8)
+    big = (k + 2) * N
+    dtype = np.int32 if big >= 1 << 15 else np.int16
+    least_key = np.full(g, big, dtype)  # min over remote entries of (count, node)
+    for i in range(k):
+        key = count[i] * dtype(N) + node[i] + (node[i] == home) * dtype(big)
+        np.minimum(least_key, key, out=least_key)
+    has_remote = least_key < big
+    least = np.where(has_remote, least_key % N, -1).astype(node.dtype)
+    flat = np.flatnonzero(np.ascontiguousarray((node == least).T))  # token-major order
+    gi = flat // k
+    return gi, flat - gi * k, least, has_remote

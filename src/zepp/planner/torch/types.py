@@ -120,5 +120,5 @@ class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
         """The numpy ``zepp.planner.types.FlowPlan`` (one host read of the sizes, then the copies); raises
         ``IncompletePlan`` when the water-fill left entries unplaced."""
         d, c, unplaced = self.sizes()
-        return FlowPlan(self.routing.to_numpy(unplaced), self.dispatch.to_numpy(d), self.combine.to_numpy(c),
-                        self.gpus_per_node, self.row_bytes, self.dispatch_transport, self.combine_transport)
+        return FlowPlan(self.routing.to_numpy(unplaced), self.gpus_per_node, self.row_bytes, self.dispatch_transport,
+                        self.combine_transport, self.coalesce, hops=(self.dispatch.to_numpy(d), self.combine.to_numpy(c)))

@@ -42,7 +42,7 @@ def use_ring_combine(ctx: BatchInputs) -> None:
     rows_no = node_owner_rows(ctx.plan, ctx.cluster.gpus_per_node)
     ring = CometRingCombine(ctx, rows_no)
     ctx.custom_combine = ring
-    ctx.plan = replace(ctx.plan, combine=Hops.empty())
+    ctx.plan = replace(ctx.plan, hops=(ctx.plan.dispatch, Hops.empty()))
     ctx.add_nic(*ring.nic_bytes())
 
 

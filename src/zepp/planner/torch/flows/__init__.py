@@ -47,4 +47,4 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
     x = EntryView(routing)
     d, remote_rows = DISPATCHES[dispatch].twin()(x, coalesce)
     c = COMBINES[combine].twin()(x, remote_rows)
-    return TorchFlowPlan(routing, d.pack(exact), c.pack(exact), x.L, int(row_bytes), dispatch, combine)
+    return TorchFlowPlan(routing, x.L, int(row_bytes), dispatch, combine, coalesce, hops=(d.pack(exact), c.pack(exact)))

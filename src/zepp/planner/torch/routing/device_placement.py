@@ -1,7 +1,7 @@
 """A placement's static tables on a device: the torch planner's per-placement state (torch-only).
 
 Built with numpy on the host once per placement and device (``visit_order`` of
-``zepp.planner.routing.zepp_routing``, ``replica_on_node`` of ``zepp.planner.routing.zepp_vacate``)
+``zepp.planner.routing.zepp_routing``, ``replica_on_node`` of ``zepp.planner.routing.zepp_tables``)
 and copied to the device; a placement changes between batches only after swaps, so build it
 before capturing a CUDA graph (``device_placement`` caches it).
 """
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from zepp.planner.routing.zepp_routing import visit_order
-from zepp.planner.routing.zepp_vacate import replica_on_node
+from zepp.planner.routing.zepp_tables import replica_on_node
 from zepp.planner.torch._ops import I64
 from zepp.planner.types import Placement
 

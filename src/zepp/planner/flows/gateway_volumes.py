@@ -1,0 +1,179 @@
+"""The gatewayed transports' volumes (``gateway_flows`` counted, from ``TokenCounts``).
+
+A gatewayed dispatch sends one row per token and remote node (``union``); the NIC of local GPU
+``cl`` of the owner's node carries it to GPU ``cl`` of the destination node (the gateway), which
+forwards it over NVLink to the token's other GPUs there (``pairs``). ``relay`` carries every
+row on the owner's own NIC; ``zepp`` splits each node-to-node stream over the node's NICs
+(``nic_split``): a GPU keeps the first rows of each of its segments up to its cap, in token
+order, and its excess, numbered per stream in (GPU, token) order, fills the other GPUs'
+deficits in GPU order. The split is decided on counts (``_split``: how many rows each GPU hands
+each other GPU, an overlap of intervals); only the handed rows are listed
+(``TokenCounts.rows_beyond``), for the forwards that start on their new gateway.
+
+Dispatch builders take ``(tc: TokenCounts, coalesce)`` and return ``(Volumes, Gateways)``;
+combine builders take ``(tc, Gateways)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zepp.planner.flows.gateway_flows import nic_split
+from zepp.planner.flows.token_counts import TokenCounts
+from zepp.planner.volumes import Volumes
+
+
+@dataclass
+class Gateways:
+    """The union rows of a gatewayed dispatch, counted: ``carried [R, N, L]`` rows of owner
+    ``r`` to node ``n`` carried by local GPU ``cl`` of ``r``'s node (landing on GPU ``cl`` of node
+    ``n``); ``by_owner_local``: messages keyed by the owner's local GPU (``zepp`` without
+    coalescing), else one key; the handed rows ``owner``, ``token``, ``node``, ``carrier_local``
+    ``[d]`` (carried by another GPU than the owner); ``near [R, R]`` the token-GPU pairs on the
+    owner's node and ``fan`` the cells of the forwards from the gateways (``_near_and_fan``)."""
+
+    carried: np.ndarray
+    by_owner_local: bool
+    owner: np.ndarray
+    token: np.ndarray
+    node: np.ndarray
+    carrier_local: np.ndarray
+    near: np.ndarray | None = None
+    fan: tuple | None = None
+
+
+def relay_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[Volumes, Gateways]:
+    R, L, N = tc.R, tc.L, tc.N
+    carried = np.zeros((R, N, L), np.int64)
+    carried[np.arange(R), :, np.arange(R) % L] = _remote_union(tc)
+    z = np.zeros(0, np.int64)
+    gw = Gateways(carried, False, z, z, z, z)
+    return _gatewayed_dispatch(tc, gw), gw
+
+
+def zepp_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[Volumes, Gateways]:
+    """``coalesce``: pieces one NIC carries to one node travel as one message (else one each)."""
+    gw = _split(tc, not coalesce)
+    return _gatewayed_dispatch(tc, gw), gw
+
+
+def reduce_combine(tc: TokenCounts, gw: Gateways) -> Volumes:
+    L = tc.L
+    r, n, cl = np.nonzero(gw.carried)
+    back = (1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried[r, n, cl])
+    # One forward per (token, landing GPU) other than the owner: pieces from several nodes
+    # landing on one GPU are summed there first.
+    key = np.unique((gw.owner * tc.T + gw.token) * L + gw.carrier_local)
+    owner, local = key // L // tc.T, key % L
+    forward = (2, (owner // L) * L + local, owner, 0, owner // L, 1)
+    return _cells(tc, *_reduce_on_gateways(tc, gw), back, forward)
+
+
+def reduce_direct_combine(tc: TokenCounts, gw: Gateways) -> Volumes:
+    L = tc.L
+    r, n, cl = np.nonzero(gw.carried)
+    back = (1, n * L + cl, r, 0, r // L, gw.carried[r, n, cl])
+    return _cells(tc, *_reduce_on_gateways(tc, gw), back)
+
+
+# --------------------------------------------------------------------------- the split
+
+
+def _remote_union(tc: TokenCounts) -> np.ndarray:
+    """``[R, N]`` token-node pairs on other nodes than the owner's."""
+    u = tc.union.copy()
+    u[np.arange(tc.R), np.arange(tc.R) // tc.L] = 0
+    return u
+
+
+def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
+    """The NIC-balanced minimal-move split on counts, and the handed rows listed."""
+    R, L, N = tc.R, tc.L, tc.N
+    union = _remote_union(tc)
+    volume = union.reshape(N, L, N).transpose(0, 2, 1).reshape(N * N, L)  # [stream (o, n), local]
+    cap, kept = nic_split(volume)
+    excess, deficit = volume - kept, cap - kept
+    ex_end, de_end = np.cumsum(excess, 1), np.cumsum(deficit, 1)
+    # rows GPU i hands GPU j: the overlap of i's excess and j's deficit in the stream's numbering
+    handed = np.minimum(ex_end[:, :, None], de_end[:, None, :]) - np.maximum((ex_end - excess)[:, :, None],
+                                                                          (de_end - deficit)[:, None, :])
+    carried = np.maximum(handed, 0)  # [stream, from, to]
+    carried[:, np.arange(L), np.arange(L)] += kept
+    carried = carried.reshape(N, N, L, L).transpose(0, 2, 1, 3).reshape(R, N, L)  # [owner, node, carrier]
+    kept_rn = kept.reshape(N, N, L).transpose(0, 2, 1).reshape(R, N)
+    kept_rn[np.arange(R), np.arange(R) // L] = np.iinfo(np.int64).max  # the home node: no rows handed
+    owner, token, node, place = tc.rows_beyond(kept_rn)
+    stream, local = (owner // L) * N + node, owner % L
+    xi = (ex_end - excess)[stream, local] + place - kept[stream, local]
+    carrier_local = (xi[:, None] >= de_end[stream]).sum(1)
+    return Gateways(carried, by_owner_local, owner, token, node, carrier_local)
+
+
+def _msg(gw: Gateways, owner: np.ndarray):
+    return owner % gw.carried.shape[2] if gw.by_owner_local else 0
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def _cells(tc: TokenCounts, *parts) -> Volumes:
+    """One phase's ``Volumes`` from parts ``(stage, src, dst, msg, owner_node, rows)`` (arrays or
+    scalars, broadcast within a part)."""
+    cols = [[] for _ in range(6)]
+    for part in parts:
+        shape = np.broadcast_shapes(*(np.shape(v) for v in part))
+        for col, v in zip(cols, part):
+            col.append(np.broadcast_to(v, shape).ravel())
+    return Volumes.of_cells(*(np.concatenate(c) for c in cols), ranks=tc.R, nodes=tc.N)
+
+
+def _pair_part(counts: np.ndarray, stage: int, L: int, back: bool = False) -> tuple:
+    """``counts [R, R]`` rows from owner ``r`` to rank ``c`` (``back``: ``c`` to ``r``), as a part."""
+    r, c = np.nonzero(counts)
+    src, dst = (c, r) if back else (r, c)
+    return stage, src, dst, 0, r // L, counts[r, c]
+
+
+def _gatewayed_dispatch(tc: TokenCounts, gw: Gateways) -> Volumes:
+    L = tc.L
+    r, n, cl = np.nonzero(gw.carried)
+    rows, msg, home = gw.carried[r, n, cl], _msg(gw, r), (r // L) * L
+    handoff = (0, r, home + cl, msg, r // L, np.where(cl != r % L, rows, 0))
+    cross = (1, home + cl, n * L + cl, msg, r // L, rows)
+    near, fan = _near_and_fan(tc, gw)
+    src, dst, owner_node, rows = fan
+    return _cells(tc, _pair_part(near, 0, L), handoff, cross, (2, src, dst, 0, owner_node, rows))
+
+
+def _reduce_on_gateways(tc: TokenCounts, gw: Gateways) -> tuple[tuple, tuple]:
+    """Stage 0 of both reducing combines: same-node partials to the owner, remote ones to the
+    gateway that received their token (the dispatch's forwards, reversed)."""
+    near, (src, dst, owner_node, rows) = _near_and_fan(tc, gw)
+    return _pair_part(near, 0, tc.L, back=True), (0, dst, src, 0, owner_node, rows)
+
+
+def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, tuple]:
+    """``near [R, R]``: token-GPU pairs on the owner's node, other than the owner; ``fan``: the
+    stage-2 forwards ``(src, dst, owner node, rows)``, one per token-GPU pair on another node,
+    from the gateway that received the token there (unless the GPU is that gateway)."""
+    if gw.near is None:
+        R, L = tc.R, tc.L
+        rank = np.arange(R)
+        same = (rank[:, None] // L) == (rank[None, :] // L)
+        gw.near = np.where(same & (rank[:, None] != rank[None, :]), tc.pairs, 0)
+        r, c = np.nonzero(np.where(same, 0, tc.pairs))
+        gateway = (c // L) * L + r % L  # the owner's own NIC, unless the row was handed (below)
+        parts = [(gateway, c, r // L, np.where(c != gateway, tc.pairs[r, c], 0))]
+        if gw.owner.size:
+            gpus = tc.gpus_on(gw.owner, gw.token, gw.node)  # [d, k]
+            old = (gw.node * L + gw.owner % L)[:, None]
+            new = (gw.node * L + gw.carrier_local)[:, None]
+            onode = (gw.owner // L)[:, None]
+            parts.append((old, gpus, onode, -((gpus >= 0) & (gpus != old)).astype(np.int64)))
+            parts.append((new, gpus, onode, ((gpus >= 0) & (gpus != new)).astype(np.int64)))
+        shapes = [np.broadcast_shapes(*(np.shape(v) for v in p)) for p in parts]
+        gw.fan = tuple(np.concatenate([np.broadcast_to(p[i], sh).ravel() for p, sh in zip(parts, shapes)])
+                       for i in range(4))
+    return gw.near, gw.fan

@@ -1,0 +1,131 @@
+"""A routing's entries counted per token: what the count-level flow builders
+(``direct_volumes``, ``gateway_volumes``) read instead of per-row lists.
+
+Every transport's volumes follow from three ``[R, *]`` counts of the routing and, for the
+NIC-balanced split, the token order inside a few (owner, node) segments:
+
+- ``entries [R, R]``: entries of owner rank ``r`` computed on rank ``c`` (one row each, ``a2av``);
+- ``pairs [R, R]``: tokens of owner ``r`` with at least one entry on rank ``c`` (token-GPU pairs);
+- ``union [R, N]``: tokens of owner ``r`` with at least one entry on node ``n`` (token-node pairs);
+- ``rows_beyond(kept)``: the token-node pairs of segment ``(r, n)`` past its first ``kept[r, n]``
+  in token order (the rows a GPU hands to another NIC), with ``gpus_on`` their token's GPUs there.
+
+The entries are read rank block by rank block (``block_entries`` entries at most), each block
+held column by column (``[k, g]``: entry ``j`` of every token contiguous), so a token's distinct
+GPUs and nodes are ``k(k-1)/2`` comparisons of two columns, and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zepp.planner.types import Routing
+
+BLOCK_ENTRIES = 1 << 23
+
+
+class TokenCounts:
+    """The counts of ``routing`` (see the module docstring); ``R``, ``T``, ``k``, ``L``, ``N``."""
+
+    def __init__(self, routing: Routing, block_entries: int = BLOCK_ENTRIES):
+        p = routing.placement
+        self.R, self.T, self.k = routing.slot.shape
+        self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
+        self.slot = routing.slot
+        self.ranks_per_block = max(1, block_entries // max(1, self.T * self.k))
+        R, N = self.R, self.N
+        both = np.zeros(2 * R * (R + 1), np.int64)
+        union = np.zeros(R * (N + 1), np.int64)
+        self._blocks: list[_Block | None] = []
+        for r0 in range(0, R, self.ranks_per_block):
+            b = _Block(self, r0)
+            both += np.bincount(b.pair_key().ravel(), minlength=both.size)
+            union += np.bincount(b.node_key().ravel(), minlength=union.size)
+            self._blocks.append(b if R <= self.ranks_per_block else None)  # kept when there is one block
+        both = both.reshape(R, R + 1, 2)[:, 1:]  # column 0: missing entries
+        self.entries = both.sum(2)
+        self.pairs = both[:, :, 1]
+        self.union = union.reshape(R, N + 1)[:, 1:]
+
+    def _block(self, i: int) -> "_Block":
+        return self._blocks[i] or _Block(self, i * self.ranks_per_block)
+
+    def rows_beyond(self, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The token-node pairs of each segment (owner ``r``, node ``n``) past its first
+        ``kept [R, N]`` in token order: ``(owner, token, node, place)`` ``[d]`` each, ``place`` the
+        pair's index in its segment (``>= kept``); by owner, then node, then token."""
+        out = []
+        over = self.union > kept
+        for i in range(len(self._blocks)):
+            r0 = i * self.ranks_per_block
+            r1 = min(self.R, r0 + self.ranks_per_block)
+            if over[r0:r1].any():
+                out.append(self._block(i).rows_beyond(kept[r0:r1], over[r0:r1]))
+        if not out:
+            z = np.zeros(0, np.int64)
+            return z, z, z, z
+        return tuple(np.concatenate(c) for c in zip(*out))
+
+    def gpus_on(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> np.ndarray:
+        """``[d, k]`` int64: the distinct ranks on ``node [d]`` computing entries of token
+        ``(owner [d], token [d])``, ``-1`` elsewhere."""
+        comp = np.sort(self.slot[owner, token] // self.S, axis=1)  # -1 (missing) sorts first
+        keep = (comp // self.L == node[:, None]) & (comp >= 0)
+        keep[:, 1:] &= comp[:, 1:] != comp[:, :-1]
+        return np.where(keep, comp, -1).astype(np.int64)
+
+
+class _Block:
+    """Ranks ``r0 .. r1`` of a ``TokenCounts``: per entry column ``comp`` and ``node [k, g]``
+    (``-1`` where missing; ``g = (r1 - r0) T``), ``first_c`` / ``first_n [k, g]`` (the entry is its
+    token's first on that rank / node), ``owner [g]`` (global rank of each token)."""
+
+    def __init__(self, tc: TokenCounts, r0: int):
+        self.tc, self.r0 = tc, r0
+        self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
+        dtype = np.int16 if tc.R < 1 << 15 else np.int32
+        self.comp = np.ascontiguousarray((tc.slot[r0:r1].reshape(-1, tc.k) // tc.S).astype(dtype).T)
+        self.node = self.comp // tc.L
+        self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
+        self.first_c = _first_of_token(self.comp)
+        self.first_n = _first_of_token(self.node)
+
+    def pair_key(self) -> np.ndarray:
+        """``[k, g]``: ``(owner (R+1) + comp + 1) 2 + first_c`` (column ``comp + 1 = 0``: missing)."""
+        return (self.owner * (self.tc.R + 1) + 1 + self.comp) * 2 + self.first_c
+
+    def node_key(self) -> np.ndarray:
+        """``[k, g]``: ``owner (N+1) + node + 1`` on a token's first entry per node (column 0 elsewhere)."""
+        return self.owner * (self.tc.N + 1) + (self.node + 1) * self.first_n
+
+    def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
+        """``TokenCounts.rows_beyond`` for this block's ranks (``kept``, ``over [rb, N]``: the
+        segments with rows past ``kept``): the segments' tokens marked ``[D, T]``, counted along
+        the tokens."""
+        tc = self.tc
+        T, N = tc.T, tc.N
+        which = np.flatnonzero(over.ravel())  # segments (r - r0) * N + n with rows beyond
+        D = which.size
+        seg = np.full(over.size + 1, D, np.int32)  # the last index: no segment
+        seg[which] = np.arange(D)
+        owner_n = (self.owner - self.r0) * N
+        token = np.arange(self.owner.size, dtype=np.int32) % T
+        present = np.zeros((D + 1) * T, np.int16)
+        for node, first in zip(self.node, self.first_n):
+            present[seg.take(np.where(first, owner_n + node, over.size)) * T + token] = 1
+        present = present[:D * T].reshape(D, T)
+        place = np.cumsum(present, axis=1, dtype=np.int32)  # 1-based place of each present token
+        flat = np.flatnonzero((place > kept.ravel()[which][:, None]) & (present > 0))
+        d, t = flat // T, flat % T
+        rn = which[d]
+        return rn // N + self.r0, t, rn % N, place.ravel()[flat] - 1
+
+
+def _first_of_token(col: np.ndarray) -> np.ndarray:
+    """``[k, g]`` bool: entry ``j`` of a token is present and no earlier entry of the token has
+    the same value (``col [k, g]``, ``-1`` where missing)."""
+    first = col >= 0
+    for i in range(1, col.shape[0]):
+        for j in range(i):
+            first[i] &= col[i] != col[j]
+    return first
