@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from planner_cases import SETTINGS, random_placement, routing_case, routing_cases, skewed_batch
 from zepp.errors import ZeppInputError
-from zepp.planner.routing import ROUTINGS, moonep_plan, position_in_group, route
+from zepp.planner.routing import ROUTINGS, moonep_plan, position_in_group, route, zepp_tables
 from zepp.planner.types import Placement, PlanInvariantError, Routing
 
 
@@ -187,3 +187,17 @@ def test_bad_batches_are_named():
         route("nearest", np.zeros((4, 2, 1), int), pl)
     with pytest.raises(ZeppInputError, match="missing entries"):
         route("moonep", np.full((4, 2, 1), -1), pl)
+
+
+@SETTINGS
+@given(routing_cases)
+def test_vacate_targets_by_node_masks_and_by_candidate_nodes_agree(case):
+    """The vacate pass reads a move's target off node bit masks up to ``MASK_NODES`` nodes and off
+    the token's candidate nodes in turn beyond; both give the same routing."""
+    pl, ids = routing_case(case)
+    by_masks = route("zepp", ids, pl, case["relaxation"]).slot
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(zepp_tables, "MASK_NODES", 0)
+        fresh = Placement(pl.slot_expert, pl.num_experts, pl.gpus_per_node)  # its tables built anew
+        assert zepp_tables.zepp_tables(fresh).node_mask is None
+        np.testing.assert_array_equal(route("zepp", ids, fresh, case["relaxation"]).slot, by_masks)

@@ -27,25 +27,23 @@ BLOCK_ENTRIES = 1 << 23
 class TokenCounts:
     """The counts of ``routing`` (see the module docstring); ``R``, ``T``, ``k``, ``L``, ``N``."""
 
-    def __init__(self, routing: Routing, block_entries: int = BLOCK_ENTRIES):
+    def __init__(self, routing: Routing, block_entries: int | None = None):
         p = routing.placement
         self.R, self.T, self.k = routing.slot.shape
         self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
         self.slot = routing.slot
-        self.ranks_per_block = max(1, block_entries // max(1, self.T * self.k))
-        R, N = self.R, self.N
-        both = np.zeros(2 * R * (R + 1), np.int64)
-        union = np.zeros(R * (N + 1), np.int64)
+        self.ranks_per_block = max(1, (block_entries or BLOCK_ENTRIES) // max(1, self.T * self.k))
+        R, N, L = self.R, self.N, self.L
+        counts = np.zeros(R * (R + 1) * 4, np.int64)  # [owner, comp + 1, first on its rank + 2 first on its node]
         self._blocks: list[_Block | None] = []
         for r0 in range(0, R, self.ranks_per_block):
             b = _Block(self, r0)
-            both += np.bincount(b.pair_key().ravel(), minlength=both.size)
-            union += np.bincount(b.node_key().ravel(), minlength=union.size)
+            counts += np.bincount(b.key().ravel(), minlength=counts.size)
             self._blocks.append(b if R <= self.ranks_per_block else None)  # kept when there is one block
-        both = both.reshape(R, R + 1, 2)[:, 1:]  # column 0: missing entries
-        self.entries = both.sum(2)
-        self.pairs = both[:, :, 1]
-        self.union = union.reshape(R, N + 1)[:, 1:]
+        counts = counts.reshape(R, R + 1, 4)[:, 1:]  # comp + 1 = 0: missing entries
+        self.entries = counts.sum(2)
+        self.pairs = counts[:, :, 1] + counts[:, :, 3]
+        self.union = (counts[:, :, 2] + counts[:, :, 3]).reshape(R, N, L).sum(2)
 
     def _block(self, i: int) -> "_Block":
         return self._blocks[i] or _Block(self, i * self.ranks_per_block)
@@ -83,20 +81,19 @@ class _Block:
     def __init__(self, tc: TokenCounts, r0: int):
         self.tc, self.r0 = tc, r0
         self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
-        dtype = np.int16 if tc.R < 1 << 15 else np.int32
-        self.comp = np.ascontiguousarray((tc.slot[r0:r1].reshape(-1, tc.k) // tc.S).astype(dtype).T)
+        self.comp = np.floor_divide(tc.slot[r0:r1].reshape(-1, tc.k).T, tc.S, order="C")  # [k, g] int32
         self.node = self.comp // tc.L
         self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
         self.first_c = _first_of_token(self.comp)
         self.first_n = _first_of_token(self.node)
 
-    def pair_key(self) -> np.ndarray:
-        """``[k, g]``: ``(owner (R+1) + comp + 1) 2 + first_c`` (column ``comp + 1 = 0``: missing)."""
-        return (self.owner * (self.tc.R + 1) + 1 + self.comp) * 2 + self.first_c
-
-    def node_key(self) -> np.ndarray:
-        """``[k, g]``: ``owner (N+1) + node + 1`` on a token's first entry per node (column 0 elsewhere)."""
-        return self.owner * (self.tc.N + 1) + (self.node + 1) * self.first_n
+    def key(self) -> np.ndarray:
+        """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
+        key = self.owner * (self.tc.R + 1) + 1 + self.comp
+        key *= 4
+        key += self.first_c
+        key += 2 * self.first_n
+        return key
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
         """``TokenCounts.rows_beyond`` for this block's ranks (``kept``, ``over [rb, N]``: the

@@ -100,13 +100,19 @@ def lp_shares(topk_ids: np.ndarray, placement: Placement, iters: int = IPM_ITERS
 
 
 def route_lp(topk_ids: np.ndarray, placement: Placement, relaxation: float, vacate_rounds: int) -> Routing:
-    """SGLang's ``lp`` dispatch: per entry, a copy drawn with the LP's shares (``lp_shares``)."""
+    """SGLang's ``lp`` dispatch: per entry, a copy drawn with the LP's shares (``lp_shares``).
+    The draw's weights depend on the expert only, so they are laid out once per expert
+    (``[E, C]``: each copy's share, their running sums and total) and each entry reads its own."""
     share, _ = lp_shares(topk_ids, placement)
-    e = np.maximum(topk_ids.ravel(), 0).astype(np.int64)
-    reps = placement.replicas[e]  # [n, cmax] global slots, -1 padded
+    reps = placement.replicas  # [E, C] global slots, -1 padded
     p = np.where(reps >= 0, share[np.maximum(reps, 0)], 0.0)
     row = p.sum(1, keepdims=True)
     p = np.where(row > 0, p, (reps >= 0).astype(float))
-    u = entry_hash(np.arange(e.size, dtype=np.int64)) / HASH_MOD * p.sum(1)
-    col = np.minimum((np.cumsum(p, 1) <= u[:, None]).sum(1), (reps >= 0).sum(1) - 1)
-    return slot_routing(topk_ids, reps[np.arange(e.size), col].reshape(topk_ids.shape), placement)
+    total, ends = p.sum(1), np.cumsum(p, 1)
+    e = np.maximum(topk_ids.ravel(), 0).astype(np.int64)
+    u = entry_hash(np.arange(e.size, dtype=np.int64)) / HASH_MOD * total[e]
+    col = np.zeros(e.size, np.int64)
+    for c in range(reps.shape[1]):  # copies whose running share the draw has passed
+        col += ends[:, c][e] <= u
+    col = np.minimum(col, placement.replica_count[e].astype(np.int64) - 1)
+    return slot_routing(topk_ids, reps[e, col].reshape(topk_ids.shape), placement)

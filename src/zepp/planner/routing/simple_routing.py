@@ -73,17 +73,20 @@ def _choice(topk_ids: np.ndarray, placement: Placement, prefer_local: bool, per_
 
 def _pick(e: np.ndarray, src: np.ndarray, h: np.ndarray, placement: Placement, prefer_local: bool) -> np.ndarray:
     """``_choice``'s pick for entries of expert ``e [n]`` from rank ``src [n]`` with hash ``h [n]``:
-    their global slots ``[n]``."""
-    reps = placement.replicas[e]  # [n, cmax] global slots, -1 padded
-    valid = reps >= 0
-    if prefer_local:
-        S, L = placement.slots_per_rank, placement.gpus_per_node
-        rr = np.where(valid, reps // S, -1)
-        level = np.where(rr == src[:, None], 0, np.where(rr // L == (src // L)[:, None], 1, 2))
-        level = np.where(valid, level, 3)
-        valid = level == level.min(axis=1, keepdims=True)
-    cnt = valid.sum(axis=1)
-    pick = h % cnt  # the pick-th candidate, in replica order
-    nth = np.cumsum(valid, axis=1) - 1
-    col = np.argmax(valid & (nth == pick[:, None]), axis=1)
-    return reps[np.arange(e.size), col]
+    their global slots ``[n]``. The candidates depend on (source rank, expert) only, so they are
+    laid out once per pair (``[R, E, C]``, in replica order) and each entry picks one by index."""
+    if not prefer_local:  # every replica, in replica order: the valid ones are a prefix
+        return placement.replicas[e, h % placement.replica_count[e]]
+    S, L = placement.slots_per_rank, placement.gpus_per_node
+    reps = placement.replicas  # [E, C] global slots, -1 padded
+    rank = np.arange(placement.ranks)[:, None, None]
+    rr = np.where(reps >= 0, reps // S, -1)[None]  # [1, E, C]
+    level = np.where(rr == rank, 0, np.where(rr // L == rank // L, 1, 2))
+    level = np.where(reps[None] >= 0, level, 3)
+    valid = level == level.min(axis=2, keepdims=True)  # [R, E, C]
+    order = np.argsort(~valid, axis=2, kind="stable")  # the candidates first, in replica order
+    cand = np.take_along_axis(np.broadcast_to(reps, valid.shape), order, axis=2)
+    pair = src * placement.num_experts + e
+    cnt = valid.sum(axis=2).ravel()[pair]
+    C = reps.shape[1]
+    return cand.reshape(-1)[pair * C + h % cnt]
