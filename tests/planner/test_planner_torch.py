@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import zepp.planner.torch as tp
 from planner_cases import ROUTING_CASE, assert_same_flows, random_placement, routing_case, skewed_batch
+from test_planner_volumes import assert_same_volumes
 from zepp.errors import ZeppInputError
 from zepp.planner import Stages, plan_batch
 from zepp.planner.flows import build_flows
@@ -48,6 +49,8 @@ def assert_same_plan(ids, pl, name, relaxation, device, sync):
             # the buffer tail past the count is zero (fixed-capacity layout)
             assert not bool(h.src[int(h.count):].any())
         assert have.to_numpy().transport == want.transport
+        for phase in (0, 1):  # the volumes from counts, cell for cell
+            assert_same_volumes(have.volumes[phase].to_numpy(), want.volumes[phase], f"{name} {dispatch}/{combine}")
 
 
 # routing cases with a hot expert, missing entries and absent tokens
@@ -143,7 +146,8 @@ def test_capture_safe_mode_reads_nothing_back(monkeypatch):
     for name in TWINNED_ROUTINGS:
         r = tp.route(name, ids, pl, 0.25, sync=False)
         for dispatch, combine in PAIRS:
-            tp.build_flows(r, dispatch, 8, combine)
+            plan = tp.build_flows(r, dispatch, 8, combine)
+            plan.dispatch, plan.volumes
     monkeypatch.undo()
 
 
@@ -238,6 +242,7 @@ def test_capture_safe_path_runs_on_the_meta_device():
         for dispatch, combine in PAIRS:
             plan = tp.build_flows(r, dispatch, 8, combine, sync=False)
             assert plan.dispatch.count.device.type == "meta"
+            assert plan.volumes.combine.rows.device.type == "meta"
             if dispatch != "allgather":
                 assert plan.dispatch.capacity >= ids.numel()
     with pytest.raises(Exception):

@@ -106,9 +106,22 @@ class TorchHops:
 
 @dataclass(frozen=True)
 class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
-    """A FlowPlan with device hop tables: ``dispatch``/``combine`` ``TorchHops`` of ``routing``
-    (fields: ``zepp.planner.types.FlowPlanFields``). ``to_numpy()`` gives the numpy planner's
-    ``zepp.planner.types.FlowPlan`` (two host reads: the counts)."""
+    """A FlowPlan on a device (fields: ``zepp.planner.types.FlowPlanFields``): its ``volumes``
+    (``PlanVolumes`` of ``zepp.planner.torch.volumes.TorchVolumes``) and ``TorchHops`` tables built
+    on first use; ``exact``: hop tables of exactly ``count`` rows (else fixed-capacity buffers,
+    capturable). ``to_numpy()`` gives the numpy planner's ``zepp.planner.types.FlowPlan``."""
+
+    exact: bool = True
+
+    def _build_hops(self) -> tuple:
+        from zepp.planner.torch.flows import build_hops
+
+        return build_hops(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce, self.exact)
+
+    def _build_volumes(self):
+        from zepp.planner.torch.flows import build_volumes
+
+        return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
 
     def sizes(self) -> tuple[int, int, int]:
         """``(dispatch hops, combine hops, unplaced entries)`` in one device-to-host read."""
@@ -117,8 +130,12 @@ class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
         return d, c, n
 
     def to_numpy(self) -> FlowPlan:
-        """The numpy ``zepp.planner.types.FlowPlan`` (one host read of the sizes, then the copies); raises
-        ``IncompletePlan`` when the water-fill left entries unplaced."""
+        """The numpy ``zepp.planner.types.FlowPlan`` (one host read of the sizes, then the copies);
+        raises ``IncompletePlan`` when the water-fill left entries unplaced. Hop tables not built
+        here are not built for it: the numpy plan builds its own, equal ones, where it needs them."""
+        if "hop_tables" not in self.__dict__:
+            return FlowPlan(self.routing.to_numpy(), self.gpus_per_node, self.row_bytes, self.dispatch_transport,
+                            self.combine_transport, self.coalesce)
         d, c, unplaced = self.sizes()
         return FlowPlan(self.routing.to_numpy(unplaced), self.gpus_per_node, self.row_bytes, self.dispatch_transport,
                         self.combine_transport, self.coalesce, hops=(self.dispatch.to_numpy(d), self.combine.to_numpy(c)))

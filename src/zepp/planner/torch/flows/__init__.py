@@ -16,13 +16,16 @@ data-dependent (``TorchHops.count``, a device scalar).
 from __future__ import annotations
 
 from zepp.errors import ZeppInputError
+from zepp.planner.choices import twin_of
 from zepp.planner.flows import COMBINES, DISPATCHES
 from zepp.planner.flows import check_transports as numpy_check_transports
 from zepp.planner.torch.flows.entry_view import EntryView
+from zepp.planner.torch.flows.token_counts import TokenCounts
 from zepp.planner.torch.routing.base_routing import default_sync
 from zepp.planner.torch.types import TorchFlowPlan, TorchRouting
+from zepp.planner.volumes import PlanVolumes
 
-__all__ = ["build_flows", "check_transports"]
+__all__ = ["build_flows", "build_hops", "build_volumes", "check_transports"]
 
 
 def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
@@ -39,12 +42,27 @@ def check_transports(dispatch: str, combine: str | None) -> tuple[str, str]:
 def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: str | None = None,
                 coalesce: bool = True, *, sync: bool | None = None) -> TorchFlowPlan:
     """The device FlowPlan of ``routing`` (see ``zepp.planner.flows.build_flows``), equal after
-    ``to_numpy()`` to the numpy planner's. ``sync=False`` (default while a CUDA graph is being
+    ``to_numpy()`` to the numpy planner's: its volumes (``build_volumes``) and hop tables
+    (``build_hops``) built on first use. ``sync=False`` (default while a CUDA graph is being
     captured): hop tables in fixed-capacity buffers, no host read (capturable); ``sync=True``: tables
-    of exactly ``count`` rows (``nonzero``; its output size is a host read)."""
+    of exactly ``count`` rows (``nonzero``; its output size is a host read). The volumes read
+    nothing back either way."""
     dispatch, combine = check_transports(dispatch, combine)
     exact = default_sync(routing.slot) if sync is None else bool(sync)
+    return TorchFlowPlan(routing, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine, coalesce,
+                         exact=exact)
+
+
+def build_volumes(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True) -> PlanVolumes:
+    """``zepp.planner.flows.build_volumes`` in torch: ``PlanVolumes`` of ``TorchVolumes``."""
+    tc = TokenCounts(routing)
+    d, gateways = twin_of(DISPATCHES[dispatch].volumes)(tc, coalesce)
+    return PlanVolumes(d, twin_of(COMBINES[combine].volumes)(tc, gateways))
+
+
+def build_hops(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True, exact: bool = True):
+    """``zepp.planner.flows.build_hops`` in torch: ``(dispatch, combine)`` ``TorchHops``."""
     x = EntryView(routing)
     d, remote_rows = DISPATCHES[dispatch].twin()(x, coalesce)
     c = COMBINES[combine].twin()(x, remote_rows)
-    return TorchFlowPlan(routing, x.L, int(row_bytes), dispatch, combine, coalesce, hops=(d.pack(exact), c.pack(exact)))
+    return d.pack(exact), c.pack(exact)

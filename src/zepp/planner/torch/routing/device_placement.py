@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from zepp.planner.routing.zepp_routing import visit_order
-from zepp.planner.routing.zepp_tables import replica_on_node
+from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.torch._ops import I64
 from zepp.planner.types import Placement
 
@@ -23,8 +23,10 @@ class DevicePlacement:
     ``replicas [E, C]`` int64 global slots (-1 padded), ``count [E]``, and for the water-fill the experts
     with several replicas ``multi [M]``, ``multi_index [E+1]`` (-1 elsewhere and for id -1),
     ``visit_flat [R, M, C]`` (flat index ``m*C + replica`` of each source's v-th visit) and
-    ``valid_multi [M, C]``; for the vacate pass ``replica_on_node [E, N]`` (the lowest slot of e
-    on node n, else -1).
+    ``valid_multi [M, C]``; for the assignment ``slot_of`` / ``node_of [E+1]`` and ``multi_nodes
+    [M, C]`` (``zepp.planner.routing.zepp_tables.ZeppTables``); for the vacate pass
+    ``replica_on_node [E, N]`` (the lowest slot of e on node n, else -1), ``node_mask [E]`` (its
+    nodes as bits, ``None`` above ``MASK_NODES`` nodes) and ``several [E]`` (several replicas).
     """
 
     def __init__(self, placement: Placement, device):
@@ -50,7 +52,11 @@ class DevicePlacement:
         self.reps_multi = t(rm)
         self.valid_multi = torch.as_tensor(rm >= 0, device=self.device)
         self.visit_flat = t(np.arange(multi.size)[None, :, None] * self.C + visit_order(p, multi))
-        self.replica_on_node = t(replica_on_node(p))
+        zt = zepp_tables(p)
+        self.slot_of, self.node_of, self.multi_nodes = t(zt.slot_of), t(zt.node_of), t(zt.multi_nodes)
+        self.replica_on_node = t(zt.replica_on_node)
+        self.node_mask = None if zt.node_mask is None else t(zt.node_mask.astype(np.int64))
+        self.several = torch.as_tensor(p.replica_count > 1, device=self.device)
         self.any_multi = bool(multi.size)
 
 

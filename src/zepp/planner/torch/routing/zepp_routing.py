@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, counts, sort_order
+from zepp.planner.torch._ops import I64
 from zepp.planner.torch.routing.base_routing import slot_routing
 from zepp.planner.torch.routing.device_placement import DevicePlacement
+from zepp.planner.torch.routing.zepp_assign import assign_entries, entry_keys
 from zepp.planner.torch.routing.zepp_vacate import vacate
 from zepp.planner.torch.types import TorchRouting
 from zepp.planner.types import PlanInvariantError, expert_load_bounds
+
+_NO_BOUND = 1 << 62
 
 
 def route_zepp(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, vacate_rounds: int, sync: bool,
                sweeps: int | None) -> TorchRouting:
     """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the routing carries C and
     the water-fill's ``unplaced`` flag (0 unless ``sweeps`` cut it short)."""
-    slot, unplaced = water_fill(ids, dp, relaxation, sync, sweeps)
-    return slot_routing(ids, vacate(ids, slot, dp, relaxation, vacate_rounds, sync), dp, relaxation, unplaced)
+    filled = _Filled(ids, dp, relaxation, sync, sweeps)
+    slot = vacate(ids, filled.slot.reshape(ids.shape), dp, relaxation, vacate_rounds, sync, filled.slot_counts,
+                  filled.node)
+    return slot_routing(ids, slot, dp, relaxation, filled.unplaced)
 
 
 def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None = None):
@@ -32,17 +37,36 @@ def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: 
     [R, T, k] int64, unplaced 0-d int64)``. ``(4C+4) * C`` fixed visit steps over ``[R, M]``
     tensors; the segmented prefix sums of the numpy planner (sources reaching one replica, in rank
     order) are exclusive cumulative sums down the rank axis of a ``[R, M*C]`` scatter of the amounts."""
-    slot = dp.replicas[ids.clamp_min(0), 0]
-    if dp.M == 0:
-        return slot, torch.zeros((), dtype=I64, device=ids.device)
-    fill = _WaterFill(ids, dp, relaxation)
-    bound = 4 * dp.C + 4
-    fill.run(bound if sweeps is None else max(0, min(int(sweeps), bound)), sync)
-    unplaced = fill.remaining.sum()
-    if sync and sweeps is None and int(unplaced):
-        r, m = (int(v) for v in torch.nonzero(fill.remaining)[0])
-        raise PlanInvariantError(f"water-fill left demand of expert {int(dp.multi[m])} on rank {r} unplaced")
-    return _entries_to_replicas(ids, slot, dp, fill.assigned), unplaced
+    filled = _Filled(ids, dp, relaxation, sync, sweeps)
+    return filled.slot.reshape(ids.shape), filled.unplaced
+
+
+class _Filled:
+    """The water-fill on counts, then the entries assigned (``zepp_routing._Filled``): ``slot``,
+    ``node [R, T*k]``, ``unplaced`` and ``slot_counts = (load, lower, upper) [R*S]`` (``None``
+    without several-replica experts)."""
+
+    def __init__(self, ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None):
+        keys = entry_keys(ids, dp)
+        self.unplaced = torch.zeros((), dtype=I64, device=ids.device)
+        self.slot_counts = fill = None
+        if dp.M:
+            fill = _WaterFill(keys.demand[:, dp.multi], dp, relaxation)
+            bound = 4 * dp.C + 4
+            fill.run(bound if sweeps is None else max(0, min(int(sweeps), bound)), sync)
+            self.unplaced = fill.remaining.sum()
+            if sync and sweeps is None and int(self.unplaced):
+                r, m = (int(v) for v in torch.nonzero(fill.remaining)[0])
+                raise PlanInvariantError(f"water-fill left demand of expert {int(dp.multi[m])} on rank {r} unplaced")
+        self.slot, self.node = assign_entries(keys, None if fill is None else fill.assigned, dp, sync)
+        if fill is not None:
+            n = dp.R * dp.S
+            slots = torch.where(dp.reps_multi >= 0, dp.reps_multi, n).reshape(-1)  # padding: the spare cell n
+            out = torch.zeros(3, n + 1, dtype=I64, device=ids.device)
+            out[1], out[2] = -_NO_BOUND, _NO_BOUND
+            for row, value in zip(out, (fill.load, fill.lower_flat, fill.upper.reshape(-1, 1).expand(dp.M, dp.C))):
+                row[slots] = value.reshape(-1)
+            self.slot_counts = tuple(out[:, :n])
 
 
 class _WaterFill:
@@ -50,11 +74,11 @@ class _WaterFill:
     ``unassigned [M]``; bounds ``lower_flat [M*C]`` and ``upper [1, M]``; ``scratch [R, M*C]``
     for the segmented prefix sums."""
 
-    def __init__(self, ids: torch.Tensor, dp: DevicePlacement, relaxation: float):
-        R, dev = ids.shape[0], ids.device
+    def __init__(self, demand: torch.Tensor, dp: DevicePlacement, relaxation: float):
+        R, dev = demand.shape[0], demand.device
         M, C = dp.M, dp.C
         self.dp = dp
-        self.remaining = _rank_demand(ids, dp.E)[:, dp.multi]  # [R, M]
+        self.remaining = demand.clone()  # [R, M]
         total = self.remaining.sum(0)
         lower, upper = expert_load_bounds(total, dp.count[dp.multi], relaxation)
         self.valid = dp.valid_multi.reshape(-1)  # [M*C]
@@ -95,34 +119,3 @@ class _WaterFill:
         self.load.scatter_add_(0, tf.reshape(-1), take.reshape(-1))
         self.remaining = self.remaining - take
         self.unassigned = self.unassigned - take.sum(0)
-
-
-def _entries_to_replicas(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement,
-                         assigned: torch.Tensor) -> torch.Tensor:
-    """Entries of (rank r, expert m), in batch order, fill r's ``assigned [R, M*C]`` in replica
-    order; entries of single-replica experts keep ``slot``. Returns ``[R, T, k]``."""
-    R, dev = ids.shape[0], ids.device
-    M, C = dp.M, dp.C
-    flat = ids.reshape(R, -1)
-    mi = dp.multi_index[torch.where(flat >= 0, flat, dp.E)]  # [R, T*k]
-    is_multi = mi >= 0
-    group = torch.where(is_multi, arange(R, dev)[:, None] * M + mi, R * M).reshape(-1)
-    order = sort_order(group, R * M)
-    # The assignments laid end to end (the numpy planner's np.repeat), padded by one group for
-    # the entries of single-replica experts (sorted last) so the output size is static.
-    n = group.shape[0]
-    reps_ext = torch.cat([assigned.reshape(-1), (n - assigned.sum()).reshape(1)])
-    which = torch.cat([arange(R * M * C, dev) % C, torch.zeros(1, dtype=I64, device=dev)])
-    rep_sorted = torch.repeat_interleave(which, reps_ext, output_size=n)
-    rep_idx = torch.empty_like(rep_sorted)
-    rep_idx[order] = rep_sorted
-    mslot = dp.reps_multi[mi.clamp_min(0).reshape(-1), rep_idx]
-    out = torch.where(is_multi.reshape(-1), mslot, slot.reshape(-1))
-    return out.reshape(ids.shape)
-
-
-def _rank_demand(ids: torch.Tensor, E: int) -> torch.Tensor:
-    """``[R, E]`` int64 entries per (rank, expert), missing entries left out."""
-    R = ids.shape[0]
-    key = arange(R, ids.device)[:, None, None] * (E + 1) + torch.where(ids >= 0, ids, E)
-    return counts(key.reshape(-1), R * (E + 1)).reshape(R, E + 1)[:, :E]

@@ -1,179 +1,183 @@
 """Zepp's vacate pass in torch: ``zepp.planner.routing.zepp_vacate.vacate``, element for element.
 
-Fixed shapes and integer arithmetic; ``vacate_rounds`` rounds. With ``sync`` the rounds compact
-their candidates and stop as soon as the numpy planner's would (a few host reads); without, every
-round runs on every token with masks, and a device flag turns the rounds after the numpy
-planner's stop into no-ops. The replica-load bounds are the numpy planner's ``expert_load_bounds``.
+The same rounds over the same state (a token's entries column by column, ``node [k, G]``).
+With ``sync`` the rounds compact their candidate tokens and proposed moves and stop as soon as
+the numpy planner's would (a few host reads, like the numpy planner's own compactions); without,
+every round runs on every token and every entry with masks: the row-major order of the masked
+moves on the ``[G, k]`` grid is the order of the numpy planner's lists, so every place counted
+in a replica's admission order is the same, and a device flag ``live`` turns off the rounds
+after the one where the numpy planner stops. The replica-load bounds are the numpy planner's
+``expert_load_bounds``; a move's target is read off node bit masks up to ``_MASK_NODES`` nodes
+(int64 shifts stay within 63 bits), off the candidate nodes in turn beyond.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
 import torch
 
-from zepp.planner.torch._ops import arange, counts
+from zepp.planner.torch._ops import I64, arange, counts
 from zepp.planner.torch.routing.base_routing import position_in_group
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.types import expert_load_bounds
 
-_NO_REMOTE = np.iinfo(np.int32).max
+_MASK_NODES = 31
+_NODE = torch.int16  # node ids (a cluster of up to 2**15 - 1 nodes)
 
 
 def vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float, rounds: int,
-           sync: bool) -> torch.Tensor:
-    """The vacate pass (``zepp.planner.routing.zepp_vacate.vacate``).
-
-    The numpy planner compacts its candidate tokens and their proposed moves each round and
-    stops early. With ``sync`` this does the same (``nonzero`` on the host). Without, every round
-    runs on all ``G = R*T`` tokens and all ``G*k`` entries with masks: the row-major order of the
-    masked entries is the order of the numpy planner's compacted lists, so the admission order
-    (every ``position_in_group``) is the same, and a device flag ``live`` turns off every round
-    after the one where the numpy planner would have stopped.
-    """
+           sync: bool, slot_counts: tuple | None = None, node: torch.Tensor | None = None) -> torch.Tensor:
+    """The vacate pass (``zepp.planner.routing.zepp_vacate.vacate``): ``slot [R, T, k]`` after up
+    to ``rounds`` rounds; ``slot_counts`` and ``node`` as there."""
     R, T, k = ids.shape
     if dp.N < 2 or rounds < 1 or not dp.any_multi:
         return slot
-    state = _Vacate(ids, slot, dp, relaxation, sync)
+    state = _Vacate(ids, slot, dp, relaxation, sync, slot_counts, node)
     for _ in range(rounds):
         if not state.round():
             break
-    return torch.where(state.present, state.slot, -1).reshape(R, T, k)
-
-
-class _Moves(NamedTuple):
-    """A round's proposed moves: a compact list ``[m]`` (``sync``, like the numpy planner's) or a
-    mask on the grid ``[G, k]`` (targets then broadcast ``[G, 1, k+1]``). ``gi``: token row of
-    each move; ``ki``: its entry (compact list only); ``mask``: which are proposed; ``expert``,
-    ``src`` (its slot now); ``target_node`` / ``target_score`` ``[.., k+1]``."""
-
-    gi: torch.Tensor
-    ki: torch.Tensor | None
-    mask: torch.Tensor
-    expert: torch.Tensor
-    src: torch.Tensor
-    target_node: torch.Tensor
-    target_score: torch.Tensor
+    return state.slot.reshape(R, T, k)
 
 
 class _Vacate:
-    """The pass's state over the ``G = R*T`` tokens: ``expert`` (``e0`` clamped), ``present``,
-    ``slot [G, k]`` (a missing entry sits on its token's home node), ``home [G]``, ``load [R*S]``,
-    ``cand [G]`` tokens still worth a round, ``live`` (device flag, ``sync=False`` only); per
-    expert the bounds ``lower_e`` / ``upper_e [E]``."""
+    """The pass's state (``zepp_vacate._Vacate``): ``expert`` and ``slot [G*k]``, ``node [k, G]``,
+    ``home [G]``, ``load`` / ``lo`` / ``hi [R*S]``, ``cand [G]`` (tokens still worth a round) and,
+    without ``sync``, the device flag ``live``."""
 
-    def __init__(self, ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool):
+    def __init__(self, ids, slot, dp: DevicePlacement, relaxation: float, sync: bool, slot_counts, node):
         R, T, k = ids.shape
+        self.dp, self.sync, self.k, self.G = dp, sync, k, R * T
         dev = ids.device
-        self.dp, self.sync, self.k = dp, sync, k
-        self.G = G = R * T
-        demand = counts(torch.where(ids >= 0, ids, dp.E).reshape(-1), dp.E)
-        self.lower_e, self.upper_e = expert_load_bounds(demand, dp.count, relaxation)
-        expert = ids.reshape(G, k)
-        self.present = expert >= 0
-        self.e0 = expert.clamp_min(0)
-        self.home = arange(G, dev) // T // dp.L  # [G]
-        self.slot = torch.where(self.present, slot.reshape(G, k), (self.home * dp.L * dp.S)[:, None])
-        self.n_slots = R * dp.S
-        self.load = counts(torch.where(self.present, self.slot, self.n_slots).reshape(-1), self.n_slots)
-        self.cand = ((dp.count[self.e0] > 1) & self.present).any(1)  # [G]
+        self.SL = dp.S * dp.L
+        self.expert = ids.reshape(-1)
+        self.slot = slot.reshape(-1).to(I64).clone()
+        self.home = (arange(self.G, dev) // (T * dp.L)).to(_NODE)
+        if node is None:
+            node = torch.where(self.slot >= 0, self.slot // self.SL, self.home.repeat_interleave(k))
+        self.node = node.reshape(self.G, k).t().to(_NODE).contiguous()  # [k, G]
+        self.n = R * dp.S
+        if slot_counts is None:
+            slot_counts = (counts(torch.where(self.slot >= 0, self.slot, self.n), self.n),
+                           *_slot_bounds(self.expert, dp, relaxation))
+        self.load, self.lo, self.hi = (t.clone() for t in slot_counts)
+        self.cand = torch.ones(self.G, dtype=torch.bool, device=dev)
         self.live = torch.ones((), dtype=torch.bool, device=dev)
-        self.ron = dp.replica_on_node.reshape(-1)
-        self.all_rows = arange(G, dev)
 
     def round(self) -> bool:
         """One round; False when the numpy planner would stop here (``sync`` only)."""
-        if self.sync:
-            rows = torch.nonzero(self.cand)[:, 0]
-            if rows.numel() == 0:
-                return False
-        else:
-            rows = self.all_rows
-        sl = self.slot[rows]  # [g, k]
-        mv, target_node, tok_score = _proposals(sl // (self.dp.S * self.dp.L), self.home[rows], self.dp.N)
-        moves = self._moves(rows, sl, mv, target_node, tok_score)
-        if moves is None:
+        k = self.k
+        rows = torch.nonzero(self.cand)[:, 0] if self.sync else arange(self.G, self.cand.device)
+        g = rows.shape[0]
+        if self.sync and g == 0:
             return False
-        dst, feasible, accept = self._admit(rows.shape[0], moves)
-        src = moves.src
+        node = self.node if g == self.G else self.node[:, rows]
+        home = self.home[rows]
+        least, has_remote, grid = _proposals(node, home, self.dp.N)  # grid [g, k]: the moves
+        if not self.sync:
+            grid &= self.cand[:, None] & self.live
+        if self.sync:
+            gi, ki = torch.nonzero(grid).t()  # row-major: token order
+            if gi.numel() == 0:
+                return False
+            mask = torch.ones_like(gi, dtype=torch.bool)
+        else:
+            flat = arange(g * k, grid.device)
+            gi, ki, mask = flat // k, flat % k, grid.reshape(-1)
+        at = rows[gi] * k + ki  # the moves' entries
+        e_mv = self.expert[at].clamp_min(0)
+        single = mask & ~self.dp.several[e_mv]
+        stuck = counts(torch.where(single, gi, g), g) > 0
+        mask2 = mask & ~single
+        src = self.slot[at]
+        dst, feasible = self._targets(e_mv, node, gi, home[gi], least[gi], src)
+        fits = feasible & self._fits(dst, self.hi - self.load, mask2) & self._fits(src, self.load - self.lo, mask2)
+        rejected = stuck | (counts(torch.where(mask2 & ~fits, gi, g), g) > 0)
+        accept = mask2 & ~rejected[gi]
         if self.sync:
             if not bool(accept.any()):
                 return False
-            self.slot[rows[moves.gi], moves.ki] = torch.where(accept, dst, src)
         else:
-            self.live = self.live & moves.mask.any() & accept.any()
+            self.live = self.live & mask.any() & accept.any()
             accept = accept & self.live
-            self.slot = torch.where(accept, dst, self.slot)
-        n = self.n_slots
-        self.load = self.load + counts(torch.where(accept, dst, n).reshape(-1), n) \
-            - counts(torch.where(accept, src, n).reshape(-1), n)
-        self._next_candidates(rows, moves.gi, moves.mask, feasible)
+        self._apply(at, accept, dst, src)
+        still = ~stuck & (counts(torch.where(mask2 & ~feasible, gi, g), g) == 0) & has_remote
+        if self.sync:
+            self.cand = torch.zeros_like(self.cand)
+            self.cand[rows] = still
+        else:
+            self.cand = torch.where(self.live, self.cand & still, self.cand)
         return True
 
-    def _moves(self, rows, sl, mv, target_node, tok_score) -> _Moves | None:
-        """The proposed moves of the tokens ``rows`` (``None``: none, ``sync`` only)."""
-        if self.sync:
-            gi, ki = torch.nonzero(mv, as_tuple=True)
-            if gi.numel() == 0:
-                return None
-            mmask = torch.ones_like(gi, dtype=torch.bool)
-            return _Moves(gi, ki, mmask, self.e0[rows[gi], ki], sl[gi, ki], target_node[gi], tok_score[gi])
-        mmask = mv & self.cand[:, None] & self.live
-        gi = self.all_rows[:, None].expand(self.G, self.k)
-        return _Moves(gi, None, mmask, self.e0, sl, target_node[:, None, :], tok_score[:, None, :])
+    def _apply(self, at, accept, dst, src) -> None:
+        """The admitted moves: slots, nodes and loads."""
+        self.slot[at] = torch.where(accept, dst, self.slot[at])
+        ki, tok = at % self.k, at // self.k
+        self.node[ki, tok] = torch.where(accept, dst // self.SL, self.node[ki, tok]).to(_NODE)
+        n = self.n
+        self.load = self.load + counts(torch.where(accept, dst, n), n) - counts(torch.where(accept, src, n), n)
 
-    def _admit(self, g: int, moves: _Moves):
-        """Where each proposed move goes (a replica on a target node, nearest to home in rotation)
-        and whether it is admitted in token order under the replica bounds; a token moves only if
-        all its entries on that node can move. Returns ``(dst, feasible, accept)``."""
-        N, n = self.dp.N, self.n_slots
-        gi, mmask, e_mv, src = moves.gi, moves.mask, moves.expert, moves.src
-        there = self.ron[e_mv[..., None] * N + moves.target_node]  # [m, k+1] or [G, k, k+1]
-        smin, best = torch.where(there >= 0, moves.target_score, N).min(-1)
-        feasible = smin < N
-        dst = torch.where(feasible, there.gather(-1, best[..., None])[..., 0], src)
-        room_in = self.upper_e[e_mv] - self.load[dst]
-        room_out = self.load[src] - self.lower_e[e_mv]
-        pos_in = position_in_group(torch.where(mmask, dst, n).reshape(-1), n).reshape(dst.shape)
-        pos_out = position_in_group(torch.where(mmask, src, n).reshape(-1), n).reshape(dst.shape)
-        fits = feasible & (pos_in < room_in) & (pos_out < room_out)
-        if self.sync:
-            rejected = counts(torch.where(fits, g, gi), g) > 0
-        else:
-            rejected = (mmask & ~fits).any(1)
-        return dst, feasible, mmask & ~rejected[gi]
+    def _fits(self, key: torch.Tensor, room: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``zepp_vacate._fits_in_order`` over the moves in ``mask``: each one's place among the
+        earlier masked moves with its key is below ``room[key]``."""
+        n = self.n
+        keyed = torch.where(mask, key, n)
+        if self.sync:  # places counted only for keys asked more than their room, as numpy does
+            tight = counts(keyed, n) > room.clamp_min(0)
+            at = torch.nonzero(mask & tight[key.clamp(0, n - 1)])[:, 0]
+            ok = torch.ones_like(mask)
+            ok[at] = position_in_group(key[at], n) < room[key[at]]
+            return ok
+        return position_in_group(keyed, n) < room[key.clamp(0, n - 1)]
 
-    def _next_candidates(self, rows, gi, mmask, feasible) -> None:
-        """Tokens that moved (another node may now drop) and tokens that only lost because
-        rejected moves of other tokens held the room."""
-        g = rows.shape[0]
-        if self.sync:
-            infeasible = counts(torch.where(feasible, g, gi), g) > 0
-            proposed = counts(gi, g) > 0
-            cand = torch.zeros_like(self.cand)
-            cand[rows] = proposed & ~infeasible
-            self.cand = cand
+    def _targets(self, e_mv, node, gi, home, least, src) -> tuple[torch.Tensor, torch.Tensor]:
+        """``zepp_vacate._Vacate._targets``: ``(dst [m], feasible [m])``."""
+        dp, N = self.dp, self.dp.N
+        ron = dp.replica_on_node.reshape(-1)
+        home, least = home.to(I64), least.to(I64)
+        if dp.node_mask is not None and N <= _MASK_NODES:
+            one = torch.ones((), dtype=I64, device=node.device)
+            touched = torch.zeros(node.shape[1], dtype=I64, device=node.device)
+            for col in node:
+                touched |= one << col.to(I64)
+            allowed = (touched[gi] | (one << home)) & ~(one << least) & dp.node_mask[e_mv]
+            rotated = ((allowed >> home) | (allowed << (N - home))) & ((1 << N) - 1)
+            step = torch.frexp((rotated & -rotated).double())[1].to(I64) - 1  # the lowest set bit
+            there = ron[e_mv * N + (home + step.clamp_min(0)) % N]
+            feasible = allowed != 0
         else:
-            infeasible = (mmask & ~feasible).any(1)
-            proposed = mmask.any(1)
-            self.cand = torch.where(self.live, self.cand & (proposed & ~infeasible), self.cand)
+            best = torch.full_like(e_mv, N)
+            there = src
+            for col in (home, *(c[gi].to(I64) for c in node)):  # home, then the token's nodes
+                rep = ron[e_mv * N + col]
+                dist = torch.where((rep >= 0) & (col != least), (col - home) % N, N)
+                better = dist < best
+                best = torch.where(better, dist, best)
+                there = torch.where(better, rep, there)
+            feasible = best < N
+        return torch.where(feasible, there, src), feasible
+
+
+def _slot_bounds(ids: torch.Tensor, dp: DevicePlacement, relaxation: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per global slot, its expert's replica-load bounds (``zepp_vacate._slot_bounds``)."""
+    demand = counts(torch.where(ids >= 0, ids, dp.E), dp.E)
+    lo_e, hi_e = expert_load_bounds(demand, dp.count, relaxation)
+    se = torch.as_tensor(dp.placement.slot_expert.reshape(-1), device=ids.device).to(I64)
+    return torch.where(se >= 0, lo_e[se.clamp_min(0)], 0), torch.where(se >= 0, hi_e[se.clamp_min(0)], 0)
 
 
 def _proposals(node: torch.Tensor, home: torch.Tensor, N: int):
-    """Per token (``node [g, k]`` of its entries, ``home [g]``): ``mv [g, k]`` the entries on the
-    remote node it touches least (ties: lowest id), and its targets ``[g, k+1]`` (home, then the
-    nodes it touches) with their rotation distance from home (``N`` for the vacated node)."""
-    g = node.shape[0]
-    # Per entry, how many of its token's entries share its node.
-    token_node = arange(g, node.device)[:, None] * N + node  # [g, k]
-    same = counts(token_node.reshape(-1), g * N)[token_node]
-    remote = node != home[:, None]
-    key = torch.where(remote, same * N + node, _NO_REMOTE)
-    kmin, pick = key.min(1)
-    has_remote = kmin < _NO_REMOTE
-    least = node.gather(1, pick[:, None])[:, 0]
-    mv = (node == least[:, None]) & has_remote[:, None]
-    target_node = torch.cat([home[:, None], node], 1)  # [g, k+1]
-    tok_score = torch.where(target_node != least[:, None], (target_node - home[:, None]) % N, N)
-    return mv, target_node, tok_score
+    """``zepp_vacate._least_touched_entries`` on a grid: ``(least [g], has_remote [g], moves [g, k])``,
+    the moves being the entries on each token's least-touched remote node."""
+    k, g = node.shape
+    big = (k + 2) * N
+    dtype = torch.int16 if big < 1 << 15 else torch.int32
+    count = torch.zeros(k, g, dtype=dtype, device=node.device)
+    for i in range(k):
+        for j in range(i + 1, k):
+            same = node[i] == node[j]
+            count[i] += same
+            count[j] += same
+    key = torch.where(node != home, count * N + node, big)
+    least_key = key.min(0).values
+    has_remote = least_key < big
+    least = torch.where(has_remote, least_key % N, -1).to(node.dtype)
+    return least, has_remote, (node == least).t() & has_remote[:, None]

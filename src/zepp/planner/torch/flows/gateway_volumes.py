@@ -1,0 +1,163 @@
+"""The gatewayed transports' volumes in torch: ``zepp.planner.flows.gateway_volumes``, with fixed
+shapes (no host read).
+
+The split is decided on the same counts; the rows a GPU hands another NIC are marks on the
+``[R, N, T]`` grid of token-node pairs (``TokenCounts.beyond``) with their carrier, read back
+entry by entry for the forwards that start on their new gateway (a correction of ``-1`` at the
+old gateway, ``+1`` at the new one, summed into the same cells as the numpy planner's).
+
+Dispatch builders take ``(tc: TokenCounts, coalesce)`` and return ``(TorchVolumes, Gateways)``;
+combine builders take ``(tc, Gateways)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zepp.planner.torch._ops import I64, arange
+from zepp.planner.torch.flows.direct_volumes import pair_cells
+from zepp.planner.torch.flows.gateway_flows import nic_split
+from zepp.planner.torch.flows.token_counts import TokenCounts
+from zepp.planner.torch.volumes import TorchVolumes
+
+
+@dataclass
+class Gateways:
+    """``zepp.planner.flows.gateway_volumes.Gateways`` on fixed grids: ``carried [R, N, L]``,
+    ``by_owner_local``; the handed rows as ``handed [R, N, T]`` bool with ``carrier_local
+    [R, N, T]`` (meaningful where handed)."""
+
+    carried: torch.Tensor
+    by_owner_local: bool
+    handed: torch.Tensor | None
+    carrier_local: torch.Tensor | None
+
+
+def relay_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[TorchVolumes, Gateways]:
+    R, L, N = tc.R, tc.L, tc.N
+    carried = torch.zeros(R, N, L, dtype=I64, device=tc.device)
+    r = arange(R, tc.device)
+    carried[r, :, r % L] = _remote_union(tc)
+    gw = Gateways(carried, False, None, None)
+    return _gatewayed_dispatch(tc, gw), gw
+
+
+def zepp_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[TorchVolumes, Gateways]:
+    gw = _split(tc, not coalesce)
+    return _gatewayed_dispatch(tc, gw), gw
+
+
+def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
+    R, L, N = tc.R, tc.L, tc.N
+    v = _reduce_on_gateways(tc, gw)
+    r, n, cl = _rnc(tc)
+    v.add(1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried)
+    if gw.handed is not None:  # one forward per (token, landing GPU) other than the owner
+        g = arange(R * tc.T, tc.device).reshape(R, 1, tc.T)
+        landed = torch.zeros(R * tc.T * L + 1, dtype=I64, device=tc.device)
+        landed[torch.where(gw.handed, g * L + gw.carrier_local, R * tc.T * L).reshape(-1)] = 1
+        per = landed[:-1].reshape(R, tc.T, L).sum(1)  # [R, L]
+        rr, local = arange(R, tc.device)[:, None], arange(L, tc.device)[None, :]
+        v.add(2, (rr // L) * L + local, rr, 0, rr // L, per)
+    return v
+
+
+def reduce_direct_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
+    L = tc.L
+    v = _reduce_on_gateways(tc, gw)
+    r, n, cl = _rnc(tc)
+    v.add(1, n * L + cl, r, 0, r // L, gw.carried)
+    return v
+
+
+def _remote_union(tc: TokenCounts) -> torch.Tensor:
+    r = arange(tc.R, tc.device)
+    return torch.where(r[:, None] // tc.L == arange(tc.N, tc.device)[None, :], 0, tc.union)
+
+
+def _rnc(tc: TokenCounts):
+    """Index grids ``(r, n, cl)`` of the ``[R, N, L]`` cube."""
+    dev = tc.device
+    return (arange(tc.R, dev)[:, None, None], arange(tc.N, dev)[None, :, None], arange(tc.L, dev)[None, None, :])
+
+
+def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
+    """``gateway_volumes._split``: the split on counts, the handed rows marked."""
+    R, L, N = tc.R, tc.L, tc.N
+    volume = _remote_union(tc).reshape(N, L, N).permute(0, 2, 1).reshape(N * N, L)
+    cap, kept = nic_split(volume)
+    excess, deficit = volume - kept, cap - kept
+    ex_end, de_end = torch.cumsum(excess, 1), torch.cumsum(deficit, 1)
+    handed = torch.minimum(ex_end[:, :, None], de_end[:, None, :]) - torch.maximum((ex_end - excess)[:, :, None],
+                                                                                (de_end - deficit)[:, None, :])
+    carried = handed.clamp_min(0) + torch.diag_embed(kept)  # [stream, from, to]
+    carried = carried.reshape(N, N, L, L).permute(0, 2, 1, 3).reshape(R, N, L)
+    kept_rn = kept.reshape(N, N, L).permute(0, 2, 1).reshape(R, N)
+    r = arange(R, tc.device)
+    kept_rn = torch.where(r[:, None] // L == arange(N, tc.device)[None, :], tc.T, kept_rn)  # home: none handed
+    beyond, place = tc.beyond(kept_rn)
+    stream = ((r // L)[:, None] * N + arange(N, tc.device)[None, :])  # [R, N]
+    local = (r % L)[:, None].expand(R, N)
+    xi = ((ex_end - excess)[stream, local] - kept[stream, local])[:, :, None] + place  # [R, N, T]
+    big = R * tc.T + 1  # streams laid end to end, each offset past every row index
+    ends = (de_end + arange(N * N, tc.device)[:, None] * big).reshape(-1)
+    carrier_local = torch.searchsorted(ends, (stream[:, :, None] * big + xi).reshape(-1), right=True).reshape(xi.shape)
+    carrier_local = carrier_local - stream[:, :, None] * L
+    return Gateways(carried, by_owner_local, beyond, carrier_local)
+
+
+def _msg(gw: Gateways, owner):
+    return owner % gw.carried.shape[2] if gw.by_owner_local else 0
+
+
+def _volumes(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
+    return TorchVolumes.zeros(tc.R, tc.N, tc.L if gw.by_owner_local else 1, tc.device)
+
+
+def _gatewayed_dispatch(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
+    L = tc.L
+    v = _volumes(tc, gw)
+    near = _near(tc)
+    pair_cells(v, near, 0, tc)
+    r, n, cl = _rnc(tc)
+    msg, home = _msg(gw, r), (r // L) * L
+    v.add(0, r, home + cl, msg, r // L, torch.where(cl != r % L, gw.carried, 0))
+    v.add(1, home + cl, n * L + cl, msg, r // L, gw.carried)
+    for src, dst, onode, rows in _fan_parts(tc, gw):
+        v.add(2, src, dst, 0, onode, rows)
+    return v
+
+
+def _reduce_on_gateways(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
+    v = _volumes(tc, gw)
+    pair_cells(v, _near(tc), 0, tc, back=True)
+    for src, dst, onode, rows in _fan_parts(tc, gw):
+        v.add(0, dst, src, 0, onode, rows)
+    return v
+
+
+def _near(tc: TokenCounts) -> torch.Tensor:
+    r = arange(tc.R, tc.device)
+    return torch.where((r[:, None] // tc.L == r[None, :] // tc.L) & (r[:, None] != r[None, :]), tc.pairs, 0)
+
+
+def _fan_parts(tc: TokenCounts, gw: Gateways) -> list[tuple]:
+    """The stage-2 forwards as parts ``(src, dst, owner node, rows)``: every token-GPU pair on
+    another node from the owner's NIC's gateway, corrected where the row was handed."""
+    R, L = tc.R, tc.L
+    r = arange(R, tc.device)
+    c = r[None, :]
+    remote = (r[:, None] // L) != (c // L)
+    gateway = (c // L) * L + (r % L)[:, None]
+    parts = [(gateway, c, (r // L)[:, None], torch.where(remote & (c != gateway), tc.pairs, 0))]
+    if gw.handed is not None:
+        pair = tc.first_c & (tc.node != (tc.owner // L)[None, :]) & (tc.comp >= 0)  # [k, G] remote token-GPU pairs
+        moved = pair & (tc.pair_grid(gw.handed.to(I64)) > 0)
+        old = tc.node * L + (tc.owner % L)[None, :]
+        new = tc.node * L + tc.pair_grid(gw.carrier_local)
+        onode = (tc.owner // L)[None, :]
+        parts.append((old, tc.comp, onode, -(moved & (tc.comp != old)).to(I64)))
+        parts.append((new, tc.comp, onode, (moved & (tc.comp != new)).to(I64)))
+    return parts
