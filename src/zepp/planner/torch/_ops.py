@@ -40,3 +40,17 @@ def first_in_row(sorted_rows: torch.Tensor) -> torch.Tensor:
     first = torch.ones_like(sorted_rows, dtype=torch.bool)
     first[:, 1:] = sorted_rows[:, 1:] != sorted_rows[:, :-1]
     return first
+
+
+def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table.reshape(-1)[index]`` (``index`` of any shape) through ``torch.gather``, several
+    times faster on the CPU than advanced indexing with an index of more than one dimension."""
+    return torch.gather(table.reshape(-1), 0, index.reshape(-1)).reshape(index.shape)
+
+
+def select(mask: torch.Tensor, a, b) -> torch.Tensor:
+    """``torch.where(mask, a, b)`` for integer operands, as ``b + (a - b) * mask`` (the CPU
+    kernel of ``where`` is several times slower than these three elementwise ops)."""
+    if isinstance(b, int) and b == 0:
+        return a * mask
+    return b + (a - b) * mask

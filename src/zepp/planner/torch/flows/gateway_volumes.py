@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange
+from zepp.planner.torch._ops import I64, arange, counts, select
 from zepp.planner.torch.flows.direct_volumes import pair_cells
 from zepp.planner.torch.flows.gateway_flows import nic_split
 from zepp.planner.torch.flows.token_counts import TokenCounts
@@ -27,12 +27,13 @@ from zepp.planner.torch.volumes import TorchVolumes
 class Gateways:
     """``zepp.planner.flows.gateway_volumes.Gateways`` on fixed grids: ``carried [R, N, L]``,
     ``by_owner_local``; the handed rows as ``handed [R, N, T]`` bool with ``carrier_local
-    [R, N, T]`` (meaningful where handed)."""
+    [R, N, T]`` (meaningful where handed); ``fan``: the forwards' parts once built (``_fan_parts``)."""
 
     carried: torch.Tensor
     by_owner_local: bool
     handed: torch.Tensor | None
     carrier_local: torch.Tensor | None
+    fan: list | None = None
 
 
 def relay_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[TorchVolumes, Gateways]:
@@ -57,7 +58,7 @@ def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
     if gw.handed is not None:  # one forward per (token, landing GPU) other than the owner
         g = arange(R * tc.T, tc.device).reshape(R, 1, tc.T)
         landed = torch.zeros(R * tc.T * L + 1, dtype=I64, device=tc.device)
-        landed[torch.where(gw.handed, g * L + gw.carrier_local, R * tc.T * L).reshape(-1)] = 1
+        landed[select(gw.handed, g * L + gw.carrier_local, R * tc.T * L).reshape(-1)] = 1
         per = landed[:-1].reshape(R, tc.T, L).sum(1)  # [R, L]
         rr, local = arange(R, tc.device)[:, None], arange(L, tc.device)[None, :]
         v.add(2, (rr // L) * L + local, rr, 0, rr // L, per)
@@ -145,19 +146,24 @@ def _near(tc: TokenCounts) -> torch.Tensor:
 
 def _fan_parts(tc: TokenCounts, gw: Gateways) -> list[tuple]:
     """The stage-2 forwards as parts ``(src, dst, owner node, rows)``: every token-GPU pair on
-    another node from the owner's NIC's gateway, corrected where the row was handed."""
-    R, L = tc.R, tc.L
+    another node from the owner's NIC's gateway, corrected where the row was handed (the
+    corrections counted per (owner node, old or new gateway, GPU) in one count each)."""
+    if gw.fan is not None:
+        return gw.fan
+    R, L, N = tc.R, tc.L, tc.N
     r = arange(R, tc.device)
     c = r[None, :]
     remote = (r[:, None] // L) != (c // L)
     gateway = (c // L) * L + (r % L)[:, None]
-    parts = [(gateway, c, (r // L)[:, None], torch.where(remote & (c != gateway), tc.pairs, 0))]
+    gw.fan = [(gateway, c, (r // L)[:, None], torch.where(remote & (c != gateway), tc.pairs, 0))]
     if gw.handed is not None:
         pair = tc.first_c & (tc.node != (tc.owner // L)[None, :]) & (tc.comp >= 0)  # [k, G] remote token-GPU pairs
         moved = pair & (tc.pair_grid(gw.handed.to(I64)) > 0)
-        old = tc.node * L + (tc.owner % L)[None, :]
-        new = tc.node * L + tc.pair_grid(gw.carrier_local)
         onode = (tc.owner // L)[None, :]
-        parts.append((old, tc.comp, onode, -(moved & (tc.comp != old)).to(I64)))
-        parts.append((new, tc.comp, onode, (moved & (tc.comp != new)).to(I64)))
-    return parts
+        cells = R * R * N
+        for sign, local in ((-1, (tc.owner % L)[None, :]), (1, tc.pair_grid(gw.carrier_local))):
+            src = tc.node * L + local
+            key = select(moved & (tc.comp != src), (onode * R + src) * R + tc.comp, cells)
+            per = counts(key.reshape(-1), cells).reshape(N, R, R)  # [owner node, gateway, GPU]
+            gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], sign * per))
+    return gw.fan

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, counts
+from zepp.planner.torch._ops import I64, arange, counts, select, take
 from zepp.planner.torch.types import TorchRouting
 
 
@@ -43,7 +43,7 @@ class TokenCounts:
         its segment (``TokenCounts.rows_beyond`` of numpy, marked instead of listed)."""
         R, N, T = self.R, self.N, self.T
         token = (arange(R * T, self.device) % T)[None, :]
-        cell = torch.where(self.first_n, (self.owner * N + self.node.clamp_min(0)) * T + token, R * N * T)
+        cell = select(self.first_n, (self.owner * N + self.node.clamp_min(0)) * T + token, R * N * T)
         present = counts(cell.reshape(-1), R * N * T).reshape(R, N, T)
         place = torch.cumsum(present, 2) - 1
         return (present > 0) & (place >= kept[:, :, None]), place
@@ -53,7 +53,7 @@ class TokenCounts:
         T = self.T
         token = (arange(self.R * T, self.device) % T)[None, :]
         at = (self.owner * self.N + self.node.clamp_min(0)) * T + token
-        return torch.where(self.comp >= 0, grid.reshape(-1)[at], 0)
+        return select(self.comp >= 0, take(grid, at), 0)
 
 
 def _first_of_token(col: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, counts
+from zepp.planner.torch._ops import I64, arange, counts, select, take
 from zepp.planner.torch.routing.base_routing import position_in_group
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.types import expert_load_bounds
@@ -83,15 +83,15 @@ class _Vacate:
             flat = arange(g * k, grid.device)
             gi, ki, mask = flat // k, flat % k, grid.reshape(-1)
         at = rows[gi] * k + ki  # the moves' entries
-        e_mv = self.expert[at].clamp_min(0)
-        single = mask & ~self.dp.several[e_mv]
-        stuck = counts(torch.where(single, gi, g), g) > 0
+        e_mv = take(self.expert, at).clamp_min(0)
+        single = mask & ~take(self.dp.several, e_mv)
+        stuck = counts(select(single, gi, g), g) > 0
         mask2 = mask & ~single
-        src = self.slot[at]
-        dst, feasible = self._targets(e_mv, node, gi, home[gi], least[gi], src)
+        src = take(self.slot, at)
+        dst, feasible = self._targets(e_mv, node, gi, take(home, gi), take(least, gi), src)
         fits = feasible & self._fits(dst, self.hi - self.load, mask2) & self._fits(src, self.load - self.lo, mask2)
-        rejected = stuck | (counts(torch.where(mask2 & ~fits, gi, g), g) > 0)
-        accept = mask2 & ~rejected[gi]
+        rejected = stuck | (counts(select(mask2 & ~fits, gi, g), g) > 0)
+        accept = mask2 & ~take(rejected, gi)
         if self.sync:
             if not bool(accept.any()):
                 return False
@@ -99,34 +99,34 @@ class _Vacate:
             self.live = self.live & mask.any() & accept.any()
             accept = accept & self.live
         self._apply(at, accept, dst, src)
-        still = ~stuck & (counts(torch.where(mask2 & ~feasible, gi, g), g) == 0) & has_remote
+        still = ~stuck & (counts(select(mask2 & ~feasible, gi, g), g) == 0) & has_remote
         if self.sync:
             self.cand = torch.zeros_like(self.cand)
             self.cand[rows] = still
         else:
-            self.cand = torch.where(self.live, self.cand & still, self.cand)
+            self.cand = self.cand & (still | ~self.live)
         return True
 
     def _apply(self, at, accept, dst, src) -> None:
         """The admitted moves: slots, nodes and loads."""
-        self.slot[at] = torch.where(accept, dst, self.slot[at])
+        self.slot[at] = select(accept, dst, take(self.slot, at))
         ki, tok = at % self.k, at // self.k
-        self.node[ki, tok] = torch.where(accept, dst // self.SL, self.node[ki, tok]).to(_NODE)
+        self.node[ki, tok] = select(accept, dst // self.SL, self.node[ki, tok]).to(_NODE)
         n = self.n
-        self.load = self.load + counts(torch.where(accept, dst, n), n) - counts(torch.where(accept, src, n), n)
+        self.load = self.load + counts(select(accept, dst, n), n) - counts(select(accept, src, n), n)
 
     def _fits(self, key: torch.Tensor, room: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``zepp_vacate._fits_in_order`` over the moves in ``mask``: each one's place among the
         earlier masked moves with its key is below ``room[key]``."""
         n = self.n
-        keyed = torch.where(mask, key, n)
+        keyed = select(mask, key, n)
         if self.sync:  # places counted only for keys asked more than their room, as numpy does
             tight = counts(keyed, n) > room.clamp_min(0)
             at = torch.nonzero(mask & tight[key.clamp(0, n - 1)])[:, 0]
             ok = torch.ones_like(mask)
             ok[at] = position_in_group(key[at], n) < room[key[at]]
             return ok
-        return position_in_group(keyed, n) < room[key.clamp(0, n - 1)]
+        return position_in_group(keyed, n) < take(room, key.clamp(0, n - 1))
 
     def _targets(self, e_mv, node, gi, home, least, src) -> tuple[torch.Tensor, torch.Tensor]:
         """``zepp_vacate._Vacate._targets``: ``(dst [m], feasible [m])``."""
@@ -138,22 +138,22 @@ class _Vacate:
             touched = torch.zeros(node.shape[1], dtype=I64, device=node.device)
             for col in node:
                 touched |= one << col.to(I64)
-            allowed = (touched[gi] | (one << home)) & ~(one << least) & dp.node_mask[e_mv]
+            allowed = (take(touched, gi) | (one << home)) & ~(one << least) & take(dp.node_mask, e_mv)
             rotated = ((allowed >> home) | (allowed << (N - home))) & ((1 << N) - 1)
             step = torch.frexp((rotated & -rotated).double())[1].to(I64) - 1  # the lowest set bit
-            there = ron[e_mv * N + (home + step.clamp_min(0)) % N]
+            there = take(ron, e_mv * N + (home + step.clamp_min(0)) % N)
             feasible = allowed != 0
         else:
             best = torch.full_like(e_mv, N)
             there = src
-            for col in (home, *(c[gi].to(I64) for c in node)):  # home, then the token's nodes
-                rep = ron[e_mv * N + col]
-                dist = torch.where((rep >= 0) & (col != least), (col - home) % N, N)
+            for col in (home, *(take(c, gi).to(I64) for c in node)):  # home, then the token's nodes
+                rep = take(ron, e_mv * N + col)
+                dist = select((rep >= 0) & (col != least), (col - home) % N, N)
                 better = dist < best
-                best = torch.where(better, dist, best)
-                there = torch.where(better, rep, there)
+                best = select(better, dist, best)
+                there = select(better, rep, there)
             feasible = best < N
-        return torch.where(feasible, there, src), feasible
+        return select(feasible, there, src), feasible
 
 
 def _slot_bounds(ids: torch.Tensor, dp: DevicePlacement, relaxation: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,8 +176,8 @@ def _proposals(node: torch.Tensor, home: torch.Tensor, N: int):
             same = node[i] == node[j]
             count[i] += same
             count[j] += same
-    key = torch.where(node != home, count * N + node, big)
+    key = select(node != home, count * N + node, big)
     least_key = key.min(0).values
     has_remote = least_key < big
-    least = torch.where(has_remote, least_key % N, -1).to(node.dtype)
+    least = select(has_remote, least_key % N, -1).to(node.dtype)
     return least, has_remote, (node == least).t() & has_remote[:, None]
