@@ -29,7 +29,7 @@ def check_all_pairs(routing, what: str) -> None:
     R, L = routing.placement.ranks, routing.placement.gpus_per_node
     for dispatch, combine in transport_pairs(with_hops=False):
         for coalesce in (True, False):
-            vol = build_volumes(routing, dispatch, combine, coalesce)
+            vol = build_volumes(routing, dispatch, combine, coalesce).volumes
             hops = build_hops(routing, dispatch, combine, coalesce)
             for phase in (DISPATCH, COMBINE):
                 assert_same_volumes(vol[phase], volumes_of_hops(hops[phase], R, L),

@@ -345,12 +345,21 @@ class FlowPlan(FlowPlanFields[Routing, Hops]):
 
         return build_hops(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
 
-    def _build_volumes(self):
+    @functools.cached_property
+    def volume_state(self):
+        """``zepp.planner.flows.VolumeState``: the volumes from the routing's counts, with the
+        counts and gateways they were built from (``None`` for a plan made from given hop tables)."""
         from zepp.planner.flows import build_volumes
+
+        if self.hops is not None:
+            return None
+        return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
+
+    def _build_volumes(self):
         from zepp.planner.volumes import PlanVolumes, volumes_of_hops
 
         if self.hops is None:
-            return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
+            return self.volume_state.volumes
         return PlanVolumes(*(volumes_of_hops(h, self.ranks, self.gpus_per_node) for h in self.hops))
 
     def stats(self, phase: int | None = None):

@@ -33,6 +33,8 @@ from zepp.model import MoESpec
 from zepp.planner.overlap.granularity import Granularity
 from zepp.planner.overlap.grouping import arrival_stage, combine_wave, dispatch_group, split_by_key, split_by_owner_node
 from zepp.planner.types import FlowPlan, Hops
+from zepp.sim.cell_flows import CellFlows
+from zepp.sim.cell_links import plan_cells
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.joins import sorted_distinct
 from zepp.sim.layer_builder import (LayerBuilder, column_slices, dispatch_row_bytes, extra_calls, join_per_rank,
@@ -52,7 +54,10 @@ class LayerWork:
     """What ``build_layer`` needs from a system's planner.
 
     ``owner, token, comp, slot, entry [n_entries]``: every entry's owner rank, token index,
-    computing rank, global slot and index ``j < k``. ``dispatch`` / ``combine``: ``Hops``.
+    computing rank, global slot and index ``j < k``. ``dispatch`` / ``combine``: ``Hops``. Or,
+    built from counts (``counted``): ``dispatch`` / ``combine`` are ``zepp.sim.cell_flows.CellFlows``
+    and ``slot_entries [R, R*S]`` (entries per owner and slot) stands for the per-entry arrays
+    (``None`` then).
     ``slots_per_rank``: ``S``. ``swapped [R * S]`` bool: slots whose weights arrive this
     iteration (their GEMMs wait for ``weight_copies``). ``weight_copies [M, 2]``: (src rank,
     dst rank) of each expert-weight transfer this iteration.
@@ -72,15 +77,30 @@ class LayerWork:
     copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
     granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.overlap.granularity); None: per node
     single_slots: np.ndarray | None = None  # [R * S] slots of single-copy experts (Mechanics.predispatch)
+    slot_entries: np.ndarray | None = None  # [R, R * S] entries per (owner, slot): the counted form
 
     @classmethod
-    def of(cls, plan: FlowPlan, **kw) -> "LayerWork":
-        """The layer plan of a ``FlowPlan`` (its routing's entries, its hop tables)."""
+    def of(cls, plan: FlowPlan, counted: bool = False, predispatch: bool = False, **kw) -> "LayerWork":
+        """The layer plan of a ``FlowPlan``: its routing's entries and hop tables, or with
+        ``counted`` its cells (``zepp.sim.cell_links.plan_cells``; free rows where
+        ``predispatch``) and entries per (owner, slot)."""
         r = plan.routing
-        owner, token, comp, slot, entry = entries_of(r)
         kw.setdefault("single_slots", single_copy_slots(r.placement))
-        return cls(owner, token, comp, slot, entry, plan.dispatch, plan.combine, r.topk_ids.shape[1],
-                   r.placement.slots_per_rank, **kw)
+        T, S = r.topk_ids.shape[1], r.placement.slots_per_rank
+        if counted:
+            d, c = plan_cells(plan, kw["single_slots"] if predispatch else None)
+            return cls(None, None, None, None, None, d, c, T, S, slot_entries=plan.volume_state.counts.slot_entries(),
+                       **kw)
+        owner, token, comp, slot, entry = entries_of(r)
+        return cls(owner, token, comp, slot, entry, plan.dispatch, plan.combine, T, S, **kw)
+
+    def gemm_entries(self):
+        """``(owner, comp, slot, rows)`` ``[n]``: every entry (``rows`` None), or in the counted
+        form every (owner, slot) with entries and their number."""
+        if self.slot_entries is None:
+            return self.owner, self.comp, self.slot, None
+        owner, slot = np.nonzero(self.slot_entries)
+        return owner, slot // self.slots_per_rank, slot, self.slot_entries[owner, slot]
 
 
 def entries_of(routing) -> tuple[np.ndarray, ...]:
@@ -175,20 +195,30 @@ class _LayerTasks:
         split by coarse group / wave, and not at all when there is one."""
         w, gran = self.work, self.work.granularity
         if self.mech.gemm1 == "arrival":
-            w.dispatch = self._split(w.dispatch, None if gran is None else gran.groups, self.group_of, w.dispatch.dst)
+            w.dispatch = self._split(w.dispatch, None if gran is None else gran.groups, self.group_of, "dst")
         self.free_hops = None
         if self.mech.predispatch and w.single_slots is not None and w.dispatch.size:
-            self.free_hops = plan_free_hops(w.dispatch, w.owner, w.token, w.comp, w.slot, w.single_slots, self.R,
-                                            self.b.T, self.L)
-            w.dispatch = split_by_key(w.dispatch, self.free_hops.astype(np.int64))
+            if isinstance(w.dispatch, CellFlows):  # the cells carry their free rows
+                self.free_hops = w.dispatch.free.astype(bool)
+                w.dispatch = w.dispatch.refined(lambda c: c["free"])
+            else:
+                self.free_hops = plan_free_hops(w.dispatch, w.owner, w.token, w.comp, w.slot, w.single_slots,
+                                                self.R, self.b.T, self.L)
+                w.dispatch = split_by_key(w.dispatch, self.free_hops.astype(np.int64))
         if self.mech.gemm2 == "waves":
-            w.combine = self._split(w.combine, None if gran is None else gran.waves, self.wave_of, w.combine.src)
+            w.combine = self._split(w.combine, None if gran is None else gran.waves, self.wave_of, "src")
 
-    def _split(self, h: Hops, coarse: int | None, class_of, at: np.ndarray) -> Hops:
+    def _split(self, h, coarse: int | None, class_of, at: str):
+        """Hops (or cells) split by owner node (``coarse`` None) or by ``class_of(owner, at)``
+        (``at``: the column the class is seen from, ``dst`` or ``src``)."""
+        if isinstance(h, CellFlows):
+            if coarse is None:
+                return h.refined(lambda c: c["owner_node"])
+            return h.refined(lambda c: class_of(CellFlows.owner_of(c, self.L), c[at])) if coarse > 1 else h
         if coarse is None:
             return split_by_owner_node(h, self.L)
         if coarse > 1:
-            return split_by_key(h, class_of(h.owner, at))
+            return split_by_key(h, class_of(h.owner, getattr(h, at)))
         return h
 
     # ---------------------------------------------------------------- dispatch
@@ -224,15 +254,16 @@ class _LayerTasks:
         b, mech, w, N = self.b, self.mech, self.work, self.N
         self.n_dispatch = w.dispatch.num_stages
         G = self.G = (max(N, self.n_dispatch) if mech.gemm1 == "stage" else N) + 1
-        swapped = w.swapped[w.slot].astype(np.int64) if w.swapped is not None else np.zeros(w.comp.size, np.int64)
+        owner, comp, slot, rows = w.gemm_entries()
+        swapped = w.swapped[slot].astype(np.int64) if w.swapped is not None else np.zeros(comp.size, np.int64)
         # "stage": an entry's group is its token's arrival stage; a hop of stage s feeds group s + 1
         grp1 = (arrival_stage(w.owner, w.token, w.comp, w.dispatch, b.T) if mech.gemm1 == "stage"
-                else self.group_of(w.owner, w.comp))
-        self.tab1 = b.gemm_tasks(swapped * G + grp1, w.slot, 2 * G,
-                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
+                else self.group_of(owner, comp))
+        self.tab1 = b.gemm_tasks(swapped * G + grp1, slot, 2 * G,
+                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1, rows=rows)
         col_splits = self.L if mech.gemm2 == "columns" else mech.gemm2_splits if mech.gemm2 == "column-sends" else 1
-        self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(w.owner, w.comp), w.slot, 2 * N,
-                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
+        self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(owner, comp), slot, 2 * N,
+                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits, rows=rows)
         self.tab2_end = b.column_splits[-1] if col_splits > 1 else self.tab2
         self._gemm_deps()
 
@@ -296,7 +327,8 @@ class _LayerTasks:
         b, g, mech, R, N = self.b, self.g, self.mech, self.R, self.N
         h, splits = self.work.combine, 1
         if mech.gemm2 == "column-sends":  # each GEMM 2 column split sends its slice of every partial
-            h, splits = column_slices(h, mech.gemm2_splits), mech.gemm2_splits
+            splits = mech.gemm2_splits
+            h = h.column_slices(splits) if isinstance(h, CellFlows) else column_slices(h, splits)
         cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes) / splits)
         # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves); a
         # column slice once its column split is done

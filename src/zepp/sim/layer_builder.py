@@ -23,6 +23,7 @@ from zepp.cluster import Cluster
 from zepp.model import MoESpec
 from zepp.planner.overlap.grouping import Messages, messages, split_by_key
 from zepp.planner.types import Hops
+from zepp.sim.cell_flows import CellFlows
 from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, order_sends, piece_counts, send_classes
 from zepp.sim.joins import stage_message_pairs
 from zepp.sim.mechanics import Mechanics, Net
@@ -74,8 +75,9 @@ class LayerBuilder:
         same = m.src[o[1:]] == m.src[o[:-1]]
         self.g.after(m.exit_task[o[:-1][same]], m.entry_task[o[1:][same]])
 
-    def phase_messages(self, h: Hops, mode: str, kind: str, row_bytes: float) -> Messages:
-        m = messages(h, self.R)
+    def phase_messages(self, h, mode: str, kind: str, row_bytes: float) -> Messages:
+        """The messages of a phase's hops (or cells, ``zepp.sim.cell_flows.CellFlows``) as transfers."""
+        m = h.message_table(self.R)[0] if isinstance(h, CellFlows) else messages(h, self.R)
         if self.mech.chunked:
             return self.chunked_messages(h, m, kind, row_bytes)
         m.entry_task = np.zeros(m.rows.size, np.int64)
@@ -111,9 +113,11 @@ class LayerBuilder:
                         m.exit_task, self.R)
         return m
 
-    def stage_pairs(self, h: Hops, m: Messages) -> tuple[np.ndarray, np.ndarray]:
+    def stage_pairs(self, h, m: Messages) -> tuple[np.ndarray, np.ndarray]:
         """``(pre, post)`` message pairs: ``post`` (stage ``s``, from ``x``) carries a row that
-        ``pre`` (an earlier stage) delivers to ``x``."""
+        ``pre`` (an earlier stage) delivers to ``x`` (cells: from their links)."""
+        if isinstance(h, CellFlows):
+            return h.stage_pairs(h.message_table(self.R)[1], self.R)
         return stage_message_pairs(h, m.hop_msg, self.R, self.T)
 
     def stage_deps(self, h: Hops, m: Messages) -> None:
@@ -139,16 +143,16 @@ class LayerBuilder:
 
     # ---------------------------------------------------------------- GEMMs
     def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str, which: int = 1,
-                   splits: int = 1) -> np.ndarray:
+                   splits: int = 1, rows: np.ndarray | None = None) -> np.ndarray:
         """One grouped-GEMM task per (class, rank) holding entries; ``cls [n]`` in ``[0, ncls)``,
-        ``slot [n]`` global slots; ``which``: GEMM 1 or 2. Returns ``table [ncls, R]`` of task
-        ids (-1: no task).
+        ``slot [n]`` global slots (``rows [n]``: entries each stands for, else one); ``which``:
+        GEMM 1 or 2. Returns ``table [ncls, R]`` of task ids (-1: no task).
 
         ``splits > 1``: each task is run as ``splits`` column splits in sequence (each 1 / splits
         of the FLOPs and weight reads, plus a launch); the returned table holds the first split,
         ``self.column_splits [splits, ncls, R]`` all of them (see ``column_split_tasks``)."""
         R, S = self.R, self.S
-        pair_cnt = np.bincount(cls.astype(np.int64) * (R * S) + slot, minlength=ncls * R * S)
+        pair_cnt = np.bincount(cls.astype(np.int64) * (R * S) + slot, weights=rows, minlength=ncls * R * S)
         nz = np.flatnonzero(pair_cnt)
         rows = pair_cnt[nz].astype(float)
         if self.mech.pad_rows > 1:

@@ -34,6 +34,8 @@ from zepp.planner.types import FlowPlan, Placement
 from zepp.planner.routing import ROUTINGS, RoutingTable, build_routing_table, default_relaxation, demand_per_gpu, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
+from zepp.sim.cell_flows import CellFlows
+from zepp.sim.cell_links import counted as plan_counted
 from zepp.sim.engine import Timeline, simulate
 from zepp.sim.layer import SIM_OPTS, LayerWork, build_layer
 from zepp.sim.layer_builder import dispatch_row_bytes
@@ -138,15 +140,21 @@ def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: fl
     recv = np.zeros(R)
     for h, rb in ((lp.dispatch, dispatch_row_bytes or spec.row_bytes), (lp.combine, spec.row_bytes)):
         cross = (h.src // L) != (h.dst // L)
-        send += np.bincount(h.src[cross], minlength=R) * rb
-        recv += np.bincount(h.dst[cross], minlength=R) * rb
+        w = h.rows[cross] if isinstance(h, CellFlows) else None  # cells: rows each
+        send += np.bincount(h.src[cross], weights=w, minlength=R) * rb
+        recv += np.bincount(h.dst[cross], weights=w, minlength=R) * rb
     if extra_nic is not None:
         send += extra_nic[0]
         recv += extra_nic[1]
-    rows = np.bincount(lp.comp, minlength=R)
-    used = np.zeros(R * lp.slots_per_rank, bool)
-    used[lp.slot] = True
-    active = used.reshape(R, lp.slots_per_rank).sum(1)  # slots with work per rank
+    S = lp.slots_per_rank
+    if lp.slot_entries is None:
+        rows = np.bincount(lp.comp, minlength=R)
+        used = np.zeros(R * S, bool)
+        used[lp.slot] = True
+    else:
+        per_slot = lp.slot_entries.sum(0)
+        rows, used = per_slot.reshape(R, S).sum(1), per_slot > 0
+    active = used.reshape(R, S).sum(1)  # slots with work per rank
     return float(max(max(send.max(), recv.max()) / cl.nic_bw, rows.max() * spec.flops_per_row / cl.peak_flops,
                      active.max() * spec.expert_weight_bytes / cl.hbm_bw))
 
@@ -178,9 +186,12 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
         kw = dict(weight_copies=swap_copies, swapped=swapped)
     elif ctx.weight_copies is not None:
         kw = dict(weight_copies=ctx.weight_copies, copies_block_gemm=ctx.copies_block_gemm)
-    # a phase may replace its hop table
-    lp = LayerWork.of(ctx.plan, granularity=granularity or plan_granularity(cfg, s, plan), **kw)
     mech = mech or mechanics(s.mechanics)
+    # a phase may replace its hop table; without one the layer is built from the plan's counts
+    counted = (not s.plugins and not mech.stage_collectives and mech.gemm1 != "stage"
+               and plan_counted(ctx.plan, mech.predispatch))
+    lp = LayerWork.of(ctx.plan, counted, mech.predispatch, granularity=granularity or plan_granularity(cfg, s, plan),
+                      **kw)
     if mech.gemm2 == "column-sends" and mech.gemm2_splits == 0:  # the planner's per-batch choice
         cl = cfg.cluster
         fig = Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks))

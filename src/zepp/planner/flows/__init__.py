@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from zepp.errors import ZeppInputError
 from zepp.planner.choices import Choice, ChoiceTable
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from zepp.planner.flows import direct_volumes as dv
 from zepp.planner.flows import gateway_volumes as gv
@@ -32,7 +32,7 @@ from zepp.planner.flows.token_counts import TokenCounts
 from zepp.planner.types import FlowPlan, Hops, Routing
 from zepp.planner.volumes import PlanVolumes
 
-__all__ = ["build_flows", "build_hops", "build_volumes", "check_transports", "transport_pairs", "nic_split",
+__all__ = ["build_flows", "build_hops", "build_volumes", "VolumeState", "check_transports", "transport_pairs", "nic_split",
            "DISPATCHES", "COMBINES", "DispatchChoice", "CombineChoice"]
 
 
@@ -56,10 +56,12 @@ class DispatchChoice(Choice):
 class CombineChoice(Choice):
     """A combine transport: ``function(x: EntryView, remote_rows) -> Hops`` builds its hop table,
     ``volumes(tc: TokenCounts, gateways) -> Volumes`` its volumes. ``reduces``: it pre-reduces on
-    the dispatch's gateways (then it needs a gatewayed dispatch)."""
+    the dispatch's gateways (then it needs a gatewayed dispatch); ``via_carrier``: the pre-reduced
+    rows cross back to the dispatch's carrier, which forwards them to the owner."""
 
     volumes: Callable | None = None
     reduces: bool = False
+    via_carrier: bool = False
 
 
 DISPATCHES: ChoiceTable[DispatchChoice] = ChoiceTable("dispatch transport", (
@@ -80,7 +82,7 @@ COMBINES: ChoiceTable[CombineChoice] = ChoiceTable("combine transport", (
     CombineChoice("dedup", "one row per (token, computing GPU), summed there, straight to the owner", dedup_combine,
                   True, dv.dedup_combine),
     CombineChoice("reduce", "pre-reduced on the computing node's gateway, NIC once, back through the dispatch carrier",
-                  reduce_combine, True, gv.reduce_combine, reduces=True),
+                  reduce_combine, True, gv.reduce_combine, reduces=True, via_carrier=True),
     CombineChoice("reduce-direct", "pre-reduced on the computing node's gateway, NIC once, straight to the owner",
                   reduce_direct_combine, True, gv.reduce_direct_combine, reduces=True),
 ))
@@ -117,11 +119,20 @@ def build_flows(routing: Routing, dispatch: str, row_bytes: int, combine: str | 
     return FlowPlan(routing, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine, coalesce)
 
 
-def build_volumes(routing: Routing, dispatch: str, combine: str, coalesce: bool = True) -> PlanVolumes:
-    """The ``PlanVolumes`` of a (checked) transport pair, from the routing's counts."""
+class VolumeState(NamedTuple):
+    """What a plan's volumes are built from and with: the routing's ``TokenCounts``, the
+    dispatch's ``Gateways`` (``None`` for the direct transports) and the ``PlanVolumes``."""
+
+    counts: TokenCounts
+    gateways: object
+    volumes: PlanVolumes
+
+
+def build_volumes(routing: Routing, dispatch: str, combine: str, coalesce: bool = True) -> VolumeState:
+    """The ``VolumeState`` of a (checked) transport pair: its volumes from the routing's counts."""
     tc = TokenCounts(routing)
     d, gateways = DISPATCHES[dispatch].volumes(tc, coalesce)
-    return PlanVolumes(d, COMBINES[combine].volumes(tc, gateways))
+    return VolumeState(tc, gateways, PlanVolumes(d, COMBINES[combine].volumes(tc, gateways)))
 
 
 def build_hops(routing: Routing, dispatch: str, combine: str, coalesce: bool = True) -> tuple[Hops, Hops]:

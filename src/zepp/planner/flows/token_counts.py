@@ -64,6 +64,37 @@ class TokenCounts:
             return z, z, z, z
         return tuple(np.concatenate(c) for c in zip(*out))
 
+    def slot_entries(self) -> np.ndarray:
+        """``[R, R*S]``: entries of owner ``r`` served by global slot ``s`` (what the simulator's
+        GEMM tasks count, per slot and owner)."""
+        R, RS = self.R, self.R * self.S
+        out = np.zeros(R * RS + 1, np.int64)
+        for i in range(len(self._blocks)):
+            r0 = i * self.ranks_per_block
+            slot = self.slot[r0:r0 + self.ranks_per_block].reshape(-1, self.T * self.k)
+            key = (np.arange(r0, r0 + slot.shape[0], dtype=np.int64) * RS)[:, None] + slot
+            out += np.bincount(np.where(slot >= 0, key, R * RS).ravel(), minlength=out.size)
+        return out[:-1].reshape(R, RS)
+
+    def single_pairs(self, single: np.ndarray) -> np.ndarray:
+        """``[R, R]``: tokens of owner ``r`` with an entry on rank ``c`` served by a slot of
+        ``single [R*S]`` (a single-copy expert's: ``zepp.sim.predispatch``)."""
+        R = self.R
+        out = np.zeros(R * R + 1, np.int64)
+        for i in range(len(self._blocks)):
+            b = self._block(i)
+            r0, r1 = b.r0, b.r1
+            slot = np.ascontiguousarray(self.slot[r0:r1].reshape(-1, self.k).T)
+            flag = (slot >= 0) & single[np.maximum(slot, 0)]
+            first = _first_of_token(np.where(flag, b.comp, -1))
+            out += np.bincount(np.where(first, b.owner * R + b.comp, R * R).ravel(), minlength=out.size)
+        return out[:-1].reshape(R, R)
+
+    def has_single_on(self, owner: np.ndarray, token: np.ndarray, rank: np.ndarray, single: np.ndarray) -> np.ndarray:
+        """``[d]`` bool: token ``(owner, token)`` has an entry on ``rank`` served by a slot of ``single``."""
+        slot = self.slot[owner, token]  # [d, k]
+        return ((slot // self.S == rank[:, None]) & (slot >= 0) & single[np.maximum(slot, 0)]).any(1)
+
     def gpus_on(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> np.ndarray:
         """``[d, k]`` int64: the distinct ranks on ``node [d]`` computing entries of token
         ``(owner [d], token [d])``, ``-1`` elsewhere."""

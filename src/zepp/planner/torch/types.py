@@ -121,7 +121,7 @@ class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
     def _build_volumes(self):
         from zepp.planner.torch.flows import build_volumes
 
-        return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce)
+        return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce).volumes
 
     def sizes(self) -> tuple[int, int, int]:
         """``(dispatch hops, combine hops, unplaced entries)`` in one device-to-host read."""

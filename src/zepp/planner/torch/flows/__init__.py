@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from zepp.errors import ZeppInputError
 from zepp.planner.choices import twin_of
-from zepp.planner.flows import COMBINES, DISPATCHES
+from zepp.planner.flows import COMBINES, DISPATCHES, VolumeState
 from zepp.planner.flows import check_transports as numpy_check_transports
 from zepp.planner.torch.flows.entry_view import EntryView
 from zepp.planner.torch.flows.token_counts import TokenCounts
@@ -53,11 +53,11 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
                          exact=exact)
 
 
-def build_volumes(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True) -> PlanVolumes:
-    """``zepp.planner.flows.build_volumes`` in torch: ``PlanVolumes`` of ``TorchVolumes``."""
+def build_volumes(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True) -> VolumeState:
+    """``zepp.planner.flows.build_volumes`` in torch: its ``volumes`` are ``TorchVolumes``."""
     tc = TokenCounts(routing)
     d, gateways = twin_of(DISPATCHES[dispatch].volumes)(tc, coalesce)
-    return PlanVolumes(d, twin_of(COMBINES[combine].volumes)(tc, gateways))
+    return VolumeState(tc, gateways, PlanVolumes(d, twin_of(COMBINES[combine].volumes)(tc, gateways)))
 
 
 def build_hops(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True, exact: bool = True):
