@@ -30,20 +30,15 @@ class Volumes:
     """One phase's cells ``[c]``, ascending by ``(stage, src, dst, msg, owner_node)``, each with
     ``rows > 0``: ``stage`` int8, ``src`` / ``dst`` / ``msg`` / ``owner_node`` int32, ``rows`` int64."""
 
-    stage: np.ndarray
+    stage: np.ndarray  # the key, int8 / int32 columns
     src: np.ndarray
     dst: np.ndarray
     msg: np.ndarray
     owner_node: np.ndarray
-    rows: np.ndarray
+    rows: np.ndarray  # the count, int64
 
-    @property
-    def size(self) -> int:
-        return int(self.rows.shape[0])
-
-    @property
-    def num_stages(self) -> int:
-        return int(self.stage.max()) + 1 if self.size else 0
+    size = property(lambda self: int(self.rows.shape[0]))
+    num_stages = property(lambda self: int(self.stage.max()) + 1 if self.size else 0)
 
     @staticmethod
     def of_cells(stage, src, dst, msg, owner_node, rows, ranks: int, nodes: int) -> "Volumes":

@@ -23,7 +23,8 @@ Candidates (adjacent fine groups / waves merged, order kept; ``Granularity.group
   ``waves = 1`` is one GEMM 2 and one combine.
 
 Cost model (``predict``; seconds; every rank evaluates it on the same FlowPlan with the same
-cluster figures, so the choice is identical on every rank; numpy over hops, ranks and groups,
+cluster figures, so the choice is identical on every rank; numpy over the plan's volumes (rows per
+stage, source, destination and owner node: ``FlowPlan.volumes``), ranks and groups,
 loops over the candidates and their groups only; ``candidates``: every count up to 4 nodes, a
 handful beyond):
 
@@ -232,8 +233,8 @@ class _LayerModel:
         self.cross_pair = self.node_of[:, None] != self.node_of[None, :]  # [dst, src]
         self._count_entries(plan.routing, S)
         self.gemm = lambda rows, act: fig.gemm(rows, act, spec.hidden, spec.ffn, spec.dtype_bytes)  # noqa: E731
-        self.A = self._arrivals(plan.dispatch)
-        self._combine_sends(plan.combine)
+        self.A = self._arrivals(plan.volumes.dispatch)
+        self._combine_sends(plan.volumes.combine)
 
     def _count_entries(self, routing, S: int) -> None:
         """``rows1``, ``pres1``, ``rows2``, ``pres2``: one pass over the entries."""
@@ -252,13 +253,14 @@ class _LayerModel:
         self.pres2 = (np.einsum("cos,cow->cws", cnt, W1) > 0).astype(float)  # [R, N, S]
 
     def _arrivals(self, d) -> np.ndarray:
-        """``A [R, F]``: arrival of each fine dispatch group at each rank; hops by (dst, src, owner node)."""
+        """``A [R, F]``: arrival of each fine dispatch group at each rank; rows by (dst, src, owner
+        node), from the dispatch's volumes ``d``."""
         R, L, N, F, ranks, fig, rb = self.R, self.L, self.N, self.F, self.ranks, self.fig, self.rb
         cross_pair = self.cross_pair
         dn = np.arange(N)
-        hk = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, minlength=R * R * N).reshape(R, R, N)
-        stage_gt0 = np.bincount((d.dst.astype(np.int64) * R + d.src) * N + d.owner // L, weights=(d.stage > 0),
-                                minlength=R * R * N).reshape(R, R, N)
+        key = (d.dst.astype(np.int64) * R + d.src) * N + d.owner_node
+        hk = np.bincount(key, weights=d.rows, minlength=R * R * N).astype(np.int64).reshape(R, R, N)
+        stage_gt0 = np.bincount(key, weights=d.rows * (d.stage > 0), minlength=R * R * N).reshape(R, R, N)
         g_of = np.where(dn[None, :] == self.node_of[:, None], 1, 1 + (dn[None, :] - self.node_of[:, None]) % N)
         A = np.zeros((R, F))
         xk = np.where(cross_pair[:, :, None], hk, 0) * rb  # [dst, src, owner node] bytes over the NIC
@@ -294,12 +296,12 @@ class _LayerModel:
 
     def _combine_sends(self, c) -> None:
         """``cbytes``, ``direct_w``, ``gate_w``: combine NIC bytes per (sending rank, fine wave) and
-        whether they leave from the computing rank or a gateway."""
+        whether they leave from the computing rank or a gateway, from the combine's volumes ``c``."""
         R, L, N, ranks, rb = self.R, self.L, self.N, self.ranks, self.rb
         dn = np.arange(N)
-        ck = (c.src.astype(np.int64) * R + c.dst) * N + c.owner // L
-        ch = np.bincount(ck, minlength=R * R * N).reshape(R, R, N)  # [src, dst, owner node]
-        cg = np.bincount(ck, weights=(c.stage > 0), minlength=R * R * N).reshape(R, R, N)
+        ck = (c.src.astype(np.int64) * R + c.dst) * N + c.owner_node
+        ch = np.bincount(ck, weights=c.rows, minlength=R * R * N).astype(np.int64).reshape(R, R, N)  # [src, dst, owner node]
+        cg = np.bincount(ck, weights=c.rows * (c.stage > 0), minlength=R * R * N).reshape(R, R, N)
         w_of = (dn[None, :] - self.node_of[:, None] - 1) % N  # [src, owner node] fine wave
         per_src = np.where(self.cross_pair[:, :, None], ch, 0).sum(axis=1)  # [src, owner node]
         gate_src = np.where(self.cross_pair[:, :, None], cg, 0).sum(axis=1)
