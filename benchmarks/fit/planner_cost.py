@@ -1,7 +1,11 @@
 """Record how many planner "op-mix rounds" each part of Zepp's planner costs, for the
 simulator's deterministic planning-cost model (``zepp.sim.planning_cost``).
 
-    python benchmarks/fit/planner_cost.py        # writes src/zepp/data/planner_cost.json
+    python benchmarks/fit/planner_cost.py [--out FILE]   # writes src/zepp/data/planner_cost.json
+
+``flows:<dispatch>/<combine>`` is a plan's flows as the planner decides them (``FlowPlan.volumes``,
+from the routing's counts); ``hops:<dispatch>/<combine>`` the per-row hop tables an executor runs
+(``FlowPlan.hop_tables``), built only where one reads them.
 
 The planner is a sequence of whole-array passes over a batch's entries (sorts, histograms,
 gathers, prefix sums, binary searches, masks). A fixed mix of those passes (``opmix``) is timed
@@ -72,7 +76,7 @@ def best(f, repeats: int) -> float:
     return out
 
 
-def main() -> None:
+def main(out: Path = OUT) -> None:
     rows = []
     for model in ("k2", "qwen"):
         spec = model_preset(model)
@@ -88,8 +92,9 @@ def main() -> None:
                 routing = route("zepp", batch, pl, C)
                 parts = {"route:zepp": lambda: route("zepp", batch, pl, C),
                          "swap": lambda: plan_swaps(pl, routing.slot_loads(), C)}
-                for d, c in FLOWS:
-                    parts[f"flows:{d}/{c}"] = lambda d=d, c=c: build_flows(routing, d, spec.row_bytes, c)
+                for d, c in FLOWS:  # the plan's flows (volumes), and the hop tables an executor runs apart
+                    parts[f"flows:{d}/{c}"] = lambda d=d, c=c: build_flows(routing, d, spec.row_bytes, c).volumes
+                    parts[f"hops:{d}/{c}"] = lambda d=d, c=c: build_flows(routing, d, spec.row_bytes, c).hop_tables
                 ratios = {}
                 for name, f in parts.items():  # interleave the mix with every part
                     t_mix = best(mix, 5)
@@ -112,10 +117,11 @@ def main() -> None:
                              "file": "benchmarks/results/calibration_planner_gpu_pipelined.json",
                              "how": "the op mix queued back to back with one host synchronisation per batch of mixes"},
     }
-    OUT.write_text(json.dumps(data, indent=1) + "\n")
-    print("rounds", {k: round(v, 3) for k, v in rounds.items()}, "->", OUT)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print("rounds", {k: round(v, 3) for k, v in rounds.items()}, "->", out)
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, before any work
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(OUT), help="the file to write (default: the package's data file)")
+    main(Path(ap.parse_args().out))  # --help, before any work

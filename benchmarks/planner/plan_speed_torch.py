@@ -67,10 +67,13 @@ def _ints(text: str) -> list[int]:
 
 
 def _numpy_plan(batch, placement, relaxation, row_bytes):
+    """Routing, then the flows the planner decides (``FlowPlan.volumes``); the hop tables an
+    executor runs are built outside the timing (for the equality check)."""
     t0 = time.perf_counter()
     r = route("zepp", batch, placement, relaxation)
     t1 = time.perf_counter()
     p = build_flows(r, "zepp", row_bytes, "reduce")
+    p.volumes
     t2 = time.perf_counter()
     return (t1 - t0, t2 - t1), p
 
@@ -80,7 +83,7 @@ def _torch_plan(ids, placement, relaxation, row_bytes, sync):
     r = t_route("zepp", ids, placement, relaxation, sync=sync)
     t1 = time.perf_counter()
     p = t_build_flows(r, "zepp", row_bytes, "reduce", sync=sync)
-    p.dispatch.count.item()  # the tables are complete (no-op on the CPU; a sync on a device)
+    p.volumes.dispatch.rows.sum().item()  # the volumes are complete (no-op on the CPU; a sync on a device)
     t2 = time.perf_counter()
     return (t1 - t0, t2 - t1), p
 
@@ -191,7 +194,7 @@ def main() -> None:
                     for _ in range(args.repeats):
                         t0 = time.perf_counter()
                         p = t_build_flows(routing_t, pair[0], spec.row_bytes, pair[1])
-                        p.dispatch.count.item()
+                        p.volumes.dispatch.rows.sum().item()
                         ts.append(time.perf_counter() - t0)
                     other[f"flows:{pair[0]}/{pair[1]}"] = statistics.median(ts) * 1e3
                 del routing_t
@@ -284,9 +287,11 @@ def _graph_parts(ids, placement, relaxation, row_bytes, repeats) -> dict:
     captured routing's output)."""
     g_route, routing = _captured(lambda: t_route("zepp", ids, placement, relaxation, sweeps=1))
     parts = {"route:zepp": _cuda_ms(g_route.replay, repeats)}
-    for d, c in (("zepp", "reduce"),) + OTHER_PAIRS:
-        g, _ = _captured(lambda: t_build_flows(routing, d, row_bytes, c))
+    for d, c in (("zepp", "reduce"),) + OTHER_PAIRS:  # the plan's volumes, and the hop tables an executor runs
+        g, _ = _captured(lambda: t_build_flows(routing, d, row_bytes, c).volumes)
         parts[f"flows:{d}/{c}"] = _cuda_ms(g.replay, repeats)
+        g, _ = _captured(lambda: t_build_flows(routing, d, row_bytes, c).hop_tables)
+        parts[f"hops:{d}/{c}"] = _cuda_ms(g.replay, repeats)
     return parts
 
 
@@ -322,9 +327,11 @@ def device_main(args) -> None:
                 ids = torch.as_tensor(batch, device=dev)
                 row = dict(model=model, nodes=nodes, mb=mb, entries=int(batch.size), device=torch.cuda.get_device_name(dev))
 
-                def eager(sync, sweeps=None):
-                    return plan_batch(ids, placement, Stages("zepp", "zepp", "reduce"), spec.row_bytes, relaxation,
-                                      sync=sync, sweeps=sweeps)
+                def eager(sync, sweeps=None):  # routing, volumes and the hop tables
+                    p = plan_batch(ids, placement, Stages("zepp", "zepp", "reduce"), spec.row_bytes, relaxation,
+                                   sync=sync, sweeps=sweeps)
+                    p.volumes, p.hop_tables
+                    return p
 
                 for label, fn in (("eager_ms", lambda: eager(True)), ("capture_safe_ms", lambda: eager(False, 1))):
                     fn()

@@ -12,9 +12,10 @@ Network figures: DeepEP's published ones (``zepp.sim.calibrate.PUBLISHED``, PAPE
 nothing fitted. Traces: the recorded ones for K2 and Qwen (``--traces``, found by
 ``benchmarks/paths.py``; the built-in synthetic ones where absent, and each row records which),
 built-in synthetic traces for DeepSeek-V3 (no recorded trace exists). The grid is sized to this
-machine (2 shared CPU cores): the simulator's cost grows with ranks x tokens x top-k (and with ranks squared for
-the low-latency kernels' per-pair messages), so the largest prefill batches run at fewer nodes;
-``GRID`` lists what runs and ``NOT_RUN`` what does not and why. Deterministic: the same
+machine (2 shared CPU cores): the simulator builds a layer from the plan's counts (``zepp.sim.cell_flows``), so
+its cost grows with the messages and tasks (ranks squared for the low-latency kernels' per-pair messages) more
+than with the tokens, and 16K tokens per GPU run up to 32 nodes of 8; ``GRID`` lists what runs and
+``NOT_RUN`` what does not and why. Deterministic: the same
 arguments give the same file.
 
     PYTHONPATH=src python benchmarks/simulated/bench_today.py --traces ../shared/traces
@@ -62,6 +63,8 @@ GRID = (
     ("h200-8", 32, 8, "deepseek-v3", 4096),
     *[("h200-8", 2, 8, m, 16384) for m in ("deepseek-v3", "k2", "qwen")],
     ("h200-8", 4, 8, "deepseek-v3", 16384),
+    *[("h200-8", 16, 8, m, 16384) for m in ("deepseek-v3", "k2", "qwen")],
+    ("h200-8", 32, 8, "deepseek-v3", 16384),
     # GB200 NVL72: 64 of the rack's 72 GPUs run EP (the experts must divide the GPUs)
     *[("gb200-nvl72", n, 64, "deepseek-v3", 128) for n in (1, 2)],
     *[("gb200-nvl72", n, 64, "deepseek-v3", 4096) for n in (1, 2)],
@@ -76,10 +79,7 @@ CAVEATS = (
 )
 NOT_RUN = (
     "k2 and qwen at 32 nodes of 8: their 384 and 128 experts do not divide over 256 GPUs (16 nodes is their largest)",
-    "16K tokens per GPU above 4 nodes (16.8M routed entries per batch at 16x8, 33.5M at 32x8): the 32x8 prefill "
-    "row at 4K tokens (8.4M entries) already takes the CPU seconds and peak memory in its row (about 7 GB with "
-    "five systems); 4x the entries is over the 60-CPU-second budget per configuration, and 32x8 at 16K would "
-    "need more memory than this machine's 23 GB",
+    "16K tokens per GPU at 8 nodes (the 2, 4, 16 and 32 node rows bracket it)",
     "gb200-nvl72 at 72 GPUs per rack: 256/384/128 experts do not divide over 72 GPUs (64 run EP)",
 )
 

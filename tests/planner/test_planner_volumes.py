@@ -69,3 +69,19 @@ def test_link_stats_from_volumes_equal_the_hop_tables():
             got, want = plan.stats(phase), link_stats(hops, pl.ranks, 2, 16, r.rows_per_rank())
             for f in ("nic_send", "nic_recv", "nvlink", "messages", "rows_computed"):
                 np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f"{plan.transport} {f}")
+
+
+def test_cells_of_a_wide_key_space_are_summed_by_sorting():
+    # keys beyond the counting table (a cluster of hundreds of ranks) take the sorting path: the same sums
+    rng = np.random.default_rng(0)
+    n, ranks, nodes = 5000, 400, 50
+    cols = [rng.integers(0, 3, n), rng.integers(0, ranks, n), rng.integers(0, ranks, n), rng.integers(0, 2, n),
+            rng.integers(0, nodes, n)]
+    cols[1][: n // 2] = cols[1][n // 2:]  # repeated keys
+    cols[2][: n // 2] = cols[2][n // 2:]
+    rows = rng.integers(1, 5, n)
+    v = Volumes.of_cells(*cols, rows, ranks=ranks, nodes=nodes)
+    key = (((cols[0] * ranks + cols[1]) * ranks + cols[2]) * 2 + cols[3]) * nodes + cols[4]
+    uniq, inv = np.unique(key, return_inverse=True)
+    np.testing.assert_array_equal(v.rows, np.bincount(inv, weights=rows).astype(np.int64))
+    np.testing.assert_array_equal(v.src, (uniq // nodes // 2 // ranks) % ranks)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from zepp.planner.intsort import sorted_with_order
 from zepp.planner.types import Hops, PlanInvariantError
 
 _FIELDS = ("stage", "src", "dst", "msg", "owner_node")
@@ -79,8 +80,9 @@ def _sum_by_key(key: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
         total = np.bincount(key, weights=rows, minlength=hi)
         uniq = np.flatnonzero(np.bincount(key, minlength=hi))
         return uniq, total[uniq].astype(np.int64)
-    uniq, inv = np.unique(key, return_inverse=True)
-    return uniq, np.bincount(inv.ravel(), weights=rows, minlength=uniq.size).astype(np.int64)
+    ks, order = sorted_with_order(key)
+    first = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+    return ks[first], np.add.reduceat(rows[order], first).astype(np.int64)
 
 
 class PlanVolumes(NamedTuple):
