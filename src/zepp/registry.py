@@ -389,8 +389,9 @@ def to_json() -> str:
 
 
 def _choice_dict(c) -> dict:
-    """A stage record as JSON: its name, meaning, flags and whether it has a torch twin."""
-    return {k: v for k, v in asdict(c).items() if k != "function"}
+    """A stage record as JSON: its name, meaning, flags and whether it has a torch twin (not the
+    functions that run it)."""
+    return {k: v for k, v in asdict(c).items() if not callable(v) and k != "function"}
 
 
 _check_table()
