@@ -171,13 +171,15 @@ class Figures:
     eff_max: float
     rows_half: float
     overlap: float = 1.0  # fraction of transfer time a rank can compute through (1: GPUs, NICs apart)
+    weight_eff: float = 1.0  # fraction of hbm_bw a grouped GEMM streams its weights at
 
     @classmethod
     def of(cls, cluster, nic_bw: float | None = None, nic_msg: float | None = None, overlap: float = 1.0) -> "Figures":
         return cls(nic_bw=cluster.nic_bw if nic_bw is None else nic_bw, nvlink_bw=cluster.nvlink_bw,
                    nic_msg=cluster.nic_msg_cost if nic_msg is None else nic_msg, nvlink_msg=cluster.nvlink_msg_cost,
                    peak_flops=cluster.peak_flops, hbm_bw=cluster.hbm_bw, launch=cluster.kernel_launch,
-                   eff_max=cluster.gemm_eff_max, rows_half=cluster.gemm_rows_half, overlap=overlap)
+                   eff_max=cluster.gemm_eff_max, rows_half=cluster.gemm_rows_half, overlap=overlap,
+                   weight_eff=cluster.weight_read_eff)
 
     def gemm(self, rows: np.ndarray, active: np.ndarray, hidden: int, ffn: int, dtype_bytes: int) -> np.ndarray:
         """Seconds of one grouped GEMM (``H -> F`` or ``F -> H``) per cell of ``rows`` / ``active``
@@ -187,7 +189,7 @@ class Figures:
         eff = self.eff_max * (rows / act) / (rows / act + self.rows_half)
         with np.errstate(divide="ignore", invalid="ignore"):
             flops_t = np.where(rows > 0, rows * 2.0 * hidden * ffn / (self.peak_flops * np.maximum(eff, 1e-30)), 0.0)
-        t = np.maximum(flops_t, act * hidden * ffn * dtype_bytes / self.hbm_bw) + self.launch
+        t = np.maximum(flops_t, act * hidden * ffn * dtype_bytes / (self.hbm_bw * self.weight_eff)) + self.launch
         return np.where(rows > 0, t, 0.0)
 
 
