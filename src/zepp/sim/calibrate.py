@@ -58,8 +58,8 @@ HARDWARE: dict[str, dict] = {"a100": dict(_FIXED, **A100_GEMM), "h100": dict(_FI
 
 # Output of benchmarks/fit/calibrate.py (see benchmarks/results/calibration.md).
 FITTED: dict[str, Net] = {
-    "a100": Net(put_c0=47.12e-6, put_c1=1.7687e-6, nic_eff=0.75665),
-    "h100": Net(put_c0=48.96e-6, put_c1=3.021e-6, nic_eff=0.86527),
+    "a100": Net(put_c0=44.82e-6, put_c1=1.7918e-6, nic_eff=0.77272),
+    "h100": Net(put_c0=24.79e-6, put_c1=3.4143e-6, nic_eff=0.82223),
 }
 
 
