@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -224,7 +225,8 @@ class CometRingCombine:
             if sel.size:
                 e[sel], x[sel] = b.transfers(src[sel], oo[sel], rows_no[nn[sel], oo[sel]] * self.rb / L, mode,
                                              "combine", "put-with-signal")
-        chain_in_ring_order(g, src, oo, e, x, np.flatnonzero(fenced), R)
+        b.chain_serial(SimpleNamespace(src=src, dst=oo, stage=np.zeros(src.size, np.int64), entry_task=e, exit_task=x),
+                       np.flatnonzero(fenced))  # one after another per GPU, ring order
         g.after(prev[nn * L + cc], e)
         flags = np.bincount(oo, minlength=R)
         poll = g.add_fixed(np.arange(R), flags * b.net.signal, kind="barrier", stream=None, label="flag polls")
@@ -233,14 +235,3 @@ class CometRingCombine:
         done = g.add_fixed(0, 0.0, kind="barrier", stream=None, label="combine done")
         g.after(poll, done)
         return done
-
-
-def chain_in_ring_order(g, src: np.ndarray, dst: np.ndarray, entry: np.ndarray, exit_: np.ndarray, sel: np.ndarray,
-                        R: int) -> None:
-    """Transfers ``sel`` (indices into ``src [n]`` / ``dst [n]`` / their ``entry`` / ``exit_`` tasks)
-    one after another per source rank, destinations in ring order (``(dst - src) mod R``)."""
-    if sel.size < 2:
-        return
-    o = sel[np.lexsort(((dst[sel] - src[sel]) % R, src[sel]))]
-    same = src[o[1:]] == src[o[:-1]]
-    g.after(exit_[o[:-1][same]], entry[o[1:][same]])
