@@ -20,8 +20,8 @@
   NVSHMEM's ``transport_common.cpp`` ``nvshmemt_put_signal`` and ``libfabric.cpp``
   ``nvshmemt_libfabric_fence``; its commit 2d820ea: "fence() takes 1 RTT to complete ... This
   was causing nvshmemx_putmem_signal_nbi() to block for 1 RTT"; PAPER.md section 7: "one proxy
-  per rank serves its puts one after another"). Replaces the combine; its NIC bytes replace the hop table's in the
-  physical floor. With ``gemm2 = "columns"`` chunk ``c``'s barrier waits for GEMM 2's column
+  per rank serves its puts one after another"). Replaces the combine; its NIC bytes replace the
+  hop table's in the physical floor. With ``gemm2 = "columns"`` chunk ``c``'s barrier waits for GEMM 2's column
   split ``c`` only, so the ring overlaps the later splits.
 """
 
