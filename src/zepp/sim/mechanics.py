@@ -23,7 +23,8 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   GEMM 2 in ``L`` column splits (``columns``: "GEMM 2 publishes per column-split barriers"; each
   split reads its slice of w2 once). Its dense all-gather and its in-node ring combine with
   put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` phases
-  (``zepp.sim.phases``).
+  (``zepp.sim.phases``); the puts-with-signal are fenced (``fenced_signals``: NVSHMEM's proxy on
+  Slingshot serves them one after another, each a blocking put).
 - ``fast``: synchronous host-driven rounds (the ``fast-rounds`` phase), nothing overlaps.
 
 DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections 5 and 6):
@@ -151,6 +152,11 @@ class Mechanics:
       into the combine's buffers after it, each pass reading and writing every row once at the
       GPU's HBM rate (``False``: kernels that read and write the rows in place as they move them,
       DeepEP's and COMET's fused ones).
+    - ``fenced_signals``: a put-with-signal through the host proxy runs as put, fence, signal, and
+      the fence is a quiet (NVSHMEM's libfabric transport, Slingshot's): the proxy thread waits
+      for every put it has outstanding before it takes the next request, so one rank's
+      puts-with-signal go one after another, each a blocking put (``Net.put``, as ``a2av``'s),
+      in ring order of their destinations (COMET's combine; ``zepp.sim.phases.comet``).
     - ``sim_cost``: CPU time of simulating a layer with these mechanics relative to
       ``serial-barrier``'s (16 nodes, K2, 4 MB; measured once): only ``zepp bench``'s progress
       estimate and the order of its units of work read it, never a simulated figure.
@@ -180,6 +186,7 @@ class Mechanics:
     predispatch: bool = False
     comm_sms: int = 0
     hbm_passes: bool = False
+    fenced_signals: bool = False
     sim_cost: float = 1.0
 
 
@@ -242,9 +249,12 @@ MECHANICS: dict[str, Mechanics] = {
     # by destination ("GEMM 2 publishes per column-split barriers"; each split reads its slice of
     # w2 once: one GEMM 2 of weight reads);
     # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
-    # comet-allgather and comet-ring-combine phases (zepp.sim.phases).
+    # comet-allgather and comet-ring-combine phases (zepp.sim.phases). Its combine's puts-with-signal
+    # are fenced (one after another per GPU, each a blocking put): NVSHMEM's put-with-signal through the
+    # host proxy is put + fence + signal and its libfabric transport's fence is a quiet
+    # (transport_common.cpp nvshmemt_put_signal, libfabric.cpp nvshmemt_libfabric_fence, commit 2d820ea).
     "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF,
-                       sim_cost=0.95),
+                       fenced_signals=True, sim_cost=0.95),
     # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
     # rounds, each ending in a world barrier, are the fast-rounds phase; one GEMM after them).
     "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35, **_NVSHMEM),
