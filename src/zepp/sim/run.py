@@ -157,12 +157,15 @@ def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: fl
 def plan_granularity(cfg: Config, s: registry.System, plan: FlowPlan) -> Granularity | None:
     """The granularity system ``s`` runs ``plan`` with: chosen per batch by
     ``zepp.planner.overlap.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
-    calibrated NIC rate and put cost), else ``None`` (the mechanics' fixed groups / waves)."""
+    calibrated NIC rate and put cost, and the GPU share a GEMM of a split phase keeps beside the
+    mechanics' communication kernels), else ``None`` (the mechanics' fixed groups / waves)."""
     choose = s.overlap_choice.function
     if choose is None:
         return None
     cl = cfg.cluster
-    return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks)))
+    share = 1.0 - mechanics(s.mechanics).comm_sms / cl.sms
+    return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks),
+                                             split_share=share))
 
 
 def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = False,
