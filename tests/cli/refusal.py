@@ -243,6 +243,10 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         return _checkpoint(spec, tiny, tmp)
     if kind == "prompts":
         return _prompts(spec, tmp)
+    if kind.startswith("file"):  # a file of the given suffix holding the text after the colon
+        p = tmp / ("f" + kind[len("file"):])
+        p.write_text(spec)
+        return str(p)
     if kind.startswith("cluster"):
         p = tmp / ("c" + (kind[len("cluster"):] or ".yaml"))
         p.write_text(spec + "\n")

@@ -66,7 +66,21 @@ SHARED = [
 ]
 
 # one command's own options: (options, what the line must name, the command)
+_ROW = '"cluster": "a100", "nodes": 1, "model": "k2", "budget_mb": 1'
 OWN = [
+    (["--measured", "{file.json:not json}"], "not valid JSON", "bench"),
+    (["--measured", '{file.json:{"rows": []}}'], "one or more rows", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp-x": 1}}]}}'], "no system the simulator runs",
+     "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp": -1}}]}}'], "field ms.zepp", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp": 1}}, {' + _ROW + ', "ms": {"a2av": 1}}]}}'],
+     "repeats configuration", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp": 1, "zepp": 2}}]}}'], "given twice", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW.replace("a100", "tpu") + ', "ms": {"zepp": 1}}]}}'],
+     "field cluster", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW.replace('"nodes": 1', '"nodes": 1.5') + ', "ms": {"zepp": 1}}]}}'],
+     "field nodes", "bench"),
+    (["--measured", "{fifo}"], "not a regular file", "bench"),
     (["--budget-mb", "inf"], "budget", "run"),
     (["--iters", "0"], "--iters", "run"),
     (["--extra", "9"], "--extra", "run"),

@@ -85,6 +85,29 @@ def test_measured_cells_come_from_the_paper():
     assert measured_ms("h100", 4, "qwen", 1)["a2av"] is None
 
 
+def test_a_users_measured_figures_give_the_models_error_on_zepp(tmp_path, capsys):
+    """``--measured``: the user's Zepp figure of a configuration gives its own error column (the
+    simulated ms over it), the JSON rows keep the paper's figures only, and a configuration the
+    run did not simulate is named on stderr."""
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps({"rows": [
+        {"cluster": "a100", "nodes": 1, "model": "qwen", "budget_mb": 0.5, "ms": {"zepp-overlap": 2.0, "a2av": 4.0}},
+        {"cluster": "a100", "nodes": 2, "model": "qwen", "budget_mb": 0.5, "ms": {"zepp": 1.0}}]}))
+    out_json = tmp_path / "b.json"
+    main(["bench", "--nodes", "1", "--models", "qwen", "--budgets", "0.5", "--iters", "1", "--warmup", "0",
+          "--systems", "a2av,zepp-overlap", "--jobs", "1", "--measured", str(f), "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    head = next(line for line in out.splitlines() if line.startswith("| cluster"))
+    row = next(line for line in out.splitlines() if line.startswith("| a100 | 1x4 | qwen | 0.5 |"))
+    cell = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")]))
+    stored = json.loads(out_json.read_text())["rows"][0]
+    want = stored["latency_ms"]["zepp-overlap"] / 2.0 - 1
+    assert cell["model err on Zepp"] == f"{want:+.0%} (zepp-overlap)"
+    assert cell["model err on best"] == f"{stored['latency_ms']['a2av'] / 4.0 - 1:+.0%}"
+    assert stored["measured_ms"]["a2av"] is None and "zepp-overlap" not in stored["measured_ms"]
+    assert "1 configuration(s)" in err and "'a100', 2, 4, 'qwen', 0.5" in err
+
+
 def test_todays_clusters_run_their_deepep_systems(capsys):
     main(["bench", "--cluster", "h200-8", "--gpus-per-node", "8", "--nodes", "1", "--models", "qwen", "--budgets",
           "0.5", "--iters", "1", "--warmup", "0", "--systems", "sglang-deepep,zepp-deepep", "--jobs", "1"])

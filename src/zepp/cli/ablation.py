@@ -71,6 +71,7 @@ def ablation(model, nodes, gpus_per_node, budget_mb, cluster_name, traces_dir, s
                f"(speedup over comet)")
     click.echo(abl.format_table(res))
     click.echo(abl.closing_note(res))
+    click.echo(abl.format_paths(res))
     click.echo(f"({res['cpu_s']:.0f} s CPU, {res['wall_s']:.0f} s)")
     if json_path:
         Path(json_path).write_text(json.dumps(res, indent=1))

@@ -91,9 +91,12 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
 @click.option("--warmup", default=5, show_default=True, type=int, help="Warm-up iterations.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--jobs", "workers", default=None, type=int, help="Worker processes (default: min(2, CPUs)).")
+@click.option("--measured", "measured_path", type=click.Path(), default=None,
+              help='Your own measured ms per layer, JSON {"rows": [{"cluster", "nodes", "gpus_per_node", "model", '
+                   '"budget_mb", "ms": {system: ms}}]}: the table gives the model\'s error on Zepp\'s row too.')
 @schedule_option
 def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node, models, budgets, clusters, systems,
-          iters, warmup, seed, workers, schedule):
+          iters, warmup, seed, workers, measured_path, schedule):
     """Simulate Zepp and the baselines; print the table of PAPER.md section 4."""
     from zepp.launch.checks import check_number, check_output_path, plot_suffixes
     from zepp.sim import bench_table as table
@@ -110,6 +113,7 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")
     names, jobs = _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed,
                         traces_dir, schedule)
+    measured = _read_measured(measured_path)
     baselines = [s for s in names if s in registry.PAPER_BASELINES]
     if plot_path and not baselines:
         raise ZeppInputError(f"--plot draws each system against the fastest of the paper's baselines: add one of "
@@ -124,7 +128,7 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
                       f"simulated again and replaced" if redo else ""), err=True)
     t0 = time.time()
     rows = table.run_table(jobs, stored, workers or min(2, os.cpu_count() or 1), json_file)
-    _report(rows, names, f"{iters} timed + {warmup} warm-up iterations, traces: {traces_dir or 'built-in synthetic'}, "
+    _report(_with_measured(rows, measured, measured_path), names, f"{iters} timed + {warmup} warm-up iterations, traces: {traces_dir or 'built-in synthetic'}, "
                          f"{time.time() - t0:.0f} s", json_file)
     if plot_path:
         from zepp.sim.plots import bars
@@ -132,6 +136,29 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
         bars(rows, baselines + [s for s in names if s == "zepp"], plot_path,
              title=f"simulated MoE layer latency ({traces_dir or 'synthetic traces'})")
         click.echo(f"wrote {plot_path}")
+
+
+def _read_measured(path):
+    """``--measured``: the user's figures (``zepp.sim.user_measured``), checked before any work."""
+    if path is None:
+        return None
+    from zepp.sim.user_measured import read_measured
+
+    return read_measured(path)
+
+
+def _with_measured(rows: list[dict], measured, path) -> list[dict]:
+    """The rows to print: with the user's measured figures where ``--measured`` gave some, and a
+    note on stderr naming the file's configurations this run did not simulate."""
+    if measured is None:
+        return rows
+    from zepp.sim.user_measured import apply_measured
+
+    shown, unused = apply_measured(rows, measured)
+    if unused:
+        click.echo(f"--measured: {len(unused)} configuration(s) of {path} not in this run: "
+                   + "; ".join(str(k) for k in unused[:4]) + (" ..." if len(unused) > 4 else ""), err=True)
+    return shown
 
 
 def _report(rows: list[dict], names: list[str], how: str, json_file: Path | None) -> None:

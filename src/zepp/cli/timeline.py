@@ -57,6 +57,7 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     from zepp.launch.checks import check_output_path, check_sim_numbers, plot_suffixes
     from zepp.sim import bench_jobs as jobs
     from zepp.sim.calibrate import calibrated
+    from zepp.sim.critical_path import format_path
     from zepp.sim.plots import gantt
     from zepp.sim.run import run_system
     from zepp.traces.schedules import check_schedule
@@ -85,7 +86,7 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     for label, tl in drawn:
         links = [r[:3] for r, k in zip(tl.resource, tl.kind) if k == "copy"]
         copies = f", weight copies: {links.count('nvl')} on NVLink, {links.count('nic')} on NICs" if links else ""
-        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms{copies}")
+        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms{copies}; critical path: {format_path(tl.path)}")
     if wl is not None:
         click.echo(f"{wl.describe()}; drawn: batch {warmup}, topic mix {wl.mix_names(warmup)}, ranks {rk}")
     click.echo(f"wrote {out_path}")

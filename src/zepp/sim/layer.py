@@ -208,6 +208,8 @@ class _LayerTasks:
             g.after(self.gather, pre)
             g.after(pre[d.src[free]], d.entry_task[free])
         g.after(pro[d.src[~free]], d.entry_task[~free])  # nothing else leaves a rank before its planning is done
+        if mech.hbm_passes:
+            self._add_pack(d)
         if mech.kernel_calls[0]:
             self.kc_dispatch = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[0] * self.call), kind="dispatch",
                                            stream=None, label="dispatch kernels")
@@ -216,6 +218,18 @@ class _LayerTasks:
         b.stage_deps(self.work.dispatch, d)
         extra_tail = extra_calls(b, d, pro, "dispatch")
         self.dispatch_done = phase_end(g, b.net, R, mech.dispatch_barrier, d, extra_tail)
+
+    def _add_pack(self, d) -> None:
+        """``Mechanics.hbm_passes``: each rank gathers the rows it sends in stage 0 into its send
+        buffers (one read and one write per row at the HBM rate) before the first of them leaves."""
+        b, g, R = self.b, self.g, self.R
+        first = d.stage == 0
+        rows = np.bincount(d.src[first], weights=d.rows[first], minlength=R)
+        sec = 2.0 * rows * dispatch_row_bytes(b.spec, self.mech) / b.cl.hbm_bw + b.cl.kernel_launch
+        pack = g.add_fixed(np.arange(R), np.where(rows > 0, sec, 0.0), kind="other", stream="compute",
+                           prio=np.full(R, -1), label="pack")
+        g.after(self.pro, pack)
+        g.after(pack[d.src[first]], d.entry_task[first])
 
     # ---------------------------------------------------------------- GEMMs
     def add_gemms(self) -> None:
@@ -228,11 +242,15 @@ class _LayerTasks:
         # "stage": an entry's group is its token's arrival stage; a hop of stage s feeds group s + 1
         grp1 = (arrival_stage(w.owner, w.token, w.comp, w.dispatch, b.T) if mech.gemm1 == "stage"
                 else self.group_of(w.owner, w.comp))
+        grp2 = self.wave_of(w.owner, w.comp)
+        overlapped = bool(mech.comm_sms)  # a phase's GEMMs beside its communication kernels: more than one GEMM
         self.tab1 = b.gemm_tasks(swapped * G + grp1, w.slot, 2 * G,
-                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1)
+                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1,
+                                 overlapped=overlapped and _several(grp1))
         col_splits = self.L if mech.gemm2 == "columns" else mech.gemm2_splits if mech.gemm2 == "column-sends" else 1
-        self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(w.owner, w.comp), w.slot, 2 * N,
-                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits)
+        self.tab2 = b.gemm_tasks(swapped * N + grp2, w.slot, 2 * N,
+                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits,
+                                 overlapped=overlapped and _several(grp2))
         self.tab2_end = b.column_splits[-1] if col_splits > 1 else self.tab2
         self._gemm_deps()
 
@@ -298,6 +316,8 @@ class _LayerTasks:
         if mech.gemm2 == "column-sends":  # each GEMM 2 column split sends its slice of every partial
             h, splits = column_slices(h, mech.gemm2_splits), mech.gemm2_splits
         cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes) / splits)
+        if mech.hbm_passes:
+            self._add_pre_reduce(cm)
         # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves); a
         # column slice once its column split is done
         part = h.msg.astype(np.int64) % splits
@@ -317,6 +337,20 @@ class _LayerTasks:
             g.after(self.pro, self.kc_combine)
             g.after(cm.exit_task, self.kc_combine[cm.dst])
             g.after(self.g2e, self.kc_combine[self.rk2e])
+
+    def _add_pre_reduce(self, cm) -> None:
+        """``Mechanics.hbm_passes``: a combine message of a later stage carries partials its sender
+        summed first (the pre-reduction on a gateway), a kernel reading the partials it received
+        and writing their sums, before the message leaves: it becomes the message's entry task."""
+        later = np.flatnonzero(cm.stage >= 1)
+        if later.size == 0:
+            return
+        b, g = self.b, self.g
+        sec = 2.0 * cm.rows[later] * b.spec.row_bytes / b.cl.hbm_bw + b.cl.kernel_launch
+        red = g.add_fixed(cm.src[later], sec, kind="reduce", stream="compute", prio=np.full(later.size, -1),
+                          label="pre-reduce")
+        g.after(red, cm.entry_task[later])
+        cm.entry_task[later] = red
 
     def _partials_ready(self) -> np.ndarray:
         """Per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
@@ -353,3 +387,8 @@ class _LayerTasks:
         if self.kc_combine is not None:
             g.after(self.kc_combine, red)
         self.out.update(gemm1=self.all1, gemm2=self.all2, reduce=red)
+
+
+def _several(groups: np.ndarray) -> bool:
+    """Whether ``groups [n]`` holds more than one value (a phase split into several GEMMs)."""
+    return groups.size > 0 and bool((groups != groups.flat[0]).any())
