@@ -25,23 +25,30 @@ import os
 
 import click
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
+from zepp.files import read_json
 from zepp.launch import ranks
 from zepp.launch.checks import check_fault, check_launch_options, check_number, check_output_folder
 
 RANK_MODULE = "zepp.serve.rank"  # what every rank of ``zepp generate`` runs
 RANK_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+PROMPT_KEYS = ("input_ids", "max_new_tokens")  # what an --input-ids file may hold
 
 
 def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]], list[int]]:
     """``(requests, max_new per request)`` from an ``--input-ids`` file; one clear error otherwise."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ZeppInputError(f"--input-ids {path!r} does not exist")
     try:
-        with open(path) as f:
-            obj = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ZeppInputError(f"--input-ids {path!r}: not valid JSON ({exc})") from None
+        obj = read_json(path, "--input-ids file")
+    except ZeppFileError:
+        raise
+    except ZeppInputError as exc:
+        raise ZeppInputError(f"--input-ids {path!r}: {str(exc).removeprefix(f'{path}: ')}") from None
+    unknown = sorted(set(obj) - set(PROMPT_KEYS)) if isinstance(obj, dict) else []
+    if unknown:
+        raise ZeppFileError(f"unknown key {unknown[0]!r}", path, repr(unknown[0])[:60],
+                            f"a prompt file holds {' and '.join(PROMPT_KEYS)} only")
     reqs = obj.get("input_ids") if isinstance(obj, dict) else None
     if not isinstance(reqs, list) or not reqs:
         raise ZeppInputError(f"--input-ids {path!r}: expected {{\"input_ids\": [[token ids], ...]}} with at least one "

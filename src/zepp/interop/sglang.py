@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
 from zepp.files import describe_keys, input_file
 from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
@@ -219,6 +219,26 @@ def _stat_history(p: Path, obj: dict, source: str, req: HistoryRequest) -> Layer
                         sources="none", notes=tuple(notes))
 
 
+MAX_RANK = 1 << 16  # ranks a dump may name: [0, MAX_RANK)
+
+
+def _rank_of(p: Path, recs: list[dict], default: int) -> int:
+    """The rank every record of one per-rank dump names (``default`` when none does)."""
+    ranks = []
+    for r in recs:
+        v = r.get("rank", default)
+        if hasattr(v, "numel") and v.numel() == 1 and not v.is_floating_point():
+            v = v.item()  # a 0-d integer tensor
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_RANK:
+            raise ZeppFileError(f"rank must be an integer in [0, {MAX_RANK}), got {repr(v)[:40]}", p,
+                                f"records[{len(ranks)}].rank", "give the dump SGLang wrote for that rank")
+        ranks.append(v)
+    if len(set(ranks)) > 1:
+        raise ZeppFileError(f"records of ranks {sorted(set(ranks))[:4]} in one file", p, "records[*].rank",
+                            "give one file per rank")
+    return ranks[0]
+
+
 class _RankDumps:
     """per_pass / per_token dumps, one file per rank, added in the order given: the first file
     sets the mode and the layer count; the last one's map sets the expert count."""
@@ -241,7 +261,7 @@ class _RankDumps:
             raise ZeppInputError(f"{p}: 'records' is empty; record some forward passes before dumping")
         has_tok = all("topk_ids_of_layer" in r for r in recs)
         self.per_token = has_tok if self.per_token is None else self.per_token
-        rank = int(recs[0].get("rank", len(self.ranks))) if not isinstance(recs[0].get("rank"), bool) else 0
+        rank = _rank_of(p, recs, len(self.ranks))
         self.ranks.append(rank)
         if self.per_token:
             self._add_tokens(p, recs, m, rank)
