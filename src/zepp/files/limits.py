@@ -11,7 +11,7 @@ from __future__ import annotations
 MIB = 1 << 20
 
 MAX_DEPTH = 32
-MAX_JSON_BYTES = 64 * MIB
+MAX_JSON_BYTES = 32 * MIB
 MAX_YAML_BYTES = 4 * MIB
 YAML_ALIAS_NODES = 10_000
 MAX_INT = (1 << 63) - 1
@@ -24,12 +24,12 @@ LIMITS: tuple[tuple[str, int, str, str, str], ...] = (
     ("MAX_DEPTH", MAX_DEPTH, "levels", "nesting of any JSON or YAML value",
      "the deepest real file (a bench --json row, a config.json's nested rope or quantization block) is under 8"),
     ("MAX_JSON_BYTES", MAX_JSON_BYTES, "bytes", "one JSON file (prompts, config.json, load.json, meta_info.json, "
-     "placement files, bench --json for --resume)", "a prompt file of ten million tokens; parsed, under 1 GB"),
+     "placement files, bench --json for --resume)", "a prompt file of five million tokens; parsed, well under 1 GB"),
     ("MAX_YAML_BYTES", MAX_YAML_BYTES, "bytes", "one YAML file (cluster files, TensorRT-LLM load-balancer files)",
      "a load-balancer file of 61 layers x 1024 slots is under 1 MiB; YAML parses slowly"),
     ("YAML_ALIAS_NODES", YAML_ALIAS_NODES, "nodes", "values a YAML file reaches through its aliases (*name)",
      "aliases are a convenience in hand-written files; nested ones expand exponentially (billion laughs)"),
-    ("MAX_INT", MAX_INT, "", "any integer in a JSON or YAML file (2**63 - 1)",
+    ("MAX_INT", MAX_INT, "", "any integer in a JSON or YAML file",
      "no count, size or id zepp reads is larger; a larger one would overflow int64 or a float"),
     ("MAX_HEADER_BYTES", MAX_HEADER_BYTES, "bytes", "the JSON header of a .safetensors file",
      "the safetensors format's own limit"),

@@ -57,7 +57,7 @@ def _npy_header(z: zipfile.ZipFile, info: zipfile.ZipInfo, p) -> tuple[np.dtype,
     except Exception as exc:
         raise ZeppFileError(f"array {name!r} is not a .npy array ({type(exc).__name__})", p, name,
                             "save plain numeric arrays with np.savez") from None
-    if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
+    if dtype.hasobject or dtype.kind not in "biufcUSV" or dtype.fields is not None:
         raise ZeppFileError(f"array {name!r} holds {'Python objects (pickled)' if dtype.hasobject else dtype}", p,
                             name, "save plain numeric arrays")
     nbytes = math.prod(shape) * dtype.itemsize
@@ -97,7 +97,8 @@ def read_npz(path, what: str = ".npz archive") -> dict[str, np.ndarray]:
 
 def _entry(p, name: str, entry, data_bytes: int) -> tuple[str, tuple[int, ...]]:
     """One header entry's ``(dtype, shape)``, its byte range checked against the data section."""
-    ok = isinstance(entry, dict) and entry.get("dtype") in SAFETENSORS_DTYPES and isinstance(entry.get("shape"), list) \
+    ok = isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and entry["dtype"] in SAFETENSORS_DTYPES \
+        and isinstance(entry.get("shape"), list) \
         and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"]) \
         and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2 \
         and all(isinstance(o, int) and not isinstance(o, bool) for o in entry["data_offsets"])

@@ -64,7 +64,7 @@ def tensor_table(folder) -> dict[str, tuple[str, tuple[int, ...]]]:
     must parse and name files that exist and hold the tensors it maps), else every file's header."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
-    if not index.is_file():
+    if not (index.exists() or index.is_symlink()):  # present but not a regular file: refused by read_json
         table = {}
         for fn in sorted(folder.glob("*.safetensors")):
             table.update(read_header(fn))
