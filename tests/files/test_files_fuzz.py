@@ -221,3 +221,28 @@ def test_resume_file(tmp_path_factory, case):
     rows = holds_contract(lambda: load_resume(p), str(p))
     if rows is not None:
         assert all(isinstance(r, dict) for r in rows)
+
+
+@FUZZ
+@given(data=st.data())
+def test_sglang_rank_folder(tmp_path_factory, data):
+    """Two ranks' dumps of one recording, the second changed: its mode, map, rank or top-k."""
+    import torch
+
+    from zepp.interop.history import read_history
+
+    d = tmp_path_factory.mktemp("sgdir")
+    per_token = data.draw(st.booleans())
+    for r in range(2):
+        changed = r == 1
+        e = data.draw(st.sampled_from([64, 60])) if changed else 64
+        k = data.draw(st.sampled_from([6, 4])) if changed else 6
+        m = torch.arange(72).remainder(e).repeat(data.draw(st.sampled_from([27, 26])) if changed else 27, 1)
+        mode = data.draw(st.booleans()) if changed else per_token
+        rec = ({"topk_ids_of_layer": torch.randint(0, 72, (27, 5, k))} if mode
+               else {"global_physical_count": torch.ones((27, 72), dtype=torch.int64)})
+        rec["rank"] = data.draw(st.sampled_from([1, 0, 2])) if changed else 0
+        torch.save({"records": [rec], "last_physical_to_logical_map": m}, d / f"rank{r}.pt")
+    h = holds_contract(lambda: read_history(d, model=data.draw(st.sampled_from([None, "deepseek-v2-lite"]))), str(d))
+    if h is not None:
+        check_history(h)

@@ -318,6 +318,14 @@ def _deny(monkeypatch, target, exc):
 
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr(io, "open", fake_open)
+    real_os_open = os.open
+
+    def fake_os_open(file, *a, **kw):  # zepp.files.open_regular opens with os.open
+        if str(file) == str(target):
+            raise exc
+        return real_os_open(file, *a, **kw)
+
+    monkeypatch.setattr(os, "open", fake_os_open)
 
 
 @pytest.mark.parametrize("exc, needle", [(PermissionError(13, "Permission denied"), "permission denied"),

@@ -61,8 +61,10 @@ def open_regular(path, what: str = "file", expect: str = "a regular file", max_b
     p = input_file(path, what, expect)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
     except OSError as exc:
-        raise ZeppInputError(f"{p}: cannot open it ({exc.strerror or type(exc).__name__})") from None
+        raise ZeppInputError(f"{p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
     try:
         st = os.fstat(fd)
         _check_mode(p, st.st_mode, what, expect)

@@ -251,6 +251,8 @@ class _RankDumps:
         self.ranks: list[int] = []
         self.tokens: dict[int, list[tuple[int, np.ndarray]]] = {}  # layer row -> per file (rank, ids [T, k])
         self.counts: list[np.ndarray] = []  # per file [passes, L, E]
+        self.first_map: np.ndarray | None = None  # every rank's file holds the same map
+        self.k: int | None = None  # per_token: the ids per token row, the same in every file
 
     def add(self, p: Path, obj) -> None:
         """Check dump ``obj`` (file ``p``) and keep its ids or counts in logical experts."""
@@ -260,7 +262,10 @@ class _RankDumps:
         if not recs:
             raise ZeppInputError(f"{p}: 'records' is empty; record some forward passes before dumping")
         has_tok = all("topk_ids_of_layer" in r for r in recs)
-        self.per_token = has_tok if self.per_token is None else self.per_token
+        if self.per_token is not None and has_tok != self.per_token:
+            raise ZeppFileError("a per_pass dump among per_token ones (or the reverse)", p, "records",
+                                "give the files of one recording (one --expert-distribution-recorder-mode)")
+        self.per_token = has_tok
         rank = _rank_of(p, recs, len(self.ranks))
         self.ranks.append(rank)
         if self.per_token:
@@ -283,13 +288,24 @@ class _RankDumps:
         self.n_layers = m.shape[0] if self.n_layers is None else self.n_layers
         if m.shape[0] != self.n_layers:
             raise ZeppInputError(f"{p}: {m.shape[0]} layers, other ranks' files {self.n_layers}")
+        if self.first_map is None:
+            self.first_map = m
+        elif m.shape != self.first_map.shape or not np.array_equal(m, self.first_map):
+            raise ZeppFileError(f"the map differs from the first rank file's (shape {m.shape}, the first "
+                                f"{self.first_map.shape})", p, "last_physical_to_logical_map",
+                                "every rank of one run dumps the same map: give the files of one recording")
         return m
 
     def _add_tokens(self, p: Path, recs: list[dict], m: np.ndarray, rank: int) -> None:
         for li in range(self.n_layers):
             parts = [sglang_topk({"topk_ids_of_layer": r["topk_ids_of_layer"],
                                   "last_physical_to_logical_map": m}, str(p), li) for r in recs]
-            ids = np.concatenate(parts) if parts else np.empty((0, 1), np.int64)
+            widths = sorted({q.shape[1] for q in parts} | ({self.k} if self.k is not None else set()))
+            if len(widths) > 1:
+                raise ZeppFileError(f"records of top-{widths[0]} and top-{widths[1]} ids in layer {li}", p,
+                                    "topk_ids_of_layer", "give the files of one recording")
+            ids = np.concatenate(parts)
+            self.k = ids.shape[1]
             self.tokens.setdefault(li, []).append((rank, ids))
 
     def _add_counts(self, p: Path, recs: list[dict], m: np.ndarray) -> None:

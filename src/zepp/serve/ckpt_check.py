@@ -114,7 +114,7 @@ def _check_experts(folder, table: dict, prefix: str, E: int, F: int, H: int) -> 
     gu, dn = _resolve(table, f"{prefix}.gate_up_proj"), _resolve(table, f"{prefix}.down_proj")
     if gu is not None and dn is not None:
         for key, want in ((gu, (E, 2 * F, H)), (dn, (E, H, F))):
-            _same_shape(folder, key, table[key][1], want)
+            _same_shape(folder, key, table[key], want)
         return
     for e in range(E):
         names = None
@@ -127,10 +127,18 @@ def _check_experts(folder, table: dict, prefix: str, E: int, F: int, H: int) -> 
             raise ZeppInputError(f"{folder}: no weights of expert {e} of {prefix} (config.json implies "
                                  f"{E} experts per MoE layer); the config does not match the stored weights")
         for key, want in zip(names, ((F, H), (F, H), (H, F))):
-            _same_shape(folder, key, table[key][1], want)
+            _same_shape(folder, key, table[key], want)
 
 
-def _same_shape(folder, key: str, have: tuple, want: tuple) -> None:
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # what a weight may be stored as
+
+
+def _same_shape(folder, key: str, entry: tuple, want: tuple) -> None:
+    """Tensor ``key`` (``entry``: its ``(dtype, shape)``) is a floating-point tensor of shape ``want``."""
+    dtype, have = entry
+    if dtype not in FLOAT_DTYPES:
+        raise ZeppInputError(f"{folder}: tensor {key} is stored as {dtype}, not floating point; the checkpoint's "
+                             f"weights must be {', '.join(FLOAT_DTYPES)}: re-export it")
     if tuple(have) != tuple(want):
         raise ZeppInputError(f"{folder}: tensor {key} has shape {tuple(have)}, config.json implies {tuple(want)}; "
                              f"the config does not match the stored weights")
@@ -155,4 +163,4 @@ def check_tensors(folder, config) -> None:
                 continue
             raise ZeppInputError(f"{folder}: no tensor {name} in the checkpoint, which config.json implies; the config "
                                  f"does not match the stored weights")
-        _same_shape(folder, key, table[key][1], shape)
+        _same_shape(folder, key, table[key], shape)
