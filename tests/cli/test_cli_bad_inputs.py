@@ -280,7 +280,8 @@ CONFIG_VALUES = [GEN + ["--checkpoint", c] for c in (
     "{ck:config=bos_token_id:1000000}", "{ck:config=eos_token_id:-5}", "{ck:config=mlp_only_layers:all}",
     "{ck:config=sliding_window:-4}", "{ck:config=torch_dtype:float7}", "{ck:config=attention_dropout:2.0}",
     "{ck:config=initializer_range:-1}", "{ck:config=vocab_size:null}", "{ck:config=hidden_size:100000000000000000000}",
-    "{ckdup}",
+    "{ckdup}", "{ck:config=hidden_act:nosuch}", '{ck:config=rope_parameters:{"rope_type": "nosuch"}}',
+    '{ck:config=rope_parameters:{"rope_type": "default", "rope_theta": -1}}', "{ck:config=rope_parameters:[1]}",
 )]
 ENGINE_HISTORIES = ([PLACE_H + ["{rec:" + k + "}"] for k in hostile_files.RECORDERS if k not in ("deep", "fifo")]
                     + [PLACE_DS + ["{sglang:" + k + "}"] for k in ("string", "list", "float", "negative", "huge",

@@ -39,6 +39,17 @@ def check_history(h) -> None:
     h.describe()
 
 
+def read_maybe_mangled(data, p, model: str) -> None:
+    """Read the history file ``p`` (its bytes mutated, or not) as ``model``'s: the contract holds."""
+    from zepp.interop.history import read_history
+
+    if data.draw(st.booleans()):
+        p.write_bytes(data.draw(mutated_bytes(p.read_bytes())))
+    h = holds_contract(lambda: read_history(p, model=model), str(p))
+    if h is not None:
+        check_history(h)
+
+
 @FUZZ
 @given(case=mutated_value(CLUSTER), suffix=st.sampled_from([".json", ".yaml"]))
 def test_cluster_file(tmp_path_factory, case, suffix):
@@ -155,27 +166,19 @@ def test_safetensors_header(tmp_path_factory, data):
 @FUZZ
 @given(data=st.data())
 def test_vllm_npz(tmp_path_factory, data):
-    from zepp.interop.history import read_history
-
     p = tmp_path_factory.mktemp("v") / "window.npz"
     dtype = data.draw(st.sampled_from(["int64", "int32", "uint8", "float64", "bool", "complex64", "U2"]))
     shape = data.draw(st.sampled_from([(4, 16, 64), (16, 64), (4, 7, 64), (4, 16, 32), (0, 16, 64), (4, 16, 64, 1)]))
     w = np.ones(shape, dtype=dtype)
     m = np.tile(np.arange(64), (16, 1)).astype(data.draw(st.sampled_from(["int64", "float32", "int8"])))
     np.savez(p, expert_load_window=w, physical_to_logical_map=m)
-    if data.draw(st.booleans()):
-        p.write_bytes(data.draw(mutated_bytes(p.read_bytes())))
-    h = holds_contract(lambda: read_history(p, model="olmoe"), str(p))
-    if h is not None:
-        check_history(h)
+    read_maybe_mangled(data, p, "olmoe")
 
 
 @FUZZ
 @given(data=st.data())
 def test_sglang_per_pass(tmp_path_factory, data):
     import torch
-
-    from zepp.interop.history import read_history
 
     p = tmp_path_factory.mktemp("sg") / "rank0.pt"
     rec = {"rank": data.draw(st.one_of(st.just(0), HOSTILE)),
@@ -187,11 +190,7 @@ def test_sglang_per_pass(tmp_path_factory, data):
     if key is not None:
         obj[key] = data.draw(HOSTILE)
     torch.save(obj, p)
-    if data.draw(st.booleans()):
-        p.write_bytes(data.draw(mutated_bytes(p.read_bytes())))
-    h = holds_contract(lambda: read_history(p, model="deepseek-v2-lite"), str(p))
-    if h is not None:
-        check_history(h)
+    read_maybe_mangled(data, p, "deepseek-v2-lite")
 
 
 @FUZZ

@@ -42,6 +42,7 @@ def read_config_json(folder) -> dict:
         raise ZeppInputError(f"{_where(folder)}: config.json must be a JSON object, got {type(cfg).__name__}")
     check_config(p, cfg)
     _check_model_type(folder, cfg.get("model_type"))
+    _check_named_choices(p, cfg)
     return cfg
 
 
@@ -52,6 +53,23 @@ def _check_model_type(folder, model_type) -> None:
         raise ZeppInputError(f"{_where(folder)}: config.json model_type {model_type!r} is not an architecture "
                              f"transformers knows; zepp serves MoE causal LMs such as qwen3_moe, qwen2_moe, "
                              f"mixtral, deepseek_v3")
+
+
+def _check_named_choices(p: Path, cfg: dict) -> None:
+    """The fields that name one of transformers' own tables: ``hidden_act``, the rope type."""
+    from transformers.activations import ACT2FN
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    act = cfg.get("hidden_act")
+    if act is not None and (not isinstance(act, str) or act not in ACT2FN):
+        raise ZeppFileError(f"hidden_act {repr(act)[:40]} is not an activation transformers knows", p,
+                            "'hidden_act'", f"use one of {', '.join(sorted(ACT2FN)[:8])}, ...")
+    for key in ("rope_parameters", "rope_scaling"):
+        block = cfg.get(key) or {}
+        kind = block.get("rope_type", block.get("type"))
+        if kind is not None and kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+            raise ZeppFileError(f"rope type {kind[:40]!r} is not one transformers knows", p, f"{key}.rope_type",
+                                f"use default or one of {', '.join(ROPE_INIT_FUNCTIONS)}")
 
 
 def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -87,7 +87,28 @@ def _check_agreement(p, cfg: dict) -> None:
         _fail(p, "mlp_only_layers", f"mlp_only_layers must list layer indices in [0, {layers})", only)
 
 
+ROPE_FIELDS = ("rope_parameters", "rope_scaling")  # transformers 5 nests rope_theta in rope_parameters
+ROPE_FLOATS = {"rope_theta": (0.0, 1e12), "factor": (0.0, 1e6)}  # both above zero
+
+
+def _check_rope(p, cfg: dict) -> None:
+    for key in ROPE_FIELDS:
+        block = cfg.get(key)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            _fail(p, key, f"{key} must be a mapping (rope_type, rope_theta, ...) or null", block)
+        for name, (lo, hi) in ROPE_FLOATS.items():
+            v = block.get(name)
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and lo < v <= hi):
+                _fail(p, f"{key}.{name}", f"{key}.{name} must be a finite number in ({lo:g}, {hi:g}]", v)
+        kind = block.get("rope_type", block.get("type"))
+        if kind is not None and not isinstance(kind, str):
+            _fail(p, f"{key}.rope_type", f"{key}.rope_type must be a name", kind)
+
+
 def check_config(p, cfg: dict) -> None:
     """Refuse a ``config.json`` mapping ``cfg`` (read from ``p``) that breaks the schema (module docstring)."""
     _check_scalars(p, cfg)
     _check_agreement(p, cfg)
+    _check_rope(p, cfg)
