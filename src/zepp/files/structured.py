@@ -214,9 +214,10 @@ def parse_yaml(raw: bytes | str, source):
     """The value of YAML text ``raw`` (from ``source``, named in refusals) under the module's rules."""
     yaml, Loader = _loader_class()
     try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        utf16 = isinstance(raw, bytes) and raw[:2] in (b"\xff\xfe", b"\xfe\xff")  # YAML allows UTF-16 with a BOM
+        text = raw.decode("utf-16" if utf16 else "utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
-        raise ZeppFileError(f"not valid YAML (not UTF-8 text: {exc.reason} at byte {exc.start})", source,
+        raise ZeppFileError(f"not valid YAML (not UTF-8 or UTF-16 text: {exc.reason} at byte {exc.start})", source,
                             fix="save it as UTF-8") from None
     try:
         _scan_events(yaml, Loader, text, source)

@@ -104,7 +104,7 @@ def whole_counts(x, where: str, what: str = "counts") -> np.ndarray:
     numbers, float tensors) are exact and accepted, any fraction is refused."""
     a = to_numpy(x, where)
     if a.dtype.kind == "f" and a.size and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
-        if np.abs(a).max() >= 2.0**62:
+        if float(np.abs(a).max()) >= 2.0**62:
             idx = _first(np.abs(a) >= 2.0**62)
             raise ZeppInputError(f"{where}: {what}: value {a[idx].item():.3g} at index {list(idx)} is beyond 2**62; "
                                  f"give the recorded counts")
