@@ -26,22 +26,11 @@ import torch
 from zepp.errors import ZeppInputError
 from zepp.files import read_json
 from zepp.files.tensors import SAFETENSORS_DTYPES as _DTYPE_BYTES
+from zepp.serve.ckpt_check import check_folder
 
 # (name in the transformers 5 module tree, name in checkpoints written by older layouts)
 ALIASES = ((".mlp.", ".block_sparse_moe."),)
 _PER_EXPERT = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
-
-
-def check_folder(folder) -> Path:
-    """The folder as a Path; one clear error when it is not a checkpoint folder."""
-    p = Path(folder)
-    if not p.is_dir():
-        raise ZeppInputError(f"--checkpoint {str(folder)!r} is not a folder")
-    if not (p / "config.json").is_file():
-        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no config.json")
-    if not list(p.glob("*.safetensors")):
-        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no .safetensors files (only safetensors are read)")
-    return p
 
 
 class Checkpoint:

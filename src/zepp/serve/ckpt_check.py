@@ -23,6 +23,18 @@ from zepp.errors import ZeppFileError, ZeppInputError
 from zepp.files import read_json, read_safetensors_header
 from zepp.serve.config_schema import check_config
 
+def check_folder(folder) -> Path:
+    """The folder as a Path; one clear error when it is not a checkpoint folder (no torch imported)."""
+    p = Path(folder)
+    if not p.is_dir():
+        raise ZeppInputError(f"--checkpoint {str(folder)!r} is not a folder")
+    if not (p / "config.json").is_file():
+        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no config.json")
+    if not list(p.glob("*.safetensors")):
+        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no .safetensors files (only safetensors are read)")
+    return p
+
+
 def _where(folder) -> str:
     return f"--checkpoint {str(folder)!r}"
 
