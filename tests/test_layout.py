@@ -29,7 +29,7 @@ ALLOWED = {
     "sim": {"errors", "model", "cluster", "registry", "planner", "traces", "files"},
     # the executors: no launcher, no emulated cluster; serving never the simulator
     "runtime": {"errors", "model", "cluster", "registry", "planner", "traces"},
-    "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime"},
+    "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "files"},
     "interop": {"errors", "model", "cluster", "registry", "planner", "traces", "sim", "files"},
     "launch": {"errors"},
     # the emulated cluster runs both executors' ranks (``zepp run`` and ``zepp generate --emulate``)

@@ -20,6 +20,7 @@ them with ``zepp.emulate.linkcal``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import DuplicateKey, input_file, json_unique, read_bytes, yaml_unique
+from zepp.files import input_file, read_structured
 
 # figures that must be positive (a zero bandwidth or peak would divide by zero)
 _POSITIVE_FIELDS = ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max", "weight_read_eff", "sms")
@@ -206,16 +207,8 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
 
 
 def _read_mapping(p: Path) -> dict:
-    """The mapping a cluster file holds (JSON by suffix, else YAML)."""
-    raw = read_bytes(p)
-    is_json = p.suffix.lower() == ".json"
-    try:
-        obj = json_unique(raw) if is_json else yaml_unique(raw)
-    except DuplicateKey as exc:
-        raise ZeppInputError(f"{p}: field {exc.args[0]!r} is given twice; keep one line for it") from None
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ZeppInputError(f"{p}: not valid {'JSON' if is_json else 'YAML'} ({first})") from None
+    """The mapping a cluster file holds (JSON by suffix, else YAML; ``zepp.files`` rules)."""
+    obj = read_structured(p, "cluster file", ".yaml, .yml or .json")
     if not isinstance(obj, dict):
         raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}; "
                              f"write one field per line")
@@ -226,8 +219,8 @@ def _base_fields(p: Path, base) -> dict:
     """The figures of preset ``base`` (none when ``base`` is ``None``)."""
     fields: dict = {}
     if base is not None:
-        if base not in _PRESETS:
-            raise ZeppInputError(f"{p}: field 'base': unknown preset {base!r}; choose one of {', '.join(PRESET_NAMES)}")
+        if not isinstance(base, str) or base not in _PRESETS:
+            raise ZeppInputError(f"{p}: field 'base': unknown preset {repr(base)[:60]}; choose one of {', '.join(PRESET_NAMES)}")
         fields.update(_PRESETS[base])
         fields.setdefault("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
     return fields
@@ -238,8 +231,9 @@ def _field_value(p: Path, key: str, value):
     if key not in _FIELDS:
         raise ZeppInputError(f"{p}: unknown field {key!r}; cluster fields are {', '.join(_FIELDS)} (and base)")
     if key == "name":
-        if not isinstance(value, str) or not value.strip() or len(value) > 100 or "\n" in value:
-            raise ZeppInputError(f"{p}: field 'name' must be a non-empty one-line string, got {value!r}")
+        if not isinstance(value, str) or not value.strip() or len(value) > 100 or not value.isprintable():
+            raise ZeppInputError(f"{p}: field 'name' must be a non-empty one-line string of printable characters "
+                                 f"(no control characters), got {value!r}"[:300])
         return value
     if value is None and key == "weight_copy_bw":
         return value
@@ -247,10 +241,11 @@ def _field_value(p: Path, key: str, value):
         value = float(value)  # YAML 1.1 reads 5.0e10 (no exponent sign) as a string
     lo, hi, lo_open, what = FIELD_RANGES[key]
     integer = key in ("nodes", "gpus_per_node", "sms")
-    good = not isinstance(value, bool) and isinstance(value, (int, float)) and bool(np.isfinite(value))
+    good = not isinstance(value, bool) and isinstance(value, (int, float)) and abs(value) < 1e300 \
+        and math.isfinite(value)
     good = good and (not integer or isinstance(value, int)) and (value > lo if lo_open else value >= lo) and value <= hi
     if not good:
         kind = "a positive integer" if integer else "a finite number"
         raise ZeppInputError(f"{p}: field {key!r} must be {kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}] "
-                             f"({what}), got {value!r}; fix the file")
+                             f"({what}), got {repr(value)[:60]}; fix the file")
     return value

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+import hostile_files
 from clirun import run_cli
 
 
@@ -261,6 +262,8 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         (d / "layer_000.txt").write_text("0 1\n2 3\n")
         (d / "layer_001.txt").write_text(spec + "\n" if spec else "")
         return str(d)
+    if kind in hostile_files.KINDS:  # the reading section's fixtures (issue 29)
+        return hostile_files.make(kind, spec, tmp, tiny)
     raise AssertionError(f"unknown fixture {kind}")
 
 

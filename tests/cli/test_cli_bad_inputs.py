@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+import hostile_files
 from refusal import in_own_folders, make_tiny_checkpoint, materialise, refusal_line
 
 RUN = ["run", "--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--experts", "8", "--topk", "2",
@@ -273,6 +274,42 @@ CATEGORIES = {"click usage": USAGE, "numbers": NUMBERS, "output paths": OUTPUTS,
               "generation limits": LIMITS, "cluster files": CLUSTER_FILES, "histories": HISTORIES,
               "resume files": RESUME}
 
+# ----------------------------------------------------------------------------- reading (issue 29)
+# hostile files for every reader (fixtures: tests/cli/hostile_files.py): each reader refuses what
+# it cannot trust through zepp.files' rules and its format's schema
+
+PLACE_DS = ["place", "--model", "deepseek-v2-lite", "--nodes", "2", "--gpus-per-node", "2", "--redundant", "4",
+            "--format", "zepp", "--out", "{out}/p.json", "--history"]
+YAML_FILES = ([PLAN_FILE + ["--cluster-file", "{yaml:" + k + "}"] for k in hostile_files.YAML_TEXTS]
+              + [PLACE + ["--cluster-file", "{yaml:" + k + "}"] for k in ("laughs", "octal", "base_list", "huge_int")]
+              + [PLAN_FILE + ["--cluster-file", "{cjson:" + k + "}"] for k in hostile_files.JSON_TEXTS])
+DEEP_JSON = [GEN_PROMPTS + ["{deep:prompts}"], BENCH + ["--json", "{deep:resume}", "--resume"],
+             PLACE_H + ["{trt:deep}"], PLACE_H + ["{rec:deep}"]] + [
+    GEN + ["--checkpoint", "{deep:" + k + "}"] for k in ("config", "index", "header")]
+PROMPT_FILES = [GEN_PROMPTS + ["{ptext:" + k + "}"] for k in ("dup", "unknown", "huge", "nan")]
+CONFIG_VALUES = [GEN + ["--checkpoint", c] for c in (
+    "{ck:config=rms_norm_eps:-1e-6}", "{ck:config=rope_theta:NaN}", "{ck:config=rope_theta:Infinity}",
+    "{ck:config=rope_theta:0}", "{ck:config=rms_norm_eps:small}", "{ck:config=tie_word_embeddings:yes}",
+    "{ck:config=norm_topk_prob:on}", "{ck:config=decoder_sparse_step:0}", "{ck:config=num_experts_per_tok:9}",
+    "{ck:config=bos_token_id:1000000}", "{ck:config=eos_token_id:-5}", "{ck:config=mlp_only_layers:all}",
+    "{ck:config=sliding_window:-4}", "{ck:config=torch_dtype:float7}", "{ck:config=attention_dropout:2.0}",
+    "{ck:config=initializer_range:-1}", "{ck:config=vocab_size:null}", "{ck:config=hidden_size:100000000000000000000}",
+    "{ckdup}", "{ck:config=hidden_act:nosuch}", '{ck:config=rope_parameters:{"rope_type": "nosuch"}}',
+    '{ck:config=rope_parameters:{"rope_type": "default", "rope_theta": -1}}', "{ck:config=rope_parameters:[1]}",
+)]
+ENGINE_HISTORIES = ([PLACE_H + ["{rec:" + k + "}"] for k in hostile_files.RECORDERS if k not in ("deep", "fifo")]
+                    + [PLACE_DS + ["{sglang:" + k + "}"] for k in ("string", "list", "float", "negative", "huge",
+                                                                   "tensor")]
+                    + [PLACE_H + ["{vllm:" + k + "}"] for k in ("layers", "experts", "strings", "bool")]
+                    + [PLACE_H + ["{trt:" + k + "}"] for k in ("topk_gt", "dup", "string")])
+NOT_REGULAR = [GEN_PROMPTS + ["{fifojson:prompts.json}"], GEN + ["--checkpoint", "{ckfifo:weights}"],
+               GEN + ["--checkpoint", "{ckfifo:index}"], PLACE_H + ["{rec:fifo}"], PLACE_H + ["{fifojson:h.npz}"],
+               PLACE_H + ["{fifojson:h.pt}"], PLAN_FILE + ["--cluster-file", "{fifojson:c.yaml}"],
+               PLAN_FILE + ["--cluster-file", "/dev/zero"], PLACE_H + ["/dev/null"]]
+CATEGORIES.update({"reading: YAML files": YAML_FILES, "reading: deep JSON": DEEP_JSON,
+                   "reading: prompt files": PROMPT_FILES, "reading: checkpoint config": CONFIG_VALUES,
+                   "reading: engine histories": ENGINE_HISTORIES, "reading: not regular files": NOT_REGULAR})
+
 # ----------------------------------------------------------------------------- the table
 # (category, the argvs that must all give the same line, what the line must name)
 CASES = ([("shared options", [BASE[c] + options for c in commands], names) for options, names, commands in SHARED]
@@ -307,7 +344,7 @@ def tiny_ck(tmp_path_factory):
 
 @pytest.mark.parametrize("category,argvs,names", CASES, ids=[_case_id(c, a) for c, a, _ in CASES])
 def test_bad_input_is_one_line_exit_2_nothing_left(category, argvs, names, tmp_path, capfd, monkeypatch, request):
-    needs_ck = any("{ck" in a or "{prompts" in a for argv in argvs for a in argv)
+    needs_ck = any("{ck" in a or "{prompts" in a or "{deep:" in a for argv in argvs for a in argv)
     tiny = request.getfixturevalue("tiny_ck") if needs_ck else None
     work, tmpdir = in_own_folders(tmp_path, monkeypatch)
     lines = {}

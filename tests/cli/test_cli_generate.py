@@ -67,7 +67,8 @@ def test_bad_options_are_one_clear_error(ckpt, reqs, kw, msg):
 
 
 def test_bad_input_ids(ckpt, tmp_path, capfd):
-    for body, msg in (({"input_ids": [[1, 2], [500]]}, r"request 1 holds 500"), ({"ids": []}, "expected"),
+    for body, msg in (({"input_ids": [[1, 2], [500]]}, r"request 1 holds 500"), ({"ids": []}, "unknown key 'ids'"),
+                      ({"max_new_tokens": [1]}, "expected"),
                       ({"input_ids": [[]]}, "request 0 is not a non-empty list"),
                       ({"input_ids": [[1]], "max_new_tokens": [0]}, "max_new_tokens must be")):
         p = tmp_path / "bad.json"

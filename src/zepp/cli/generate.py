@@ -25,33 +25,36 @@ import os
 
 import click
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
+from zepp.files import read_json
 from zepp.launch import ranks
 from zepp.launch.checks import check_fault, check_launch_options, check_number, check_output_folder
 
 RANK_MODULE = "zepp.serve.rank"  # what every rank of ``zepp generate`` runs
 RANK_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+PROMPT_KEYS = ("input_ids", "max_new_tokens")  # what an --input-ids file may hold
 
 
-def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]], list[int]]:
-    """``(requests, max_new per request)`` from an ``--input-ids`` file; one clear error otherwise."""
-    if not os.path.isfile(path):
+def read_requests(path: str, vocab: int | None, max_new: int) -> tuple[list[list[int]], list[int]]:
+    """``(requests, max_new per request)`` from an ``--input-ids`` file; one clear error otherwise.
+    ``vocab`` ``None``: the token ids are checked against the vocabulary later (``check_tokens``)."""
+    if not os.path.exists(path):
         raise ZeppInputError(f"--input-ids {path!r} does not exist")
     try:
-        with open(path) as f:
-            obj = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ZeppInputError(f"--input-ids {path!r}: not valid JSON ({exc})") from None
+        obj = read_json(path, "--input-ids file")
+    except ZeppFileError:
+        raise
+    except ZeppInputError as exc:
+        raise ZeppInputError(f"--input-ids {path!r}: {str(exc).removeprefix(f'{path}: ')}") from None
+    unknown = sorted(set(obj) - set(PROMPT_KEYS)) if isinstance(obj, dict) else []
+    if unknown:
+        raise ZeppFileError(f"unknown key {unknown[0]!r}", path, repr(unknown[0])[:60],
+                            f"a prompt file holds {' and '.join(PROMPT_KEYS)} only")
     reqs = obj.get("input_ids") if isinstance(obj, dict) else None
     if not isinstance(reqs, list) or not reqs:
         raise ZeppInputError(f"--input-ids {path!r}: expected {{\"input_ids\": [[token ids], ...]}} with at least one "
                              f"request")
-    for i, r in enumerate(reqs):
-        if not isinstance(r, list) or not r:
-            raise ZeppInputError(f"--input-ids {path!r}: request {i} is not a non-empty list of token ids")
-        bad = [t for t in r if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ZeppInputError(f"--input-ids {path!r}: request {i} holds {bad[0]!r}, not a token id in [0, {vocab})")
+    check_tokens(reqs, vocab, path)
     per = obj.get("max_new_tokens")
     if per is None:
         per = [max_new] * len(reqs)
@@ -59,6 +62,18 @@ def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]],
             isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in per):
         raise ZeppInputError(f"--input-ids {path!r}: max_new_tokens must be a list of {len(reqs)} positive integers")
     return reqs, [min(int(m), max_new) for m in per]
+
+
+def check_tokens(reqs: list, vocab: int | None, path: str) -> None:
+    """Every request a non-empty list of token ids in ``[0, vocab)`` (``None``: any non-negative id)."""
+    top = vocab if vocab is not None else 1 << 62
+    for i, r in enumerate(reqs):
+        if not isinstance(r, list) or not r:
+            raise ZeppInputError(f"--input-ids {path!r}: request {i} is not a non-empty list of token ids")
+        bad = [t for t in r if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < top]
+        if bad:
+            where = f"[0, {vocab})" if vocab is not None else "(a non-negative integer)"
+            raise ZeppInputError(f"--input-ids {path!r}: request {i} holds {bad[0]!r}, not a token id {where}")
 
 
 def check_positions(reqs: list[list[int]], per: list[int], positions: int | None, path: str) -> None:
@@ -78,11 +93,9 @@ def check_positions(reqs: list[list[int]], per: list[int], positions: int | None
 def _check_model(o: dict, world: int):
     """The checkpoint's config and MoE shape, its experts over ``world`` ranks, ``--extra`` and
     ``--history`` (one trace per MoE layer)."""
-    from zepp.serve.checkpoint import check_folder
     from zepp.serve.ckpt_check import check_tensors, read_config_json
     from zepp.serve.loader import moe_shape, read_config
 
-    check_folder(o["checkpoint"])
     read_config_json(o["checkpoint"])
     config = read_config(o["checkpoint"])
     shape = moe_shape(config)
@@ -107,6 +120,7 @@ def validate(o: dict) -> tuple[dict, object]:
     """Check every option (``o``: the click parameters); returns the ``zepp.serve.rank`` config and,
     with ``--emulate``, the emulated cluster (not up yet; else None). Nothing is started."""
     from zepp.registry import parse_systems
+    from zepp.serve.ckpt_check import check_folder
 
     common = check_launch_options(o)
     world = common["nodes"] * common["gpus_per_node"]
@@ -121,8 +135,10 @@ def validate(o: dict) -> tuple[dict, object]:
 
         cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
                                 o["emulate_prefix"])
+    check_folder(o["checkpoint"])
+    reqs, per = read_requests(o["input_ids"], None, o["max_new_tokens"])  # before torch: a bad file is refused at once
     config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
-    reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
+    check_tokens(reqs, int(config.vocab_size), o["input_ids"])
     check_positions(reqs, per, getattr(config, "max_position_embeddings", None), o["input_ids"])
     absolute = {k: os.path.abspath(o[k]) if o[k] else None for k in ("checkpoint", "history", "record")}
     cfg = dict(absolute, **common, systems=systems, requests=reqs, max_new=per, eos=None, relaxation=o["relaxation"],

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from zepp.errors import ZeppInputError
+from zepp.files import read_json
 from zepp.sim.bench_jobs import config_key
 from zepp.sim.bench_rows import ROW_KEYS, RUN_KEYS, best_baseline, geomean, speedup, zepp_best
 from zepp.sim.bench_units import run_bench
@@ -50,10 +51,9 @@ def _read_rows(src: Path) -> list[dict]:
     from zepp.sim.resume_rows import check_rows
 
     try:
-        data = json.loads(src.read_text())
-    except (OSError, ValueError) as exc:
-        raise ZeppInputError(f"--resume: cannot read {src} ({type(exc).__name__}); remove it or drop --resume") \
-            from None
+        data = read_json(src, "zepp bench --json file", allow_nan=True)  # NaN rows are refused by check_rows
+    except ZeppInputError as exc:
+        raise ZeppInputError(f"--resume: cannot read {src} ({str(exc)[:300]}); remove it or drop --resume") from None
     rows = data if isinstance(data, list) else data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         raise ZeppInputError(f"--resume: {src} is not a zepp bench --json file (no list of rows); remove it or "

@@ -16,7 +16,7 @@ import math
 from zepp import registry
 from zepp.cluster import PRESET_NAMES, preset_gpus_per_node
 from zepp.errors import ZeppInputError
-from zepp.files import DuplicateKey, input_file, json_unique, read_bytes
+from zepp.files.structured import read_json
 from zepp.model import PRESET_NAMES as MODEL_NAMES
 
 __all__ = ["read_measured", "apply_measured"]
@@ -27,13 +27,8 @@ _ROW_KEYS = {"cluster", "nodes", "gpus_per_node", "model", "budget_mb", "ms"}
 def read_measured(path) -> dict[tuple, dict[str, float]]:
     """``(cluster, nodes, gpus_per_node, model, budget_mb) -> {system: ms}`` of a ``--measured``
     file; anything else is one ``ZeppInputError`` naming the row and field."""
-    p = input_file(path, "--measured file", ".json")
-    try:
-        data = json_unique(read_bytes(p))
-    except DuplicateKey as exc:
-        raise ZeppInputError(f"{p}: key {exc.args[0]!r} given twice in one mapping; keep one") from None
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ZeppInputError(f"{p}: not valid JSON ({str(exc)[:80]})") from None
+    p = path
+    data = read_json(path, "--measured file", ".json")  # zepp.files: depth, size, duplicate keys
     if not isinstance(data, dict) or set(data) != {"rows"} or not isinstance(data["rows"], list) or not data["rows"]:
         raise ZeppInputError(f"{p}: expected {{\"rows\": [...]}} with one or more rows (zepp bench --help)")
     out: dict[tuple, dict[str, float]] = {}
