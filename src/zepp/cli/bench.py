@@ -38,6 +38,9 @@ def csv_option(option: str, value, cast) -> tuple | None:
         out = tuple(cast(v) for v in parts)
     except ValueError:
         raise ZeppInputError(f"{option}: expected a comma-separated list, got {value!r}") from None
+    twice = [p for i, (p, v) in enumerate(zip(parts, out)) if v in out[:i]]
+    if twice:
+        raise ZeppInputError(f"{option} {value!r}: {twice[0]} is named twice; name each value once")
     return out
 
 
@@ -95,17 +98,14 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
 def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node, models, budgets, clusters, systems,
           iters, warmup, seed, workers, schedule):
     """Simulate Zepp and the baselines; print the table of PAPER.md section 4."""
-    from zepp.launch.checks import check_number, check_output_path, plot_suffixes
+    from zepp.launch.checks import check_number
     from zepp.sim import bench_table as table
     from zepp.sim.bench_jobs import config_key
 
     if workers is not None:
         check_number("--jobs", workers, 1, 1024, integer=True)
-    json_file = Path(check_output_path(json_path, "--json")) if json_path is not None else None
-    if json_file is not None:
-        check_output_path(str(table.detail_path(json_file)), "--json (its .detail.json)")
-    if plot_path is not None:
-        check_output_path(plot_path, "--plot", plot_suffixes())
+    outputs = _outputs(json_path, plot_path)
+    json_file = Path(json_path) if json_path is not None else None
     if resume and json_file is None:
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")
     names, jobs = _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed,
@@ -114,6 +114,7 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
     if plot_path and not baselines:
         raise ZeppInputError(f"--plot draws each system against the fastest of the paper's baselines: add one of "
                              f"{', '.join(registry.PAPER_BASELINES)} to --systems")
+    _claim(outputs, traces_dir)
     stored = []
     if resume and json_file.is_file():
         stored = table.stored_rows(jobs, json_file)
@@ -132,6 +133,31 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
         bars(rows, baselines + [s for s in names if s == "zepp"], plot_path,
              title=f"simulated MoE layer latency ({traces_dir or 'synthetic traces'})")
         click.echo(f"wrote {plot_path}")
+
+
+def _outputs(json_path, plot_path) -> list:
+    """``--json``, its ``.detail.json`` and ``--plot``, each path checked (``zepp.outputs``)."""
+    from zepp.launch.checks import plot_suffixes
+    from zepp.outputs import Place, check_output_file
+    from zepp.sim.bench_table import detail_path
+
+    out = []
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+        out += [Place("--json", json_path), Place("--json (its .detail.json)", str(detail_path(Path(json_path))))]
+    if plot_path is not None:
+        out.append(Place("--plot", plot_path, suffixes=plot_suffixes()))
+    for o in out:
+        check_output_file(o.path, o.option, o.suffixes)
+    return out
+
+
+def _claim(outputs: list, traces_dir) -> None:
+    """The outputs held for this run, none a file of ``--traces`` or another output."""
+    from zepp.outputs import Place, claim_outputs
+    from zepp.sim.bench_jobs import TRACE_FILES
+
+    claim_outputs(outputs, [Place("--traces", traces_dir, folder=True, names=TRACE_FILES)])
 
 
 def _report(rows: list[dict], names: list[str], how: str, json_file: Path | None) -> None:
