@@ -5,7 +5,7 @@ own, with ``TMPDIR`` pointed at another, and checks the refusal every case must 
 exactly one line on stderr and it starts ``zepp: error:``, no traceback, nothing on stdout (no work
 started), the ``TMPDIR`` empty afterwards, no child process left and no file written beside the
 fixtures. ``materialise`` makes the fixtures a case names in braces (traces, a named pipe, tiny
-and broken checkpoints, prompts, cluster files, histories, resume files).
+and broken checkpoints, prompts, cluster files, histories, resume files, hard and symbolic links).
 """
 
 from __future__ import annotations
@@ -257,6 +257,10 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         (d / "layer_000.txt").write_text("0 1\n2 3\n")
         (d / "layer_001.txt").write_text(spec + "\n" if spec else "")
         return str(d)
+    if kind in ("hardlink", "symlink"):  # a second name for a fixture made before it in the argv
+        link = tmp / f"{kind}-{spec}"
+        (os.link if kind == "hardlink" else os.symlink)(tmp / spec, link)
+        return str(link)
     raise AssertionError(f"unknown fixture {kind}")
 
 

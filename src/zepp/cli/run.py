@@ -40,7 +40,7 @@ the same as ``zepp generate``'s; the option rules shared with it are ``zepp.laun
 from __future__ import annotations
 
 import functools
-import json
+import os
 
 import click
 import numpy as np
@@ -48,6 +48,7 @@ import numpy as np
 from zepp.errors import RankFailure, ZeppInputError
 from zepp.launch import ranks
 from zepp.launch.checks import check_fault, check_input_file, check_launch_options, check_number, check_seed
+from zepp.outputs import Place
 from zepp.registry import help_list
 from zepp.runtime.systems import DEFAULT_ALL
 from zepp.traces.schedules import SCHEDULES
@@ -129,7 +130,16 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
                extra=o["extra"], dtype=o["dtype"], schedule=_schedule(o["schedule"]),
                fault=check_fault(o["fault"], common["nodes"] * common["gpus_per_node"], systems, "iter"))
     _check_traces(cfg, spec)
+    claim_run_outputs([Place("--json", o["json_path"])], [Place("--history", o["history"]), Place("--trace", o["trace"])])
     return cfg, cluster
+
+
+def claim_run_outputs(outputs: list, inputs: list) -> None:
+    """The last check of ``zepp run`` and ``zepp generate``: the outputs (``zepp.outputs``), held
+    by the process that writes them (rank 0 under torchrun, else the launcher)."""
+    from zepp.outputs import claim_outputs
+
+    claim_outputs(outputs, inputs, lock=not ranks.under_torchrun() or os.environ["RANK"].strip() == "0")
 
 
 def _schedule(name: str | None) -> str | None:
@@ -247,8 +257,9 @@ def _finish(report: dict, check: bool, json_path: str | None) -> None:
 
         click.echo(format_emulate(report))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1)
+        from zepp.outputs import write_json
+
+        write_json(json_path, report, "--json")
     bad = [n for n, s in report["systems"].items() if not s["bytes_match"] or (check and not s["correct"])]
     if bad:
         click.echo(f"zepp run: check failed for {', '.join(bad)} (output mismatch or bytes != plan)", err=True)
