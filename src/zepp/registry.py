@@ -313,10 +313,11 @@ def parse_systems(text: str, executor: str, option: str = "--systems", default_a
     if parts == [""]:
         raise ZeppInputError(f"{option}: empty list; choose from {', '.join(supported)} or 'all'")
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    via = " (all includes it)" if "all" in parts else ""
     if "" in parts or twice:
         raise ZeppInputError(f"{option} {text!r}: " + ("an empty entry between commas; remove the extra comma"
-                             if "" in parts else f"{twice} is named twice{' (all includes it)' if 'all' in parts else ''}"
-                             "; name each system once"))
+                                                       if "" in parts else f"{twice} is named twice{via}; name each "
+                                                                           f"system once"))
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:
         raise ZeppInputError(f"{option}: unknown system(s) {', '.join(unknown)}; choose from "

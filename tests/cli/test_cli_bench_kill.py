@@ -25,7 +25,7 @@ def _kill_resume():
 @pytest.mark.slow
 def test_a_killed_bench_json_parses_and_resume_completes_it(tmp_path):
     kr = _kill_resume()
-    ref = kr.reference(tmp_path / "ref")
+    ref = kr.reference(tmp_path / "ref", kr.SMALL)
     rng = random.Random()  # any moment must do: the checks hold wherever the signal lands
     for sig in kr.SIGNALS:
         kr.check(kr.trial(tmp_path / sig, sig, rng.uniform(0.0, ref["seconds"]), ref))

@@ -110,7 +110,8 @@ def test_an_output_is_never_an_input_or_another_output(tmp_path):
         with pytest.raises(OutputError, match=msg):
             claim_outputs(outputs, inputs)
     # a file --record does not write is not its concern
-    claim_outputs([Place("--record", str(rec), folder=True, names=("load.json",)), Place("--json", str(rec / "x.json"))])
+    claim_outputs([Place("--record", str(rec), folder=True, names=("load.json",)),
+                   Place("--json", str(rec / "x.json"))])
     release_claims()
 
 

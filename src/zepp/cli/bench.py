@@ -2,8 +2,8 @@
 
 The command checks its options, builds the jobs and prints the table; the table itself is
 ``zepp.sim.bench_table`` (its run, JSON file and resume), ``zepp.sim.bench_jobs`` (configurations),
-``zepp.sim.bench_units`` (units of work, worker pool) and ``zepp.sim.bench_rows`` (rows,
-speedups, model error). Ctrl-C or SIGTERM ends every worker.
+``zepp.sim.bench_units`` (units of work), ``zepp.sim.bench_pool`` (worker processes) and
+``zepp.sim.bench_rows`` (rows, speedups, model error). Ctrl-C, SIGTERM or SIGKILL ends every worker.
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
                extra=o["extra"], dtype=o["dtype"], schedule=_schedule(o["schedule"]),
                fault=check_fault(o["fault"], common["nodes"] * common["gpus_per_node"], systems, "iter"))
     _check_traces(cfg, spec)
-    claim_run_outputs([Place("--json", o["json_path"])], [Place("--history", o["history"]), Place("--trace", o["trace"])])
+    claim_run_outputs([Place("--json", o["json_path"])],
+                      [Place("--history", o["history"]), Place("--trace", o["trace"])])
     return cfg, cluster
 
 

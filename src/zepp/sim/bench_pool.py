@@ -82,10 +82,12 @@ def _died(proc: subprocess.Popen, unit: dict) -> WorkerDied:
 def run_pool(units: list[dict], workers: int, on_result) -> None:
     """``on_result(run_unit(u))`` for every unit of ``units``, in the order they finish, over
     ``workers`` processes; every worker is ended (SIGKILL) on any way out of this call."""
-    procs = [_start() for _ in range(min(workers, len(units)))]
+    procs: list[subprocess.Popen] = []
     todo, busy = list(units), {}
     sel = selectors.DefaultSelector()
     try:
+        for _ in range(min(workers, len(units))):
+            procs.append(_start())
         for p in procs:
             sel.register(p.stdout, selectors.EVENT_READ, p)
             busy[p.pid] = _give(p, todo, sel)
@@ -117,7 +119,10 @@ def _give(p: subprocess.Popen, todo: list[dict], sel) -> dict | None:
         p.stdin.close()
         return None
     unit = todo.pop(0)
-    _send(p.stdin, unit)
+    try:
+        _send(p.stdin, unit)
+    except BrokenPipeError:  # it ended between two units
+        raise _died(p, unit) from None
     return unit
 
 

@@ -1,11 +1,12 @@
 """The simulated MoE-layer benchmark table of PAPER.md section 4 (``zepp bench``; ``zepp timeline``
 draws one of its configurations): its run, and its JSON file.
 
-The table's parts: the configurations (``zepp.sim.bench_jobs``), the units of work and the
-worker pool (``zepp.sim.bench_units``), the rows, speedups and the Markdown table
-(``zepp.sim.bench_rows``). Every finished configuration is written to the JSON file at once
-(valid JSON after each), and a resumed run skips the configurations that file already holds
-with the same run settings (``RUN_KEYS``; each stored row checked by ``zepp.sim.resume_rows``).
+The table's parts: the configurations (``zepp.sim.bench_jobs``), the units of work
+(``zepp.sim.bench_units``) and the worker processes (``zepp.sim.bench_pool``), the rows, speedups
+and the Markdown table (``zepp.sim.bench_rows``). Every finished configuration is written to the
+JSON file at once, replaced whole (``zepp.outputs``: valid JSON after each, whenever the run is
+killed), and a resumed run skips the configurations that file already holds with the same run
+settings (``RUN_KEYS``; each stored row checked by ``zepp.sim.resume_rows``).
 """
 
 from __future__ import annotations

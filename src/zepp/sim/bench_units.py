@@ -1,4 +1,4 @@
-"""The units of work of the simulated benchmark table and the worker pool that runs them.
+"""The units of work of the simulated benchmark table, and their run (here or over worker processes).
 
 A *unit* is one configuration and one system (Zepp's variants together, since they share their
 routing; any other meta-system with its variants). Units run largest first over the worker
