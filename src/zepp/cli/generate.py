@@ -124,14 +124,14 @@ def validate(o: dict) -> tuple[dict, object]:
 
         cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
                                 o["emulate_prefix"])
-    config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
-    reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
-    check_positions(reqs, per, getattr(config, "max_position_embeddings", None), o["input_ids"])
     from zepp.cli.run import claim_run_outputs
 
     claim_run_outputs([Place("--json", o["json_path"]), Place("--record", o["record"], folder=True, names=RECORD)],
                       [Place("--input-ids", o["input_ids"]), Place("--checkpoint", o["checkpoint"], folder=True),
                        Place("--history", o["history"], folder=True)])
+    config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
+    reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
+    check_positions(reqs, per, getattr(config, "max_position_embeddings", None), o["input_ids"])
     absolute = {k: os.path.abspath(o[k]) if o[k] else None for k in ("checkpoint", "history", "record")}
     cfg = dict(absolute, **common, systems=systems, requests=reqs, max_new=per, eos=None, relaxation=o["relaxation"],
                extra=o["extra"], keep_logits=False, fault=fault, emulate=o["emulate"])

@@ -109,9 +109,8 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
     and, with ``--emulate``, the emulated cluster (not up yet; else None). Raises
     ``ZeppInputError`` (one line) on the first bad one."""
     from zepp.runtime.systems import parse_systems
-    from zepp.runtime.worker import default_config
 
-    common = check_launch_options(o)
+    common = check_launch_options(o)  # (before importing the worker, and torch with it)
     check_number("--iters", o["iters"], 1, 10**6, integer=True)
     check_number("--warmup", o["warmup"], 0, 10**6, integer=True)
     check_seed(o["seed"])
@@ -123,6 +122,10 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
 
         cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
                                 o["emulate_prefix"])
+    claim_run_outputs([Place("--json", o["json_path"])],
+                      [Place("--history", o["history"]), Place("--trace", o["trace"])])
+    from zepp.runtime.worker import default_config
+
     cfg = default_config()
     cfg.update(common, model=o["model"], experts=o["experts"], topk=o["topk"], hidden=o["hidden"], ffn=o["ffn"],
                budget_mb=o["budget_mb"], tokens=o["tokens"], systems=systems, check=o["check"], history=o["history"],
@@ -130,8 +133,6 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
                extra=o["extra"], dtype=o["dtype"], schedule=_schedule(o["schedule"]),
                fault=check_fault(o["fault"], common["nodes"] * common["gpus_per_node"], systems, "iter"))
     _check_traces(cfg, spec)
-    claim_run_outputs([Place("--json", o["json_path"])],
-                      [Place("--history", o["history"]), Place("--trace", o["trace"])])
     return cfg, cluster
 
 
