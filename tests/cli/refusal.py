@@ -257,8 +257,8 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         (d / "layer_000.txt").write_text("0 1\n2 3\n")
         (d / "layer_001.txt").write_text(spec + "\n" if spec else "")
         return str(d)
-    if kind in ("hardlink", "symlink"):  # a second name for a fixture made before it in the argv
-        link = tmp / f"{kind}-{spec}"
+    if kind in ("hardlink", "symlink"):  # a second name for a fixture made before it in the argv (or a device)
+        link = tmp / f"{kind}-{spec.replace('/', '_')}"
         (os.link if kind == "hardlink" else os.symlink)(tmp / spec, link)
         return str(link)
     raise AssertionError(f"unknown fixture {kind}")

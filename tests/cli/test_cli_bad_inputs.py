@@ -331,11 +331,14 @@ OUTPUT_CLASHES = [  # an output that is an input of the run, or another output o
     (SMALL_PLAN + ["--json", "{out}/trace.txt"], "--trace"),
     (ABLATION + ["--json", "{out}/a.png", "--plot", "{out}/a.png"], "--plot"),
 ]
+# (links of the test's own, never /dev/stdout: code that replaced a link, run as root, would
+# replace the machine's)
 OUTPUT_KINDS = [  # what is at the path: a link is neither written through nor replaced; devices, pipes refused
-    (RUN16 + ["--json", "/dev/stdout"], "symbolic link"), (RUN16 + ["--json", "/dev/full"], "character device"),
+    (RUN16 + ["--json", "{symlink:/dev/null}"], "symbolic link"), (RUN16 + ["--json", "/dev/full"], "character device"),
     (GEN_CK + ["--json", "/dev/null"], "character device"), (RUN16 + ["--json", "{fifo}"], "named pipe"),
     (SMALL_PLAN + ["--json", "{symlink:trace.txt}"], "symbolic link"),
-    (PLACE + ["--report", "/dev/stdout"], "symbolic link"), (BENCH + ["--json", "/dev/stderr"], "symbolic link"),
+    (PLACE + ["--report", "{symlink:/dev/full}"], "symbolic link"),
+    (BENCH + ["--json", "{symlink:nowhere}"], "symbolic link"),  # a link to nothing yet
     (["cluster", "calibrate", "--json", "/dev/full"], "character device"),
     (TIMELINE[:-2] + ["--out", "{afile}"], "suffix"),
 ]
