@@ -22,16 +22,18 @@ ALLOWED = {
     "errors": set(),
     "model": {"errors"},
     "files": {"errors"},
+    "outputs": {"errors"},  # every file written for the user: checked, replaced whole, one run at a time
     "cluster": {"errors", "files"},
     "traces": {"errors", "model", "files"},
     "planner": {"errors", "model", "cluster"},
     "registry": {"errors", "planner"},
-    "sim": {"errors", "model", "cluster", "registry", "planner", "traces", "files"},
+    # (launch: the bench's worker processes die with it, as ranks do with their launcher)
+    "sim": {"errors", "model", "cluster", "registry", "planner", "traces", "files", "outputs", "launch"},
     # the executors: no launcher, no emulated cluster; serving never the simulator
     "runtime": {"errors", "model", "cluster", "registry", "planner", "traces"},
-    "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "files"},
+    "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "files", "outputs"},
     "interop": {"errors", "model", "cluster", "registry", "planner", "traces", "sim", "files"},
-    "launch": {"errors"},
+    "launch": {"errors", "outputs"},
     # the emulated cluster runs both executors' ranks (``zepp run`` and ``zepp generate --emulate``)
     "emulate": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "serve", "sim", "launch"},
 }

@@ -308,14 +308,16 @@ def parse_systems(text: str, executor: str, option: str = "--systems", default_a
     variants (for commands that do not compare latencies). Unknown or unsupported names are one
     clear error naming the option and the choices."""
     supported = names_for(executor)
-    everything = default_all if default_all is not None else supported
-    names: list[str] = []
-    for s in (s.strip() for s in str(text).split(",")):
-        for n in (everything if s == "all" else [s] if s else []):
-            if n not in names:
-                names.append(n)
-    if not names:
+    parts = [s.strip() for s in str(text).split(",")]
+    names = [n for s in parts for n in ((supported if default_all is None else default_all) if s == "all" else [s])]
+    if parts == [""]:
         raise ZeppInputError(f"{option}: empty list; choose from {', '.join(supported)} or 'all'")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    via = " (all includes it)" if "all" in parts else ""
+    if "" in parts or twice:
+        raise ZeppInputError(f"{option} {text!r}: " + ("an empty entry between commas; remove the extra comma"
+                                                       if "" in parts else f"{twice} is named twice{via}; name each "
+                                                                           f"system once"))
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:
         raise ZeppInputError(f"{option}: unknown system(s) {', '.join(unknown)}; choose from "
@@ -325,14 +327,12 @@ def parse_systems(text: str, executor: str, option: str = "--systems", default_a
         where = {n: ", ".join(SYSTEMS[n].executors) for n in unsupported}
         raise ZeppInputError(f"{option}: {', '.join(f'{n} (runs in: {w})' for n, w in where.items())} not supported "
                              f"by this command; choose from {', '.join(supported)}")
-    if expand:
-        out: list[str] = []
-        for n in names:
-            for v in variants(n, executor):
-                if v not in out:
-                    out.append(v)
-        return out
-    return names
+    out = [v for n in names for v in variants(n, executor)] if expand else names
+    twice = next((v for i, v in enumerate(out) if v in out[:i]), None)
+    if twice and "all" not in parts:  # a meta-system and one of its variants
+        raise ZeppInputError(f"{option} {text!r}: {twice} is named twice (a meta-system runs each of its variants, "
+                             f"{twice} among them); name each system once")
+    return list(dict.fromkeys(out))
 
 
 def help_list(executor: str) -> str:

@@ -5,7 +5,7 @@ own, with ``TMPDIR`` pointed at another, and checks the refusal every case must 
 exactly one line on stderr and it starts ``zepp: error:``, no traceback, nothing on stdout (no work
 started), the ``TMPDIR`` empty afterwards, no child process left and no file written beside the
 fixtures. ``materialise`` makes the fixtures a case names in braces (traces, a named pipe, tiny
-and broken checkpoints, prompts, cluster files, histories, resume files).
+and broken checkpoints, prompts, cluster files, histories, resume files, hard and symbolic links).
 """
 
 from __future__ import annotations
@@ -264,6 +264,10 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         return str(d)
     if kind in hostile_files.KINDS:  # the reading section's fixtures (issue 29)
         return hostile_files.make(kind, spec, tmp, tiny)
+    if kind in ("hardlink", "symlink"):  # a second name for a fixture made before it in the argv (or a device)
+        link = tmp / f"{kind}-{spec.replace('/', '_')}"
+        (os.link if kind == "hardlink" else os.symlink)(tmp / spec, link)
+        return str(link)
     raise AssertionError(f"unknown fixture {kind}")
 
 

@@ -354,3 +354,100 @@ def test_bad_input_is_one_line_exit_2_nothing_left(category, argvs, names, tmp_p
     for command, line in lines.items():
         assert names in line, (command, line)
     assert len(set(lines.values())) == 1, lines  # a shared option: one message on every command
+
+
+# ============================================================================= outputs, lists, the rank environment
+# (issue 29: what a run writes, the lists it takes, what torchrun hands a rank; the outputs are
+# checked by ``zepp.outputs``, the environment by ``zepp.launch.rank_env``). Each case: the argv,
+# what the line must name, and the environment it runs in (variables set, ``None``: unset).
+
+RUN16 = RUN[:RUN.index("--experts")] + ["--experts", "16", "--topk", "2", "--hidden", "16", "--ffn", "8", "--warmup",
+                                        "0", "--iters", "1", "--systems", "a2av"]
+PLOT_BENCH = BENCH[:BENCH.index("--systems")] + ["--systems", "a2av,zepp"]
+OUTPUT_CLASHES = [  # an output that is an input of the run, or another output of it
+    (RUN16 + ["--trace", "{trace}", "--json", "{out}/trace.txt"], "an input of this run"),
+    (RUN16 + ["--trace", "{trace}", "--json", "{out}/../work/trace.txt"], "an input of this run"),  # via ..
+    (RUN16 + ["--trace", "{trace}", "--json", "{hardlink:trace.txt}"], "an input of this run"),  # a hard link
+    (RUN16 + ["--history", "{trace}", "--trace", "{trace}", "--json", "{out}/trace.txt"], "--history"),
+    (GEN_CK + ["--json", "{out}/prompts.json"], "--input-ids"),
+    (GEN_CK + ["--json", "{out}/ck/config.json"], "--checkpoint"),  # a file of the checkpoint's folder
+    (GEN_CK + ["--history", "{genhist:0 1}", "--record", "{out}/rec"], "the same folder as --history"),
+    (GEN_CK + ["--record", "{out}", "--json", "{out}/load.json"], "--record"),  # a file --record writes
+    (PLACE + ["--report", "{out}/p.json"], "--report"),
+    (PLACE_H + ["{trace64}", "--out", "{out}/trace64.json", "--report", "{out}/trace64.txt"], "an input"),
+    (PLOT_BENCH + ["--json", "{out}/b.png", "--plot", "{out}/b.png"], "--plot"),
+    (PLOT_BENCH + ["--json", "{out}/b.json", "--plot", "{out}/b.detail.json"], "suffix"),
+    (SMALL_PLAN + ["--json", "{out}/d", "--dump", "{out}/d"], "--dump"),
+    (SMALL_PLAN + ["--json", "{out}/a2av_iter0.npz", "--dump", "{out}"], "--dump"),
+    (SMALL_PLAN + ["--json", "{out}/trace.txt"], "--trace"),
+    (ABLATION + ["--json", "{out}/a.png", "--plot", "{out}/a.png"], "--plot"),
+]
+# (links of the test's own, never /dev/stdout: code that replaced a link, run as root, would
+# replace the machine's)
+OUTPUT_KINDS = [  # what is at the path: a link is neither written through nor replaced; devices, pipes refused
+    (RUN16 + ["--json", "{symlink:/dev/null}"], "symbolic link"), (RUN16 + ["--json", "/dev/full"], "character device"),
+    (GEN_CK + ["--json", "/dev/null"], "character device"), (RUN16 + ["--json", "{fifo}"], "named pipe"),
+    (SMALL_PLAN + ["--json", "{symlink:trace.txt}"], "symbolic link"),
+    (PLACE + ["--report", "{symlink:/dev/full}"], "symbolic link"),
+    (BENCH + ["--json", "{symlink:nowhere}"], "symbolic link"),  # a link to nothing yet
+    (["cluster", "calibrate", "--json", "/dev/full"], "character device"),
+    (TIMELINE[:-2] + ["--out", "{afile}"], "suffix"),
+]
+REPEATS = [  # a list that names one thing twice: one line, never run twice
+    (BENCH[:-2] + ["--systems", "a2av,a2av"], "a2av is named twice"),
+    (BENCH[:-2] + ["--systems", "all,a2av"], "all includes it"),
+    (BENCH[:-2] + ["--systems", "a2av,,zepp"], "empty entry"),
+    (BENCH + ["--nodes", "1,1"], "--nodes '1,1': 1 is named twice"),
+    (BENCH + ["--models", "k2,k2"], "k2 is named twice"), (BENCH + ["--budgets", "1,1.0"], "1.0 is named twice"),
+    (BENCH + ["--cluster", "a100,a100"], "a100 is named twice"),
+    (SMALL_PLAN + ["--systems", "a2av,eplb,a2av"], "a2av is named twice"),
+    (SMALL_PLAN + ["--systems", "zepp,zepp-overlap"], "zepp-overlap is named twice"),
+    (RUN + ["--systems", "a2av,a2av"], "a2av is named twice"),
+    (RUN[:-2] + ["--systems", "all,relay"], "all includes it"),
+    (GENERATE + ["--system", "a2av,a2av"], "a2av is named twice"),
+    (TIMELINE + ["--compare", "a2av,a2av"], "a2av is named twice"), (TIMELINE + ["--ranks", "0,0"], "0 is named twice"),
+]
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "LOCAL_WORLD_SIZE": "1",
+          "TORCHELASTIC_USE_AGENT_STORE": "True"}
+RANK_ENV = [  # RUN and GENERATE run 2 nodes x 1 rank: what torchrun would hand rank 1
+    ({"RANK": "1"}, "WORLD_SIZE is not"), ({"WORLD_SIZE": "2"}, "but RANK is not"),
+    ({"RANK": "1", "WORLD_SIZE": "two", "LOCAL_RANK": "0", **MASTER}, "WORLD_SIZE='two' is not an integer"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "0", **MASTER}, "WORLD_SIZE=4, but --nodes 2"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER}, "RANK=2 is out of range"),
+    ({"RANK": "-1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER}, "RANK=-1 is out of range"),
+    ({"RANK": "1", "WORLD_SIZE": "2", **MASTER}, "LOCAL_RANK is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", **MASTER}, "LOCAL_RANK=1 is out of range"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "LOCAL_WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE=2"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_ADDR": None}, "MASTER_ADDR is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_PORT": "99999"}, "MASTER_PORT=99999"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_PORT": "{taken}",
+      "TORCHELASTIC_USE_AGENT_STORE": None}, "already in use"),
+]
+ENV_CASES = ([("output clashes", argv, names, {}) for argv, names in OUTPUT_CLASHES]
+             + [("output kinds", argv, names, {}) for argv, names in OUTPUT_KINDS]
+             + [("repeated names", argv, names, {}) for argv, names in REPEATS]
+             + [("rank environment", base, names, env) for env, names in RANK_ENV
+                for base in (RUN, GEN_CK + ["--nodes", "2", "--gpus-per-node", "1"])]
+             + [("rank environment", RUN + ["--emulate"], "--emulate starts its own ranks",
+                 {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER})])
+
+
+@pytest.mark.parametrize("category,argv,names,env", ENV_CASES,
+                         ids=[f"{c}: {' '.join(a)} {e or ''}" for c, a, _, e in ENV_CASES])
+def test_outputs_lists_and_rank_env_are_one_line(category, argv, names, env, tmp_path, capfd, monkeypatch, request):
+    import socket
+
+    tiny = request.getfixturevalue("tiny_ck") if any("{ck" in a or "{prompts" in a for a in argv) else None
+    work, tmpdir = in_own_folders(tmp_path, monkeypatch)
+    with socket.socket() as taken:  # a port another process listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_USE_AGENT_STORE"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            if v is not None:
+                monkeypatch.setenv(k, v.replace("{taken}", str(taken.getsockname()[1])))
+        line = refusal_line(materialise(argv, work, tiny), work, tmpdir, capfd)
+    assert names in line, line

@@ -19,6 +19,7 @@ such report per system when ``--system`` names several).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,11 +29,13 @@ import click
 from zepp.errors import ZeppFileError, ZeppInputError
 from zepp.files import read_json
 from zepp.launch import ranks
-from zepp.launch.checks import check_fault, check_launch_options, check_number, check_output_folder
+from zepp.launch.checks import check_fault, check_launch_options, check_number
+from zepp.outputs import Place, check_output_folder
 
 RANK_MODULE = "zepp.serve.rank"  # what every rank of ``zepp generate`` runs
 RANK_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 PROMPT_KEYS = ("input_ids", "max_new_tokens")  # what an --input-ids file may hold
+RECORD = ("layer_*.txt", "load.json")  # what --record writes in its folder (zepp.serve.rank.write_record)
 
 
 def read_requests(path: str, vocab: int | None, max_new: int) -> tuple[list[list[int]], list[int]]:
@@ -135,6 +138,11 @@ def validate(o: dict) -> tuple[dict, object]:
 
         cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
                                 o["emulate_prefix"])
+    from zepp.cli.run import claim_run_outputs
+
+    claim_run_outputs([Place("--json", o["json_path"]), Place("--record", o["record"], folder=True, names=RECORD)],
+                      [Place("--input-ids", o["input_ids"]), Place("--checkpoint", o["checkpoint"], folder=True),
+                       Place("--history", o["history"], folder=True)])
     check_folder(o["checkpoint"])
     reqs, per = read_requests(o["input_ids"], None, o["max_new_tokens"])  # before torch: a bad file is refused at once
     config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
@@ -206,8 +214,9 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
         out = {**{k: v for k, v in first.items() if k != "logits"}, "systems": {
             n: {k: v for k, v in s.items() if k != "logits"} for n, s in rep["systems"].items()},
             "model": rep["model"], "config": rep["config"]}
-        with open(json_path, "w") as f:
-            json.dump(out, f, indent=1)
+        from zepp.outputs import write_json
+
+        write_json(json_path, out, "--json")
     if not ok:
         bad = [n for n, s in rep["systems"].items() if not s["matches_reference"]]
         click.echo(f"zepp generate: --check failed for {', '.join(bad)}: tokens differ from plain transformers "
@@ -244,12 +253,33 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
 def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens, json_path, check, emulate, rate_mbit,
              delay_ms, record, history, device, relaxation, extra, timeout, threads, emulate_prefix, fault):
     """Serve a checkpoint expert-parallel and generate greedily for every request."""
-    cfg, cluster = validate(dict(locals()))
-    emulated = None
-    if cluster is not None:
-        from zepp.emulate.launcher import generate_emulated
+    o = dict(locals())
+    with inductor_cache():
+        cfg, cluster = validate(o)
+        emulated = None
+        if cluster is not None:
+            from zepp.emulate.launcher import generate_emulated
 
-        emulated = functools.partial(generate_emulated, cfg, cluster, threads=threads)
-    rep = ranks.launch(RANK_MODULE, cfg, label="zepp generate" + (" --emulate" if emulate else ""), threads=threads,
-                       env=RANK_ENV, emulated=emulated, prefix="zepp-generate-")
-    _finish(cfg, rep, check, json_path)
+            emulated = functools.partial(generate_emulated, cfg, cluster, threads=threads)
+        rep = ranks.launch(RANK_MODULE, cfg, label="zepp generate" + (" --emulate" if emulate else ""),
+                           threads=threads, env=RANK_ENV, emulated=emulated, prefix="zepp-generate-")
+        _finish(cfg, rep, check, json_path)
+
+
+@contextlib.contextmanager
+def inductor_cache():
+    """torch's compiler cache (``TORCHINDUCTOR_CACHE_DIR``, which building the model's skeleton
+    creates, by default ``$TMPDIR/torchinductor_<user>``) in a temp folder of this run, removed
+    with it (``kill -9`` too: ``zepp.launch.processes.temp_folder``); the ranks inherit it. A
+    folder the user chose is kept."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    from zepp.launch.processes import temp_folder
+
+    try:
+        with temp_folder("zepp-inductor-") as folder:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+            yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)

@@ -14,12 +14,10 @@ run the layer (``zepp.interop.buys``), on the history and on a held-out part of 
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -145,13 +143,17 @@ def _check_report_numbers(o: PlaceOptions, spec) -> float:
 
 
 def _check_outputs(o: PlaceOptions) -> None:
+    """``--out`` and ``--report`` (``zepp.outputs``): neither the other, the history or the cluster file."""
+    import os
+
     from zepp.interop import check_suffix
-    from zepp.launch.checks import check_output_path
+    from zepp.outputs import Place, claim_outputs
 
     check_suffix(o.fmt, o.out)
-    check_output_path(o.out, "--out")
-    if o.report_path is not None:
-        check_output_path(o.report_path, "--report")
+    history = None if o.history_path == "synthetic" or o.history_path.startswith("synthetic:") else o.history_path
+    claim_outputs([Place("--out", o.out), Place("--report", o.report_path)],
+                  [Place("--history", history, folder=history is not None and os.path.isdir(history)),
+                   Place("--cluster-file", o.cluster_file)])
 
 
 def checked(o: PlaceOptions) -> PlaceJob:
@@ -231,10 +233,13 @@ def _plan_and_write(job: PlaceJob, plan_hist):
         click.echo(f"  note: {n}")
     for line in _rule_lines(ep, eplb_ep, plan_hist):
         click.echo(line)
-    write_placement(o.out, ep, o.fmt)
-    back = read_placement_file(o.out, o.fmt, spec, o.nodes, L)
-    if not back.same_as(ep):
-        raise ZeppInputError(f"{o.out}: reading the written file back gave another placement (a bug; please report)")
+    from zepp.outputs import replacing
+
+    with replacing(o.out, "--out") as tmp:  # read back before it replaces the path
+        write_placement(tmp, ep, o.fmt)
+        if not read_placement_file(tmp, o.fmt, spec, o.nodes, L).same_as(ep):
+            raise ZeppInputError(f"{o.out}: reading the written file back gave another placement (a bug; please "
+                                 f"report)")
     click.echo(f"wrote {o.out} ({o.fmt}, {o.policy} placement, read back identical)")
     click.echo(f"  {load_hint(o.fmt, o.out, ep)}")
     return ep, eplb_ep, how
@@ -276,13 +281,15 @@ def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
 
 
 def _write_report(job: PlaceJob, hist, how: list[str], figs: list) -> None:
+    from zepp.outputs import write_json
+
     o = job.opts
-    Path(o.report_path).write_text(json.dumps({
+    write_json(o.report_path, {
         "history": hist.describe(), "model": job.spec.name, "cluster": job.cluster.name, "nodes": o.nodes,
         "gpus_per_node": job.gpus_per_node, "redundant": job.redundant, "policy": o.policy, "format": o.fmt,
         "out": o.out, "routing": job.routing, "dispatch": o.dispatch, "combine": o.combine,
         "budget_mb": o.budget_mb, "iters": o.iters, "heldout": o.heldout, "node_demand": how[0],
-        "figures": [f.__dict__ for f in figs]}, indent=1) + "\n")
+        "figures": [f.__dict__ for f in figs]}, "--report")
     click.echo(f"wrote {o.report_path} (report, every layer)")
 
 

@@ -77,15 +77,22 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
                 sim_first = simulated_ms(cluster, spec, name, plan)
             per_iter.append(_figures(plan, routing_s, flows_s))
             if dump is not None:
-                dump.mkdir(parents=True, exist_ok=True)
-                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=plan.routing.slot,
-                                    slot_expert=placement.slot_expert)
+                _dump(dump / f"{name}_iter{it}.npz", batch, plan, placement)
         row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
         row["sim_ms"] = sim_first
         row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
                    combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
         rows.append(row)
     return rows
+
+
+def _dump(path: Path, batch: np.ndarray, plan, placement) -> None:
+    """One plan of ``zepp plan --dump``: the batch's ids, the routing's slots, the placement."""
+    from zepp.outputs import replacing
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, "--dump") as tmp:
+        np.savez_compressed(tmp, topk_ids=batch, slot=plan.routing.slot, slot_expert=placement.slot_expert)
 
 
 COLUMNS = (
