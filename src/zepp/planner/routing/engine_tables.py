@@ -1,27 +1,29 @@
 """Zepp's routing handed to an engine in the engine's own tables, planned once per placement from
 the history's expected demand ``demand [G, E]`` (entries per step from source GPU ``g`` to expert
-``e``) under Zepp's relaxed replica-load bounds ``[(1-C) q, (1+C) q]``, ``q = D_e / c_e``:
+``e``) under Zepp's relaxed replica-load bound ``ceil((1+C) q)``, ``q = D_e / c_e``, with the
+busiest NIC in mind (``zepp_assignment``, the table routing's water-fill turned into an integer
+assignment that also chooses among remote copies by their GPU's NIC load): experts by falling
+demand; per expert the sources nearest a copy first (own GPU, then own node), largest first; each
+source fills its nearest copies up to the bound (least loaded first), then the remote copies
+whose GPU receives least from other nodes so far, and what fits nowhere goes to the least
+loaded copy.
 
-- ``StaticTable`` (SGLang's static dispatch: ``logical_to_rank_dispatch_physical_map``): one copy
-  per (source GPU, expert), an integer assignment (``build_static_table``). Experts by falling
-  demand; per expert, the sources on a copy's GPU, then on a copy's node, take that copy while it
-  stays under ``ceil((1+C) q)``; every other source, largest first, takes the copy under the bound
-  whose GPU receives least from other nodes so far (the busiest NIC carries least), or the least
-  loaded copy when none is under it. A pair without demand takes the nearest copy (own GPU, own
-  node, else the ``(source mod count)``-th).
+- ``StaticTable`` (SGLang's static dispatch: ``logical_to_rank_dispatch_physical_map``): each
+  (source GPU, expert) whole to one copy (``build_static_table``). A pair without demand takes
+  the nearest copy (own GPU, own node, else the ``(source mod count)``-th).
 - ``HashTable`` (vLLM's ``logical_to_physical_map`` row and ``logical_replica_count`` per rank):
-  Zepp's fractional routing table (``table_routing.build_routing_table``: water-fill over the
-  expected demand, in locality order) with each (source, expert)'s shares in whole positions of
-  a row ``width`` long (a power of two, at most vLLM's map width; ``build_hash_table``). vLLM
-  takes position ``((t * 2654435769) mod 2**32) mod width`` for the rank's token row ``t``, which
-  for a power-of-two width is ``t * 2654435769 mod width``, a bijection of ``t mod width``: the
-  row is laid out so that token row ``t`` meets copy ``j`` where the bit-reversal of
-  ``(t + e) mod width`` falls in copy ``j``'s share, so every run of consecutive token rows takes
-  each copy in proportion to its share. A pair with one copy gets a row of one (count 1).
+  sources may split over copies; each (source, expert)'s shares in whole positions of a row
+  ``width`` long (a power of two, at most vLLM's map width; ``build_hash_table``). vLLM takes
+  position ``((t * 2654435769) mod 2**32) mod width`` for the rank's token row ``t``, which for a
+  power-of-two width is ``t * 2654435769 mod width``, a bijection of ``t mod width``: the row is
+  laid out so that token row ``t`` meets copy ``j`` where the bit-reversal of ``(t + e) mod width``
+  falls in copy ``j``'s share, so every run of consecutive token rows takes each copy in
+  proportion to its share. A pair with one copy gets a row of one (count 1).
 
 ``route_sglang_table`` / ``route_vllm_table`` route a batch exactly as the engine does with the
 tables; ``hash_rows`` writes one rank's vLLM rows (tests/engines passes them through vLLM's own
-kernel). Every rank computes the same tables (integer arithmetic after the water-fill's units).
+kernel, and the SGLang map through SGLang's dispatch). Every rank computes the same tables:
+integer arithmetic throughout (the demand in units of its total / 2**24).
 """
 
 from __future__ import annotations
@@ -31,13 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from zepp.planner.routing.base_routing import slot_routing
-from zepp.planner.routing.table_routing import (SHARE_ONE, _check_demand, _demand_units, _locality_pick,
-                                                build_routing_table)
+from zepp.planner.routing.table_routing import _check_demand, _demand_units, _locality_pick
 from zepp.planner.routing.vllm_routing import KNUTH, local_rows
 from zepp.planner.types import Placement, Routing, expert_load_bounds
 
-__all__ = ["StaticTable", "HashTable", "build_static_table", "build_hash_table", "hash_rows", "route_sglang_table",
-           "route_vllm_table", "VLLM_WIDTH"]
+__all__ = ["StaticTable", "HashTable", "build_static_table", "build_hash_table", "zepp_assignment", "hash_rows",
+           "route_sglang_table", "route_vllm_table", "VLLM_WIDTH"]
 
 VLLM_WIDTH = 1024  # vLLM 0.33.0's logical_to_physical_map width (MAX_EXPERT_REDUNDANCY + 1)
 
@@ -66,64 +67,98 @@ class HashTable:
 
 def build_static_table(placement: Placement, demand: np.ndarray, relaxation: float,
                        gpus_per_node: int) -> StaticTable:
-    """SGLang's static dispatch map from Zepp's bounds (see the module docstring)."""
-    units = _demand_units(_check_demand(placement, demand, gpus_per_node))  # [G, E] int64
-    slot = _locality_pick(placement).astype(np.int64)  # pairs without demand: the nearest copy
-    gpu_of = np.arange(placement.slot_expert.size) // placement.slots_per_rank
-    single = placement.replica_count == 1
-    node = np.arange(placement.ranks) // placement.gpus_per_node
-    # what the experts with one copy bring to each GPU from other nodes (dispatch in, combine out)
-    far = node[:, None] != node[gpu_of[placement.replicas[:, 0]]][None, :]  # [G, E]
-    inflow = np.bincount(gpu_of[placement.replicas[single, 0]],
-                         weights=(units[:, single] * far[:, single]).sum(0), minlength=placement.ranks)
-    multi = np.flatnonzero(~single)
-    for e in multi[np.argsort(-units[:, multi].sum(0), kind="stable")]:
-        _assign_expert(e, units[:, e], placement, relaxation, slot, inflow)
+    """SGLang's static dispatch map from Zepp's bounds: ``zepp_assignment`` with whole sources."""
+    amount = zepp_assignment(placement, demand, relaxation, gpus_per_node, split=False)  # [G, E, C]
+    col = amount.argmax(2)
+    slot = np.where(amount.sum(2) > 0, placement.replicas[np.arange(placement.num_experts)[None, :], col],
+                    _locality_pick(placement))
     return StaticTable(slot.astype(np.int32), float(relaxation), placement)
 
 
-def _assign_expert(e: int, d: np.ndarray, placement: Placement, relaxation: float, slot: np.ndarray,
-                   inflow: np.ndarray) -> None:
-    """Assign every source with demand ``d [G]`` of expert ``e`` to one copy (``slot[:, e]``),
-    adding the remote demand to ``inflow [G]`` per receiving GPU."""
-    reps = placement.replicas[e][placement.replicas[e] >= 0].astype(np.int64)
+def zepp_assignment(placement: Placement, demand: np.ndarray, relaxation: float, gpus_per_node: int,
+                    split: bool) -> np.ndarray:
+    """``[G, E, C]`` int64 units of each source's expected demand sent to each copy (column ``c`` of
+    ``placement.replicas``) under Zepp's upper bounds, the busiest NIC in mind: experts by falling
+    demand; per expert the sources nearest a copy first (own GPU, then own node), largest first;
+    each source fills its nearest copies under ``ceil((1+C) q)`` (least loaded first), then the
+    remote ones whose GPU's NIC carries least so far (other nodes' entries in plus its own out),
+    and what fits nowhere goes to the least loaded copy. ``split``: a source may spread over
+    several copies (vLLM's shares); else each source goes whole to one copy (SGLang's map)."""
+    units = _demand_units(_check_demand(placement, demand, gpus_per_node))  # [G, E] int64
+    G, E = units.shape
+    reps = placement.replicas.astype(np.int64)
+    node = np.arange(G) // placement.gpus_per_node
+    home = reps[:, 0] // placement.slots_per_rank  # [E] the GPU of each expert's first copy
+    amount = np.zeros((G, E, reps.shape[1]), np.int64)
+    single = placement.replica_count == 1
+    amount[:, single, 0] = units[:, single]
+    far = node[:, None] != node[home][None, :]  # [G, E]
+    nic = np.bincount(home[single], weights=(units * far)[:, single].sum(0), minlength=G).astype(np.int64)
+    multi = np.flatnonzero(~single)
+    for e in multi[np.argsort(-units[:, multi].sum(0), kind="stable")]:
+        amount[:, e] = _assign_expert(units[:, e], reps[e][reps[e] >= 0], placement, relaxation, nic, split)
+    return amount
+
+
+def _assign_expert(d: np.ndarray, reps: np.ndarray, placement: Placement, relaxation: float, nic: np.ndarray,
+                   split: bool) -> np.ndarray:
+    """One expert's ``[G, C]`` units per (source, copy) from the demand ``d [G]`` over its copies
+    ``reps [c]``; ``nic [G]`` gains the remote units at both ends."""
     S, L = placement.slots_per_rank, placement.gpus_per_node
     gpus = reps // S
     _, upper = expert_load_bounds(np.array([d.sum()]), np.array([reps.size]), relaxation)
+    cap = int(upper[0])
     load = np.zeros(reps.size, np.int64)
+    out = np.zeros((d.size, placement.replicas.shape[1]), np.int64)
     src = np.arange(d.size)
     level = np.where(gpus[None, :] == src[:, None], 0, np.where(gpus[None, :] // L == (src // L)[:, None], 1, 2))
-    best = level.min(1)  # [G]: 0 own GPU, 1 own node, 2 remote only
-    for g in np.lexsort((-d, best)):  # the nearest sources first, the largest first within a level
-        if d[g] == 0:
-            continue
-        near = np.flatnonzero((level[g] == best[g]) & (load + d[g] <= upper[0])) if best[g] < 2 else []
-        if len(near):
-            i = int(near[np.argmin(load[near])])
-        else:
-            fits = np.flatnonzero((level[g] == 2) & (load + d[g] <= upper[0]))
-            i = int(fits[np.argmin(inflow[gpus[fits]])]) if fits.size else int(np.argmin(load))
-        load[i] += d[g]
-        if gpus[i] // L != g // L:
-            inflow[gpus[i]] += d[g]
-        slot[g, e] = reps[i]
+    for g in np.lexsort((-d, level.min(1))):  # the nearest sources first, the largest first within a level
+        left = int(d[g])
+        for lev in range(int(level[g].min()), 3):
+            while left > 0:
+                room = cap - load
+                fits = (level[g] == lev) & ((room > 0) if split else (room >= left))
+                if not fits.any():
+                    break
+                cand = np.flatnonzero(fits)
+                i = int(cand[np.argmin(nic[gpus[cand]] if lev == 2 else load[cand])])
+                left -= _give(out, load, nic, g, i, min(left, int(room[i])), gpus, lev == 2)
+        if left > 0:
+            _give(out, load, nic, g, int(np.argmin(load)), left, gpus, level[g, int(np.argmin(load))] == 2)
+    return out
+
+
+def _give(out, load, nic, g: int, i: int, units: int, gpus, remote: bool) -> int:
+    out[g, i] += units
+    load[i] += units
+    if remote:
+        nic[gpus[i]] += units
+    return units
 
 
 def build_hash_table(placement: Placement, demand: np.ndarray, relaxation: float, gpus_per_node: int,
                      width: int = VLLM_WIDTH) -> HashTable:
-    """vLLM's per-rank rows from Zepp's routing table (see the module docstring); ``width`` a
-    power of two."""
+    """vLLM's per-rank rows: ``zepp_assignment`` with split sources, each (source, expert)'s shares
+    in whole positions of a row ``width`` long (a power of two); see the module docstring."""
     if width < 1 or width & (width - 1):
         raise ValueError(f"width must be a power of two, got {width}")
-    t = build_routing_table(placement, demand, relaxation, gpus_per_node)
-    cum = np.rint(t.shares.astype(np.int64) * width / SHARE_ONE).astype(np.int64)  # [G, E, m]
-    counts = np.diff(cum, axis=2, prepend=0) * (t.choices >= 0)
+    amount = zepp_assignment(placement, demand, relaxation, gpus_per_node, split=True)  # [G, E, C]
+    total = amount.sum(2, keepdims=True)
+    cum = np.cumsum(amount, axis=2) * width // np.maximum(total, 1)
+    counts = np.diff(cum, axis=2, prepend=0)
+    G, E, C = amount.shape
+    choices = np.broadcast_to(placement.replicas[None], (G, E, C)).astype(np.int64)
+    none = total[:, :, 0] == 0  # no expected demand: the nearest copy
+    choices = np.where(none[:, :, None], -1, choices)
+    choices[:, :, 0] = np.where(none, _locality_pick(placement), choices[:, :, 0])
+    counts[none] = 0
     keep = counts > 0
-    order = np.argsort(~keep, axis=2, kind="stable")  # copies with positions first, in visit order
-    counts = np.take_along_axis(counts, order, 2)
-    choices = np.where(np.take_along_axis(keep, order, 2), np.take_along_axis(t.choices, order, 2), -1)
-    alone = (counts > 0).sum(2) == 1
-    counts[alone, 0] = 1
+    keep[:, :, 0] |= none
+    order = np.argsort(~keep, axis=2, kind="stable")  # copies with positions first
+    counts = np.take_along_axis(np.where(keep, counts, 0), order, 2)
+    choices = np.where(np.take_along_axis(keep, order, 2), np.take_along_axis(choices, order, 2), -1)
+    counts[(counts > 0).sum(2) <= 1] = 0
+    counts[:, :, 0] = np.where((choices >= 0).sum(2) == 1, 1, counts[:, :, 0])
     m = max(1, int((choices >= 0).sum(2).max()))
     return HashTable(choices[:, :, :m].astype(np.int32), counts[:, :, :m].astype(np.int32), int(width),
                      float(relaxation), placement)
