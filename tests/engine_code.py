@@ -119,16 +119,25 @@ def loaded(engine: str, stubs: dict[str, types.ModuleType]):
     saved = {k: v for k, v in sys.modules.items() if k == engine or k.startswith(engine + ".")}
     for k in saved:
         del sys.modules[k]
-    sys.modules.update(stubs)
+
+    def attach(dotted: str, mod) -> None:
+        """``mod`` in ``sys.modules`` and as an attribute of its parent package (made if missing)."""
+        sys.modules[dotted] = mod
+        parent, _, child = dotted.rpartition(".")
+        if parent:
+            if parent not in sys.modules:
+                attach(parent, stub(parent, __path__=[str(root.joinpath(*parent.split(".")))]))
+            setattr(sys.modules[parent], child, mod)
+
+    for name, mod in stubs.items():
+        attach(name, mod)
 
     def load(dotted: str):
         if dotted in sys.modules and not isinstance(sys.modules[dotted], Stub):
             return sys.modules[dotted]
         parts = dotted.split(".")
-        for i in range(1, len(parts)):
-            pkg = ".".join(parts[:i])
-            if pkg not in sys.modules:
-                sys.modules[pkg] = stub(pkg, __path__=[str(root.joinpath(*parts[:i]))])
+        if len(parts) > 1 and ".".join(parts[:-1]) not in sys.modules:
+            attach(".".join(parts[:-1]), stub(".".join(parts[:-1]), __path__=[str(root.joinpath(*parts[:-1]))]))
         path = root.joinpath(*parts).with_suffix(".py")
         if not path.exists():
             path = root.joinpath(*parts, "__init__.py")
@@ -136,7 +145,7 @@ def loaded(engine: str, stubs: dict[str, types.ModuleType]):
                                                       submodule_search_locations=[str(path.parent)]
                                                       if path.name == "__init__.py" else None)
         mod = importlib.util.module_from_spec(spec)
-        sys.modules[dotted] = mod
+        attach(dotted, mod)
         spec.loader.exec_module(mod)
         return mod
 
