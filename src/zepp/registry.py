@@ -108,18 +108,19 @@ class System:
 
 
 def _by_tokens(name: str, summary: str, stands_for: str, placement: str, routing: str, planning: str = "none",
-               ours: bool = False) -> tuple[System, System, System]:
+               ours: bool = False, prefill_routing: str | None = None) -> tuple[System, System, System]:
     """An engine on DeepEP's kernels: the meta-row ``name`` (low-latency kernels up to 256 tokens per
     GPU, normal kernels above) and its variants ``name-ll`` (entries straight to their GPU) and
-    ``name-normal`` (NIC once per node, combine reduced in the node)."""
+    ``name-normal`` (NIC once per node, combine reduced in the node; ``prefill_routing``: its own
+    routing, default ``routing``)."""
     common = dict(planning=planning, executors=("plan", "sim"), ours=ours)
     return (System(name, summary + ": low-latency kernels up to 256 tokens per GPU, normal kernels above", stands_for,
                    placement, routing, "relay", "reduce", mechanics="by-tokens",
                    best_of=(name + "-ll", name + "-normal"), switch_tokens=256, **common),
             System(name + "-ll", summary + ", DeepEP low-latency kernels", stands_for + " (decode)", placement,
                    routing, "a2av", "a2av", mechanics="deepep-ll", **common),
-            System(name + "-normal", summary + ", DeepEP normal kernels", stands_for + " (prefill)", placement, routing,
-                   "relay", "reduce", mechanics="deepep-normal", **common))
+            System(name + "-normal", summary + ", DeepEP normal kernels", stands_for + " (prefill)", placement,
+                   prefill_routing or routing, "relay", "reduce", mechanics="deepep-normal", **common))
 
 
 # How a system on COMET's fused kernels executes (overlap, simulator model, planner cost, executors).
@@ -171,7 +172,8 @@ _ROWS = (
     # rebalance keeps the static rule but unshrinks dynamic's and lp's lists). sglang-lp: the LP's
     # time is the lplb planning model (zepp/data/lp_solver.json). sglang-zepp / vllm-zepp: the same
     # engines and kernels with only Zepp's placement and Zepp's table in the engine's own form
-    # (zepp.planner.routing.engine_tables; zepp place --format sglang|vllm, zepp.engines).
+    # (zepp.planner.routing.engine_tables; zepp place --format sglang|vllm, zepp.engines), a
+    # decode deployment's table (busiest NIC) on the low-latency kernels, a prefill one's (busiest GPU) above.
     *_by_tokens("sglang-deepep", "SGLang + DeepEP + EPLB's placement, static dispatch",
                 "SGLang --moe-a2a-backend deepep --deepep-mode auto --init-expert-location <EPLB's map> (static dispatch)",
                 "eplb", "sglang-static"),
@@ -182,10 +184,10 @@ _ROWS = (
                 "vLLM --enable-eplb with the DeepEP all2all backends", "eplb", "vllm-hash"),
     *_by_tokens("sglang-zepp", "SGLang + DeepEP with Zepp's placement and Zepp's static dispatch table (SGLang's own "
                 "kernels and dispatch)", "SGLang --init-expert-location <zepp place file> + zepp.engines.sglang_hook",
-                "zepp", "sglang-table", ours=True),
+                "zepp", "sglang-table", ours=True, prefill_routing="sglang-table-prefill"),
     *_by_tokens("vllm-zepp", "vLLM + DeepEP with Zepp's placement and Zepp's per-rank maps (vLLM's own kernels and "
                 "hash)", "vLLM --enable-eplb + the zepp vllm.general_plugins entry point", "zepp", "vllm-table",
-                ours=True),
+                ours=True, prefill_routing="vllm-table-prefill"),
     System("zepp-deepep", "Zepp on DeepEP's kernels: the best of its table-routed low-latency variants, zepp-deepep-ll, "
            "zepp-deepep-normal, zepp-deepep-overlap and zepp-deepep-lp",
            "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",

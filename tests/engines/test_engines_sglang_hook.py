@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from sglang_code import Context, sglang
 from zepp.cli import cli
 from zepp.errors import ZeppInputError
-from zepp.interop.engine_tables import plan_tables, read_tables
+from zepp.interop.engine_tables import plan_tables, read_tables, table_routing
 from zepp.interop.layers import plan_layers
 from zepp.model import model_preset
 from zepp.planner.routing import route
@@ -64,7 +64,8 @@ def test_sglangs_dispatch_over_the_installed_table_gives_zepps_ids(files):
     table = read_tables(table_path)
     hist = synthetic_history(MODEL, seed=0)  # what --history synthetic reads; --no-report plans on all of it
     ep, _ = plan_layers(hist, spec, NODES, GPN, REDUNDANT, "zepp")
-    planned = plan_tables("sglang", hist, ep, 0.25)
+    tokens = spec.tokens_for_budget(4.0)  # zepp place's default --budget-mb: a decode deployment's table
+    planned = plan_tables("sglang", hist, ep, 0.25, tokens)
     R = NODES * GPN
     rng = np.random.default_rng(0)
     ctx = Context(R, NODES, spec.num_layers, spec.num_experts, REDUNDANT)
@@ -76,7 +77,8 @@ def test_sglangs_dispatch_over_the_installed_table_gives_zepps_ids(files):
                 info = dispatch.ExpertLocationDispatchInfo.init_new(int(layer))
                 ids = rng.integers(0, spec.num_experts, (R, 40, spec.top_k)).astype(np.int32)
                 got = dispatch.topk_ids_logical_to_physical(torch.as_tensor(ids[rank]), info).numpy()
-                want = route("sglang-table", ids, ep.placement(int(layer)), table=planned[int(layer)]).slot[rank]
+                want = route(table_routing("sglang", tokens), ids, ep.placement(int(layer)),
+                             table=planned[int(layer)]).slot[rank]
                 assert np.array_equal(got, want), f"rank {rank}, layer {layer}"
 
 

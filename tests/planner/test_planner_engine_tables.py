@@ -22,8 +22,8 @@ def test_assignment_places_all_demand_and_keeps_the_bound_where_a_source_fits(ca
     pl, batch = routing_case(case)
     demand = batch_demand(batch, pl.num_experts)
     units = _demand_units(demand)
-    for split in (False, True):
-        amount = zepp_assignment(pl, demand, case["relaxation"], pl.gpus_per_node, split)  # [G, E, C]
+    for split, objective in ((False, "nic"), (True, "nic"), (False, "rows"), (True, "rows")):
+        amount = zepp_assignment(pl, demand, case["relaxation"], pl.gpus_per_node, split, objective)  # [G, E, C]
         assert np.array_equal(amount.sum(2), units)
         assert not amount[np.broadcast_to(pl.replicas[None] < 0, amount.shape)].any()
         if not split:
@@ -72,6 +72,6 @@ def test_vllm_rows_hold_the_shares_and_the_lookup_is_each_ranks_rows(case):
 
 
 def test_table_routings_are_records_with_their_builder():
-    for name in ("sglang-table", "vllm-table"):
+    for name in ("sglang-table", "vllm-table", "sglang-table-prefill", "vllm-table-prefill"):
         assert ROUTINGS[name].needs_table and ROUTINGS[name].build_table is not None
     assert all(c.needs_table == (c.build_table is not None) for c in ROUTINGS.values())

@@ -263,9 +263,11 @@ def _write_table(job: PlaceJob, plan_hist, ep):
     from zepp.interop.engine_tables import plan_tables, table_routing, write_tables
 
     o = job.opts
-    tables = plan_tables(o.fmt, plan_hist, ep, job.relaxation)
+    tokens = job.spec.tokens_for_budget(o.budget_mb)
+    tables = plan_tables(o.fmt, plan_hist, ep, job.relaxation, tokens)
     write_tables(job.table_out, o.fmt, ep, tables)
-    click.echo(f"wrote {job.table_out} ({table_routing(o.fmt)}: Zepp's table per MoE layer, read back identical)")
+    click.echo(f"wrote {job.table_out} ({table_routing(o.fmt, tokens)}: Zepp's table per MoE layer for batches of "
+               f"{tokens} tokens per GPU (--budget-mb), read back identical)")
     for line in launch_lines(o.fmt, o.out, str(job.table_out), ep.redundant, ep.ranks):
         click.echo(f"  {line}")
     return tables
@@ -287,7 +289,8 @@ def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep, tables) -> list:
     o, spec = job.opts, job.spec
     figs = buys(plan_hist, held, ep, eplb_ep, job.routing, o.dispatch, o.combine, o.budget_mb, o.iters, o.seed,
                 job.relaxation, _progress, cluster=job.cluster if o.sim_layers else None, sim_layers=o.sim_layers,
-                tables=tables, table_routing=table_routing(o.fmt) if tables is not None else None)
+                tables=tables, table_routing=table_routing(o.fmt, spec.tokens_for_budget(o.budget_mb))
+                if tables is not None else None)
     click.echo("")
     click.echo(f"what it buys ({spec.name}, {spec.tokens_for_budget(o.budget_mb)} tokens per GPU = {o.budget_mb:g} "
                f"MiB budget; engine routing '{job.routing}' over {o.dispatch}/{o.combine}; x eplb < 1 is better):")

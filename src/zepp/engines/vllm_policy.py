@@ -105,11 +105,12 @@ class PolicyState:
             placement = Placement(p2l.reshape(ranks, -1), E, gpn)
             if i is not None and i < fp.shape[0] and np.array_equal(fp[i], p2l) and self.file["width"] <= W:
                 self._tables[key] = HashTable(self.file["choices"][i], self.file["counts"][i], self.file["width"],
-                                              self.file["relaxation"], placement)
+                                              self.file["relaxation"], placement, self.file["objective"])
             else:
                 load = self.load.get(layer, np.ones(E, np.int64)).astype(float) + 1e-9
                 demand = demand_per_gpu(np.tile(load, (ranks // gpn, 1)) / (ranks // gpn), gpn)
-                self._tables[key] = build_hash_table(placement, demand, self.file["relaxation"], gpn, W)
+                self._tables[key] = build_hash_table(placement, demand, self.file["relaxation"], gpn, W,
+                                                     self.file["objective"])
         l2p, count = hash_rows(self._tables[key], rank)
         full = np.full((E, width), -1, np.int64)
         full[:, :l2p.shape[1]] = l2p

@@ -8,8 +8,9 @@ plug-in (``zepp.engines``) installs them.
   each expert's copy that rank's static dispatch sends to (``zepp.planner.routing.engine_tables.StaticTable``).
 - vLLM (``vllm-table``, ``.pt``): ``{"zepp_table": "vllm", "ep_size": R, "num_logical_experts": E,
   "layers": [...], "physical_to_logical_map": [layers, P], "gpus_per_node": L, "relaxation": C,
-  "width": W, "choices": [layers, R, E, m], "counts": [layers, R, E, m]}``: per rank the copies and
-  their positions in vLLM's row (``HashTable``; a plug-in writes the rows with ``hash_rows``).
+  "objective": "nic" | "rows", "width": W, "choices": [layers, R, E, m], "counts": [layers, R, E, m]}``:
+  per rank the copies and their positions in vLLM's row (``HashTable``; a plug-in writes the rows
+  with ``hash_rows``, and plans its re-plans' tables with the same ``C`` and objective).
 
 ``physical_to_logical_map`` is the placement the tables belong to (the plug-ins refuse to install
 them over another). The routing each format's tables stand for is the routing of the engine's
@@ -34,7 +35,7 @@ ENGINE_ROWS = {"sglang": ("sglang-deepep", "sglang-zepp"), "vllm": ("vllm-eplb",
 KEYS = {"sglang": ("zepp_table", "ep_size", "num_logical_experts", "layers", "physical_to_logical_map",
                    "logical_to_rank_dispatch_physical_map"),
         "vllm": ("zepp_table", "ep_size", "num_logical_experts", "layers", "physical_to_logical_map", "gpus_per_node",
-                 "relaxation", "width", "choices", "counts")}
+                 "relaxation", "objective", "width", "choices", "counts")}
 SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".pt",)}
 
 
@@ -49,19 +50,21 @@ def table_path(fmt: str, out) -> Path | None:
     return p.with_name(p.stem + ".zepp-table" + suffix)
 
 
-def table_routing(fmt: str) -> str:
-    """The routing (a ``ROUTINGS`` name) of format ``fmt``'s tables."""
-    from zepp.registry import SYSTEMS
+def table_routing(fmt: str, tokens_per_gpu: int) -> str:
+    """The routing (a ``ROUTINGS`` name) of format ``fmt``'s tables for batches of ``tokens_per_gpu``
+    tokens: the routing of the variant of the engine's Zepp row that batch size runs (a decode
+    deployment's table on the low-latency kernels, a prefill deployment's above)."""
+    from zepp.registry import SYSTEMS, pick_variant
 
-    return SYSTEMS[ENGINE_ROWS[fmt][1]].routing
+    return SYSTEMS[pick_variant(ENGINE_ROWS[fmt][1], tokens_per_gpu, {})].routing
 
 
-def plan_tables(fmt: str, history, ep, relaxation: float) -> dict[int, object]:
-    """Per MoE layer of ``ep`` (an ``EnginePlacement``), the table of ``table_routing(fmt)`` planned
-    from the layer's history (a layer without records: the summed history, as its placement)."""
+def plan_tables(fmt: str, history, ep, relaxation: float, tokens_per_gpu: int) -> dict[int, object]:
+    """Per MoE layer of ``ep`` (an ``EnginePlacement``), the table of ``table_routing(fmt, tokens_per_gpu)``
+    planned from the layer's history (a layer without records: the summed history, as its placement)."""
     from zepp.planner.routing import ROUTINGS, demand_per_gpu
 
-    build = ROUTINGS[table_routing(fmt)].build_table
+    build = ROUTINGS[table_routing(fmt, tokens_per_gpu)].build_table
     L = ep.gpus_per_node
     demand = {}
     for i in range(history.num_entries):
@@ -86,7 +89,8 @@ def _payload(fmt: str, ep, tables: dict[int, object]) -> dict:
         t0 = tables[layers[0]]
         m = max(tables[l].choices.shape[2] for l in layers)
         pad = lambda a, v: np.pad(a, ((0, 0), (0, 0), (0, m - a.shape[2])), constant_values=v)  # noqa: E731
-        d.update(gpus_per_node=ep.gpus_per_node, relaxation=float(t0.relaxation), width=int(t0.width),
+        d.update(gpus_per_node=ep.gpus_per_node, relaxation=float(t0.relaxation), objective=t0.objective,
+                 width=int(t0.width),
                  choices=np.stack([pad(tables[l].choices, -1) for l in layers]).astype(np.int32),
                  counts=np.stack([pad(tables[l].counts, 0) for l in layers]).astype(np.int32))
     return d
@@ -172,6 +176,10 @@ def _check_vllm(obj, p, p2l, R, E) -> dict:
         raise ZeppInputError(f"{p}: relaxation must be a number in [0, 1000], got {rel!r}"[:300])
     if W & (W - 1) or R % L:
         raise ZeppInputError(f"{p}: width must be a power of two and gpus_per_node divide ep_size (got {W}, {L})")
+    from zepp.planner.routing.engine_tables import OBJECTIVES
+
+    if obj["objective"] not in OBJECTIVES:
+        raise ZeppInputError(f"{p}: objective must be one of {', '.join(OBJECTIVES)}, got {obj['objective']!r}"[:300])
     ch = int_array(obj["choices"], f"{p}: choices", "physical ids", lo=-1, hi=p2l.shape[1])
     cnt = int_array(obj["counts"], f"{p}: counts", "positions", lo=0, hi=W + 1)
     if ch.ndim != 4 or ch.shape[:3] != (p2l.shape[0], R, E) or cnt.shape != ch.shape:
@@ -182,4 +190,5 @@ def _check_vllm(obj, p, p2l, R, E) -> dict:
         raise ZeppInputError(f"{p}: each (layer, rank, expert) row needs its first choice and counts that sum to 1 "
                              f"(one copy) or to width {W}")
     _served_by_copies(ch.transpose(1, 0, 2, 3), p2l, p, "choices")
-    return {"gpus_per_node": L, "relaxation": float(rel), "width": W, "choices": ch, "counts": cnt}
+    return {"gpus_per_node": L, "relaxation": float(rel), "objective": obj["objective"], "width": W, "choices": ch,
+            "counts": cnt}

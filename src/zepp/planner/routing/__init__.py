@@ -33,8 +33,8 @@ from zepp.planner.choices import Choice, ChoiceTable
 from zepp.planner.routing.base_routing import check_batch, default_relaxation, entry_hash, position_in_group
 from zepp.planner.routing.lp_routing import route_lp
 from zepp.planner.routing.moonep_routing import moonep_plan, route_moonep
-from zepp.planner.routing.engine_tables import (build_hash_table, build_static_table, route_sglang_table,
-                                                route_vllm_table)
+from zepp.planner.routing.engine_tables import (build_hash_table, build_prefill_hash_table, build_prefill_static_table,
+                                                build_static_table, route_sglang_table, route_vllm_table)
 from zepp.planner.routing.sglang_routing import route_sglang_dynamic, route_sglang_lp, route_sglang_static
 from zepp.planner.routing.simple_routing import (route_dynamic, route_fixed, route_home, route_locality, route_random,
                                                  route_replica_rr)
@@ -103,11 +103,16 @@ ROUTINGS: ChoiceTable[RoutingChoice] = ChoiceTable("routing", (
                                      "work (decode: a GEMM reads the weights of every slot it serves)", route_by_table,
                   needs_table=True, build_table=build_lean_routing_table),
     RoutingChoice("sglang-table", "SGLang static dispatch over Zepp's table: per source GPU and expert one copy, "
-                                  "planned from the history under Zepp's bounds with the busiest NIC in mind",
+                                  "planned from the history under Zepp's bounds with the busiest NIC in mind (decode)",
                   route_sglang_table, needs_table=True, build_table=build_static_table),
+    RoutingChoice("sglang-table-prefill", "sglang-table with the busiest GPU's rows in mind instead (prefill)",
+                  route_sglang_table, needs_table=True, build_table=build_prefill_static_table),
     RoutingChoice("vllm-table", "vLLM's hash over Zepp's per-rank maps: each copy listed in proportion to Zepp's "
-                                "share of the source's demand, laid out so consecutive token rows follow the shares",
-                  route_vllm_table, needs_table=True, build_table=build_hash_table),
+                                "share of the source's demand, laid out so consecutive token rows follow the shares; "
+                                "the busiest NIC in mind (decode)", route_vllm_table, needs_table=True,
+                  build_table=build_hash_table),
+    RoutingChoice("vllm-table-prefill", "vllm-table with the busiest GPU's rows in mind instead (prefill)",
+                  route_vllm_table, needs_table=True, build_table=build_prefill_hash_table),
 ))
 
 

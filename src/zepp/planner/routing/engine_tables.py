@@ -1,12 +1,13 @@
 """Zepp's routing handed to an engine in the engine's own tables, planned once per placement from
 the history's expected demand ``demand [G, E]`` (entries per step from source GPU ``g`` to expert
 ``e``) under Zepp's relaxed replica-load bound ``ceil((1+C) q)``, ``q = D_e / c_e``, with the
-busiest NIC in mind (``zepp_assignment``, the table routing's water-fill turned into an integer
-assignment that also chooses among remote copies by their GPU's NIC load): experts by falling
-demand; per expert the sources nearest a copy first (own GPU, then own node), largest first; each
-source fills its nearest copies up to the bound (least loaded first), then the remote copies
-whose GPU receives least from other nodes so far, and what fits nowhere goes to the least
-loaded copy.
+busiest NIC or the busiest GPU in mind (``zepp_assignment``, the table routing's water-fill turned
+into an integer assignment that also chooses among remote copies by their GPU's load): experts by
+falling demand; per expert the sources nearest a copy first (own GPU, then own node), largest
+first; each source fills its nearest copies up to the bound (least loaded first), then the remote
+copies whose GPU so far receives least from other nodes (a decode deployment: DeepEP's
+low-latency kernels write every entry over the NIC) or computes fewest rows (a prefill
+deployment: the GEMMs dominate), and what fits nowhere goes to the least loaded copy.
 
 - ``StaticTable`` (SGLang's static dispatch: ``logical_to_rank_dispatch_physical_map``): each
   (source GPU, expert) whole to one copy (``build_static_table``). A pair without demand takes
@@ -37,10 +38,15 @@ from zepp.planner.routing.table_routing import _check_demand, _demand_units, _lo
 from zepp.planner.routing.vllm_routing import KNUTH, local_rows
 from zepp.planner.types import Placement, Routing, expert_load_bounds
 
-__all__ = ["StaticTable", "HashTable", "build_static_table", "build_hash_table", "zepp_assignment", "hash_rows",
-           "route_sglang_table", "route_vllm_table", "VLLM_WIDTH"]
+__all__ = ["StaticTable", "HashTable", "build_static_table", "build_hash_table", "build_prefill_static_table",
+           "build_prefill_hash_table", "zepp_assignment", "hash_rows", "route_sglang_table", "route_vllm_table",
+           "VLLM_WIDTH", "OBJECTIVES"]
 
 VLLM_WIDTH = 1024  # vLLM 0.33.0's logical_to_physical_map width (MAX_EXPERT_REDUNDANCY + 1)
+# what a table balances among remote copies: the GPU's inflow from other nodes (a decode deployment:
+# DeepEP's low-latency kernels write every entry over the NIC) or its rows (a prefill deployment:
+# the GEMMs dominate); rows of ``zepp_assignment``'s per-GPU load
+OBJECTIVES = {"nic": 0, "rows": 1}
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,13 @@ class HashTable:
     width: int
     relaxation: float
     placement: Placement
+    objective: str = "nic"  # what it was planned with (OBJECTIVES): a re-plan plans the same way
 
 
-def build_static_table(placement: Placement, demand: np.ndarray, relaxation: float,
-                       gpus_per_node: int) -> StaticTable:
+def build_static_table(placement: Placement, demand: np.ndarray, relaxation: float, gpus_per_node: int,
+                       objective: str = "nic") -> StaticTable:
     """SGLang's static dispatch map from Zepp's bounds: ``zepp_assignment`` with whole sources."""
-    amount = zepp_assignment(placement, demand, relaxation, gpus_per_node, split=False)  # [G, E, C]
+    amount = zepp_assignment(placement, demand, relaxation, gpus_per_node, split=False, objective=objective)
     col = amount.argmax(2)
     slot = np.where(amount.sum(2) > 0, placement.replicas[np.arange(placement.num_experts)[None, :], col],
                     _locality_pick(placement))
@@ -76,14 +83,12 @@ def build_static_table(placement: Placement, demand: np.ndarray, relaxation: flo
 
 
 def zepp_assignment(placement: Placement, demand: np.ndarray, relaxation: float, gpus_per_node: int,
-                    split: bool) -> np.ndarray:
+                    split: bool, objective: str = "nic") -> np.ndarray:
     """``[G, E, C]`` int64 units of each source's expected demand sent to each copy (column ``c`` of
-    ``placement.replicas``) under Zepp's upper bounds, the busiest NIC in mind: experts by falling
-    demand; per expert the sources nearest a copy first (own GPU, then own node), largest first;
-    each source fills its nearest copies under ``ceil((1+C) q)`` (least loaded first), then the
-    remote ones whose GPU's NIC carries least so far (other nodes' entries in plus its own out),
-    and what fits nowhere goes to the least loaded copy. ``split``: a source may spread over
-    several copies (vLLM's shares); else each source goes whole to one copy (SGLang's map)."""
+    ``placement.replicas``) under Zepp's upper bounds (see the module docstring). ``split``: a
+    source may spread over several copies (vLLM's shares); else each source goes whole to one copy
+    (SGLang's map). ``objective``: among remote copies, the one whose GPU so far receives least
+    from other nodes (``"nic"``) or computes fewest rows (``"rows"``)."""
     units = _demand_units(_check_demand(placement, demand, gpus_per_node))  # [G, E] int64
     G, E = units.shape
     reps = placement.replicas.astype(np.int64)
@@ -93,17 +98,22 @@ def zepp_assignment(placement: Placement, demand: np.ndarray, relaxation: float,
     single = placement.replica_count == 1
     amount[:, single, 0] = units[:, single]
     far = node[:, None] != node[home][None, :]  # [G, E]
-    nic = np.bincount(home[single], weights=(units * far)[:, single].sum(0), minlength=G).astype(np.int64)
+    # per GPU: [entries from other nodes, rows] so far, the experts with one copy first
+    gpu_load = np.stack([np.bincount(home[single], weights=(units * far)[:, single].sum(0), minlength=G),
+                         np.bincount(home[single], weights=units[:, single].sum(0), minlength=G)]).astype(np.int64)
+    key = OBJECTIVES[objective]
     multi = np.flatnonzero(~single)
     for e in multi[np.argsort(-units[:, multi].sum(0), kind="stable")]:
-        amount[:, e] = _assign_expert(units[:, e], reps[e][reps[e] >= 0], placement, relaxation, nic, split)
+        amount[:, e] = _assign_expert(units[:, e], reps[e][reps[e] >= 0], placement, relaxation, gpu_load, key,
+                                      split)
     return amount
 
 
-def _assign_expert(d: np.ndarray, reps: np.ndarray, placement: Placement, relaxation: float, nic: np.ndarray,
-                   split: bool) -> np.ndarray:
+def _assign_expert(d: np.ndarray, reps: np.ndarray, placement: Placement, relaxation: float, gpu_load: np.ndarray,
+                   key: int, split: bool) -> np.ndarray:
     """One expert's ``[G, C]`` units per (source, copy) from the demand ``d [G]`` over its copies
-    ``reps [c]``; ``nic [G]`` gains the remote units at both ends."""
+    ``reps [c]``; ``gpu_load [2, G]`` (inflow from other nodes, rows) gains what each copy's GPU gets;
+    remote copies are chosen by ``gpu_load[key]``."""
     S, L = placement.slots_per_rank, placement.gpus_per_node
     gpus = reps // S
     _, upper = expert_load_bounds(np.array([d.sum()]), np.array([reps.size]), relaxation)
@@ -121,28 +131,29 @@ def _assign_expert(d: np.ndarray, reps: np.ndarray, placement: Placement, relaxa
                 if not fits.any():
                     break
                 cand = np.flatnonzero(fits)
-                i = int(cand[np.argmin(nic[gpus[cand]] if lev == 2 else load[cand])])
-                left -= _give(out, load, nic, g, i, min(left, int(room[i])), gpus, lev == 2)
+                i = int(cand[np.argmin(gpu_load[key, gpus[cand]] if lev == 2 else load[cand])])
+                left -= _give(out, load, gpu_load, g, i, min(left, int(room[i])), gpus, lev == 2)
         if left > 0:
-            _give(out, load, nic, g, int(np.argmin(load)), left, gpus, level[g, int(np.argmin(load))] == 2)
+            i = int(np.argmin(load))
+            _give(out, load, gpu_load, g, i, left, gpus, level[g, i] == 2)
     return out
 
 
-def _give(out, load, nic, g: int, i: int, units: int, gpus, remote: bool) -> int:
+def _give(out, load, gpu_load, g: int, i: int, units: int, gpus, remote: bool) -> int:
     out[g, i] += units
     load[i] += units
-    if remote:
-        nic[gpus[i]] += units
+    gpu_load[0, gpus[i]] += units if remote else 0
+    gpu_load[1, gpus[i]] += units
     return units
 
 
 def build_hash_table(placement: Placement, demand: np.ndarray, relaxation: float, gpus_per_node: int,
-                     width: int = VLLM_WIDTH) -> HashTable:
+                     width: int = VLLM_WIDTH, objective: str = "nic") -> HashTable:
     """vLLM's per-rank rows: ``zepp_assignment`` with split sources, each (source, expert)'s shares
     in whole positions of a row ``width`` long (a power of two); see the module docstring."""
     if width < 1 or width & (width - 1):
         raise ValueError(f"width must be a power of two, got {width}")
-    amount = zepp_assignment(placement, demand, relaxation, gpus_per_node, split=True)  # [G, E, C]
+    amount = zepp_assignment(placement, demand, relaxation, gpus_per_node, split=True, objective=objective)
     total = amount.sum(2, keepdims=True)
     cum = np.cumsum(amount, axis=2) * width // np.maximum(total, 1)
     counts = np.diff(cum, axis=2, prepend=0)
@@ -161,7 +172,19 @@ def build_hash_table(placement: Placement, demand: np.ndarray, relaxation: float
     counts[:, :, 0] = np.where((choices >= 0).sum(2) == 1, 1, counts[:, :, 0])
     m = max(1, int((choices >= 0).sum(2).max()))
     return HashTable(choices[:, :, :m].astype(np.int32), counts[:, :, :m].astype(np.int32), int(width),
-                     float(relaxation), placement)
+                     float(relaxation), placement, objective)
+
+
+def build_prefill_static_table(placement: Placement, demand: np.ndarray, relaxation: float,
+                               gpus_per_node: int) -> StaticTable:
+    """``build_static_table`` for a prefill deployment (remote copies by their GPU's rows)."""
+    return build_static_table(placement, demand, relaxation, gpus_per_node, objective="rows")
+
+
+def build_prefill_hash_table(placement: Placement, demand: np.ndarray, relaxation: float,
+                             gpus_per_node: int) -> HashTable:
+    """``build_hash_table`` for a prefill deployment (remote copies by their GPU's rows)."""
+    return build_hash_table(placement, demand, relaxation, gpus_per_node, objective="rows")
 
 
 def _bit_reverse(x: np.ndarray, bits: int) -> np.ndarray:
