@@ -173,3 +173,24 @@ def test_the_entry_point_installs_zepp_into_vllm(table_file, monkeypatch, tmp_pa
                         t = HashTable(table["choices"][i], table["counts"][i], table["width"], 0.25, pl)
                         assert np.array_equal(got, route("vllm-table", ids, pl, table=t).slot[rank])
                     assert (pl.slot_expert.ravel()[got] == ids[rank]).all()
+
+
+def test_the_plug_ins_refuse_bad_files_with_one_line(table_file, tmp_path, monkeypatch):
+    from zepp.engines.sglang_hook import dispatch_table
+    from zepp.engines.vllm_plugin import install, register
+
+    untouched = SimpleNamespace(_commit_eplb_maps=lambda *a: None)
+    with pytest.raises(ZeppInputError, match="does not exist"):
+        install(str(tmp_path / "missing.pt"), None, untouched)
+    with pytest.raises(ZeppInputError, match="not an SGLang one"):
+        dispatch_table({"table": str(table_file)})
+    with pytest.raises(ZeppInputError, match='needs "config": {"table"'):
+        dispatch_table({"tabel": str(table_file)})
+    res = CliRunner().invoke(cli, ["place", "--history", "synthetic", "--model", MODEL, "--nodes", str(NODES),
+                                   "--gpus-per-node", str(GPN), "--redundant", str(REDUNDANT), "--format", "sglang",
+                                   "--out", str(tmp_path / "s-place.json"), "--no-report"])
+    assert res.exit_code == 0
+    with pytest.raises(ZeppInputError, match="not a vLLM one"):
+        install(str(tmp_path / "s-place.zepp-table.json"), None, untouched)
+    monkeypatch.delenv("ZEPP_VLLM_TABLE", raising=False)
+    register()  # unset: vLLM runs without zepp (nothing imported, nothing changed)

@@ -57,8 +57,6 @@ def install(metadata, table: dict, rank: int) -> int:
 
 def dispatch_table(config: dict):
     """The ``--forward-hooks`` factory: install the table of ``config["table"]`` on this rank."""
-    from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
-
     from zepp.interop.engine_tables import read_tables
 
     if not isinstance(config, dict) or not isinstance(config.get("table"), str):
@@ -67,6 +65,8 @@ def dispatch_table(config: dict):
     table = read_tables(config["table"])
     if table["zepp_table"] != "sglang":
         raise ZeppInputError(f"{config['table']}: a {table['zepp_table']} table, not an SGLang one")
+    from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+
     metadata = get_global_expert_location_metadata()
     if metadata is None:
         raise ZeppInputError("SGLang has no expert-location metadata: start it with --init-expert-location and an EP "
