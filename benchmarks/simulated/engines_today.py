@@ -151,14 +151,14 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_traces_option(ap)
+    ap = argparse.ArgumentParser(description="Zepp inside SGLang and vLLM, issue 27's goal rows")
+    ap.add_argument("--regime", choices=("decode", "prefill", "both"), default="both")
+    ap.add_argument("--out", default=str(RESULTS), help="folder of engines_today.{md,json}")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--only", default=None, help="decode or prefill")
+    add_traces_option(ap)
     args = ap.parse_args()
     traces = str(find_traces(args.traces))
-    grid = {"decode": DECODE, "prefill": PREFILL}.get(args.only, DECODE + PREFILL)
+    grid = {"decode": DECODE, "prefill": PREFILL, "both": DECODE + PREFILL}[args.regime]
     t0, w0 = time.process_time(), time.perf_counter()
     rows = []
     for p in grid:
