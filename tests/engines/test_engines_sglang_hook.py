@@ -25,7 +25,7 @@ from zepp.model import model_preset
 from zepp.planner.routing import route
 from zepp.traces.synthetic import synthetic_history
 
-NODES, GPN, REDUNDANT, MODEL = 2, 4, 8, "olmoe"
+NODES, GPN, REDUNDANT, MODEL = 4, 2, 8, "olmoe"
 
 
 @pytest.fixture(scope="module")

@@ -260,7 +260,8 @@ def _write_table(job: PlaceJob, plan_hist, ep):
     if job.table_out is None:
         return None
     from zepp.engines import launch_lines
-    from zepp.interop.engine_tables import plan_tables, table_routing, write_tables
+    from zepp.interop.engine_tables import ENGINE_ROWS, plan_tables, table_routing, write_tables
+    from zepp.registry import SYSTEMS
 
     o = job.opts
     tokens = job.spec.tokens_for_budget(o.budget_mb)
@@ -268,7 +269,8 @@ def _write_table(job: PlaceJob, plan_hist, ep):
     write_tables(job.table_out, o.fmt, ep, tables)
     click.echo(f"wrote {job.table_out} ({table_routing(o.fmt, tokens)}: Zepp's table per MoE layer for batches of "
                f"{tokens} tokens per GPU (--budget-mb), read back identical)")
-    for line in launch_lines(o.fmt, o.out, str(job.table_out), ep.redundant, ep.ranks):
+    decode = tokens <= SYSTEMS[ENGINE_ROWS[o.fmt][1]].switch_tokens
+    for line in launch_lines(o.fmt, o.out, str(job.table_out), ep.redundant, ep.ranks, decode):
         click.echo(f"  {line}")
     return tables
 

@@ -22,8 +22,9 @@ VLLM_TABLE_ENV = "ZEPP_VLLM_TABLE"  # the table file the vLLM plug-in reads (uns
 PINNED = {"sglang": "0.5.23", "vllm": "0.33.0"}  # the versions the plug-ins are tested against (tests/engines)
 
 
-def launch_lines(fmt: str, placement: str, table: str, redundant: int, ranks: int) -> list[str]:
-    """How engine ``fmt`` is started with ``zepp place``'s placement file and table file."""
+def launch_lines(fmt: str, placement: str, table: str, redundant: int, ranks: int, decode: bool) -> list[str]:
+    """How engine ``fmt`` is started with ``zepp place``'s placement file and table file (``decode``:
+    a decode deployment's table, DeepEP's low-latency kernels; else a prefill one's, its normal kernels)."""
     if fmt == "sglang":
         hooks = ('[{"name": "zepp", "target_modules": ["model"], "hook_factory": "zepp.engines.sglang_hook:'
                  'dispatch_table", "config": {"table": "' + table + '"}}]')
@@ -31,8 +32,9 @@ def launch_lines(fmt: str, placement: str, table: str, redundant: int, ranks: in
                 f"{ranks} --moe-a2a-backend deepep --deepep-mode auto --ep-num-redundant-experts {redundant} "
                 f"--init-expert-location {placement} --ep-dispatch-algorithm static --forward-hooks '{hooks}'",
                 "  (without --enable-eplb: a rebalance would replace both the placement and the table)"]
+    backend = "deepep_low_latency" if decode else "deepep_high_throughput"
     return [f"vLLM {PINNED['vllm']}: {VLLM_TABLE_ENV}={table} vllm serve MODEL --data-parallel-size {ranks} "
-            f"--enable-expert-parallel --all2all-backend deepep_low_latency --enable-eplb --eplb-config "
+            f"--enable-expert-parallel --all2all-backend {backend} --enable-eplb --eplb-config "
             f"'{{\"num_redundant_experts\": {redundant}}}'",
             "  (pip install zepp in vLLM's environment: its vllm.general_plugins entry point installs Zepp's policy "
             "and rows; the file's placement is applied at the first step, then re-planned from vLLM's load window)"]

@@ -89,8 +89,8 @@ class PolicyState:
         return row.astype(np.int64)
 
     def rows(self, layer: int, p2l: np.ndarray, rank: int, ranks: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rank ``rank``'s ``([E, width] physical ids, -1 padded; [E] counts)`` for MoE layer
-        ``layer`` placed as ``p2l [P]``."""
+        """Rank ``rank``'s ``([E, width] physical ids, -1 padded; [E] counts)`` for vLLM's MoE layer
+        ``layer`` (its ordinal among the MoE layers, the file's row) placed as ``p2l [P]``."""
         from zepp.planner.routing.engine_tables import HashTable, build_hash_table, hash_rows
         from zepp.planner.routing.table_routing import demand_per_gpu
         from zepp.planner.types import Placement
@@ -100,12 +100,12 @@ class PolicyState:
         key = (layer, p2l.tobytes())
         W = 1 << (min(width, 1 << 30).bit_length() - 1)  # the widest power of two vLLM's row holds
         if key not in self._tables:
-            i = self.file["layers"].index(layer) if layer in self.file["layers"] else None
-            fp = self.file["physical_to_logical_map"]
+            fp = self.file["physical_to_logical_map"]  # row i: the i-th MoE layer, as vLLM counts them
             placement = Placement(p2l.reshape(ranks, -1), E, gpn)
-            if i is not None and i < fp.shape[0] and np.array_equal(fp[i], p2l) and self.file["width"] <= W:
-                self._tables[key] = HashTable(self.file["choices"][i], self.file["counts"][i], self.file["width"],
-                                              self.file["relaxation"], placement, self.file["objective"])
+            if layer < fp.shape[0] and np.array_equal(fp[layer], p2l) and self.file["width"] <= W:
+                self._tables[key] = HashTable(self.file["choices"][layer], self.file["counts"][layer],
+                                              self.file["width"], self.file["relaxation"], placement,
+                                              self.file["objective"])
             else:
                 load = self.load.get(layer, np.ones(E, np.int64)).astype(float) + 1e-9
                 demand = demand_per_gpu(np.tile(load, (ranks // gpn, 1)) / (ranks // gpn), gpn)
