@@ -81,6 +81,7 @@ def sources(name: str) -> Path:
             for member in MODULES[name]:
                 z.extract(member, tmp)
         (tmp / ".complete").write_text(f"{whl.name}\n")
+        tmp.chmod(0o755)  # mkdtemp's folder is the owner's only; the cache may be shared
         try:
             os.rename(tmp, target)
         except OSError:  # another run put it there first
