@@ -64,7 +64,7 @@ def test_sglangs_dispatch_over_the_installed_table_gives_zepps_ids(files):
     table = read_tables(table_path)
     hist = synthetic_history(MODEL, seed=0)  # what --history synthetic reads; --no-report plans on all of it
     ep, _ = plan_layers(hist, spec, NODES, GPN, REDUNDANT, "zepp")
-    tokens = spec.tokens_for_budget(4.0)  # zepp place's default --budget-mb: a decode deployment's table
+    tokens = spec.tokens_for_budget(4.0)  # zepp place's default --budget-mb (1024 tokens: a prefill table)
     planned = plan_tables("sglang", hist, ep, 0.25, tokens)
     R = NODES * GPN
     rng = np.random.default_rng(0)

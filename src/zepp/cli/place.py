@@ -270,7 +270,7 @@ def _write_table(job: PlaceJob, plan_hist, ep):
     click.echo(f"wrote {job.table_out} ({table_routing(o.fmt, tokens)}: Zepp's table per MoE layer for batches of "
                f"{tokens} tokens per GPU (--budget-mb), read back identical)")
     decode = tokens <= SYSTEMS[ENGINE_ROWS[o.fmt][1]].switch_tokens
-    for line in launch_lines(o.fmt, o.out, str(job.table_out), ep.redundant, ep.ranks, decode):
+    for line in launch_lines(o.fmt, o.out, str(job.table_out), ep.redundant, ep.nodes, ep.gpus_per_node, decode):
         click.echo(f"  {line}")
     return tables
 

@@ -22,19 +22,25 @@ VLLM_TABLE_ENV = "ZEPP_VLLM_TABLE"  # the table file the vLLM plug-in reads (uns
 PINNED = {"sglang": "0.5.23", "vllm": "0.33.0"}  # the versions the plug-ins are tested against (tests/engines)
 
 
-def launch_lines(fmt: str, placement: str, table: str, redundant: int, ranks: int, decode: bool) -> list[str]:
-    """How engine ``fmt`` is started with ``zepp place``'s placement file and table file (``decode``:
-    a decode deployment's table, DeepEP's low-latency kernels; else a prefill one's, its normal kernels)."""
+def launch_lines(fmt: str, placement: str, table: str, redundant: int, nodes: int, gpus_per_node: int,
+                 decode: bool) -> list[str]:
+    """How engine ``fmt`` is started on node ``R`` of ``nodes`` (``HEAD`` the first node's address)
+    with ``zepp place``'s placement file and table file (``decode``: a decode deployment's table,
+    DeepEP's low-latency kernels; else a prefill one's, its normal kernels)."""
+    ranks = nodes * gpus_per_node
     if fmt == "sglang":
         hooks = ('[{"name": "zepp", "target_modules": ["model"], "hook_factory": "zepp.engines.sglang_hook:'
                  'dispatch_table", "config": {"table": "' + table + '"}}]')
-        return [f"SGLang {PINNED['sglang']}: python -m sglang.launch_server --model-path MODEL --tp {ranks} --ep-size "
-                f"{ranks} --moe-a2a-backend deepep --deepep-mode auto --ep-num-redundant-experts {redundant} "
+        return [f"SGLang {PINNED['sglang']}, on node R of {nodes}: python -m sglang.launch_server --model-path MODEL "
+                f"--tp {ranks} --ep-size {ranks} --nnodes {nodes} --node-rank R --dist-init-addr HEAD:5000 "
+                f"--moe-a2a-backend deepep --deepep-mode auto --ep-num-redundant-experts {redundant} "
                 f"--init-expert-location {placement} --ep-dispatch-algorithm static --forward-hooks '{hooks}'",
                 "  (without --enable-eplb: a rebalance would replace both the placement and the table)"]
     backend = "deepep_low_latency" if decode else "deepep_high_throughput"
-    return [f"vLLM {PINNED['vllm']}: {VLLM_TABLE_ENV}={table} vllm serve MODEL --data-parallel-size {ranks} "
-            f"--enable-expert-parallel --all2all-backend {backend} --enable-eplb --eplb-config "
-            f"'{{\"num_redundant_experts\": {redundant}}}'",
+    return [f"vLLM {PINNED['vllm']}, on node R of {nodes}: {VLLM_TABLE_ENV}={table} vllm serve MODEL "
+            f"--data-parallel-size {ranks} --data-parallel-size-local {gpus_per_node} --data-parallel-address HEAD "
+            f"--data-parallel-rpc-port 13345 --enable-expert-parallel --all2all-backend {backend} --enable-eplb "
+            f"--eplb-config '{{\"num_redundant_experts\": {redundant}}}' (nodes R > 0 add --headless "
+            f"--data-parallel-start-rank {gpus_per_node}*R)",
             "  (pip install zepp in vLLM's environment: its vllm.general_plugins entry point installs Zepp's policy "
             "and rows; the file's placement is applied at the first step, then re-planned from vLLM's load window)"]
