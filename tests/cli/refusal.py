@@ -237,6 +237,9 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
     if kind == "fifo":  # a named pipe: reading it would block
         os.mkfifo(tmp / "fifo.txt")
         return str(tmp / "fifo.txt")
+    if kind == "tabledir":  # --out p.json whose table file's name (p.zepp-table.json) is a folder
+        (tmp / "p.zepp-table.json").mkdir()
+        return str(tmp / "p.json")
     if kind == "afile":
         (tmp / "a-file").write_text("x")
         return str(tmp / "a-file")

@@ -153,7 +153,8 @@ def load_hint(out: str, ep) -> str:
     if out.lower().endswith(".json"):
         return f"vLLM-Ascend: give {out} as the expert placement file (EP size {ep.ranks})"
     return (f"vLLM: {out} holds physical_to_logical_map, logical_to_physical_map and logical_replica_count per "
-            f"MoE layer for its EPLB state (num_redundant_experts={ep.redundant}; mainline vLLM has no loader)")
+            f"MoE layer for its EPLB state (num_redundant_experts={ep.redundant}; mainline vLLM has no loader: zepp's "
+            f"vllm.general_plugins entry point applies this placement from the table file beside it)")
 
 
 # ---------------------------------------------------------------- what vLLM records

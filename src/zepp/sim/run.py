@@ -31,7 +31,7 @@ from zepp.planner.overlap.granularity import Figures, Granularity, column_splits
 from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.routing import ROUTINGS, RoutingTable, build_routing_table, default_relaxation, demand_per_gpu, route
+from zepp.planner.routing import ROUTINGS, default_relaxation, demand_per_gpu, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.critical_path import critical_path
@@ -98,7 +98,7 @@ class Shared:
     def __init__(self):
         self.placements: dict[str, Placement] = {}
         self.routings: dict[tuple, object] = {}
-        self.tables: dict[tuple, RoutingTable] = {}
+        self.tables: dict[tuple, object] = {}
 
     def placement(self, kind: str, cfg: Config) -> Placement:
         if kind not in self.placements:
@@ -107,15 +107,14 @@ class Shared:
                                                    extra=cfg.extra)
         return self.placements[kind]
 
-    def table(self, kind: str, routing: str, cfg: Config) -> RoutingTable:
-        """The routing table (``zepp-table`` / ``zepp-table-lean``) of placement ``kind``, built once
-        from the same history as the placement: each GPU of node ``n`` expects ``hist[n] / L`` of
-        its node's demand."""
+    def table(self, kind: str, routing: str, cfg: Config):
+        """The table of a table routing (``ROUTINGS[routing].build_table``: Zepp's routing table, or
+        Zepp's table in an engine's form) of placement ``kind``, built once from the same history as
+        the placement: each GPU of node ``n`` expects ``hist[n] / L`` of its node's demand."""
         if (kind, routing) not in self.tables:
             L = cfg.cluster.gpus_per_node
             demand = demand_per_gpu(cfg.hist, L)  # [R, E]
-            self.tables[kind, routing] = build_routing_table(self.placement(kind, cfg), demand, cfg.C, L,
-                                                             lean=ROUTINGS[routing].lean_table)
+            self.tables[kind, routing] = ROUTINGS[routing].build_table(self.placement(kind, cfg), demand, cfg.C, L)
         return self.tables[kind, routing]
 
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
