@@ -22,18 +22,22 @@ ALLOWED = {
     "errors": set(),
     "model": {"errors"},
     "files": {"errors"},
+    "outputs": {"errors"},  # every file written for the user: checked, replaced whole, one run at a time
     "cluster": {"errors", "files"},
     "traces": {"errors", "model", "files"},
     "planner": {"errors", "model", "cluster"},
     "registry": {"errors", "planner"},
-    "sim": {"errors", "model", "cluster", "registry", "planner", "traces", "files"},
+    # (launch: the bench's worker processes die with it, as ranks do with their launcher)
+    "sim": {"errors", "model", "cluster", "registry", "planner", "traces", "files", "outputs", "launch"},
     # the executors: no launcher, no emulated cluster; serving never the simulator
     "runtime": {"errors", "model", "cluster", "registry", "planner", "traces"},
-    "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime"},
+    "serve": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "files", "outputs"},
     "interop": {"errors", "model", "cluster", "registry", "planner", "traces", "sim", "files"},
-    "launch": {"errors"},
+    "launch": {"errors", "outputs"},
     # the emulated cluster runs both executors' ranks (``zepp run`` and ``zepp generate --emulate``)
     "emulate": {"errors", "model", "cluster", "registry", "planner", "traces", "runtime", "serve", "sim", "launch"},
+    # the engines' plug-ins read zepp's files and plan the engines' tables; nothing imports them but cli
+    "engines": {"errors", "planner", "interop"},
 }
 TOP_MODULES_MAX = 6
 FUNCTION_LINES_MAX = 50  # docstring included
@@ -302,6 +306,20 @@ def test_the_readme_planner_snippet_runs(tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), scope)
     scope["plan"].validate()
     assert scope["plan"].transport == "zepp/reduce"
+
+
+def test_the_package_loads_no_engine_plug_in_and_the_plug_ins_no_engine():
+    """``import zepp`` (and its commands) imports neither ``zepp.engines`` nor an engine; the plug-ins
+    themselves import an engine only inside the functions the engine calls."""
+    code = ("import sys, zepp, zepp.cli, zepp.interop, zepp.planner, zepp.registry\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('zepp.engines', 'vllm', 'sglang'))))\n"
+            "import zepp.engines.vllm_plugin, zepp.engines.vllm_policy, zepp.engines.sglang_hook\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('vllm', 'sglang'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"], out.stdout
+    graph = _graph()
+    assert not [u for u, deps in graph.items() if "engines" in deps and u != "cli"], "only cli may import engines"
 
 
 def test_the_package_and_its_planner_load_no_torch():

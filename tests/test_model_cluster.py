@@ -119,8 +119,9 @@ def test_a_cluster_file_means_the_same_to_every_command(tmp_path):
     (tmp_path / "c.yaml").write_text("base: a100\nnodes: 2\ngemm_eff_max: 0.3\nnic_msg_cost: 5e-5\n")
     cl = load_cluster_file(tmp_path / "c.yaml")
     sim, _ = on_network(cl)
-    assert sim.gemm_eff_max == 0.3 and sim.gemm_rows_half == HARDWARE["gemm_rows_half"]
-    assert on_network(cluster_preset("a100", 2))[0].gemm_eff_max == HARDWARE["gemm_eff_max"]
+    assert sim.gemm_eff_max == 0.3 and sim.gemm_rows_half == HARDWARE["a100"]["gemm_rows_half"]
+    assert on_network(cluster_preset("a100", 2))[0].gemm_eff_max == HARDWARE["a100"]["gemm_eff_max"]
+    assert on_network(cluster_preset("h200-8", 2))[0].gemm_eff_max == HARDWARE["h200-8"]["gemm_eff_max"] == 0.72
     assert "nic_msg_cost" in unused_note(cl) and unused_note(cluster_preset("a100", 2)) is None
     assert set(FIELD_RANGES) == set(_FIELDS) - {"name"}
     (tmp_path / "d.yaml").write_text("nodes: 2\nkernel_launch: -1e-6\n")

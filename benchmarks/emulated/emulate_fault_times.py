@@ -32,6 +32,7 @@ from zepp.launch.ranks import spawn_local  # noqa: E402
 from zepp.runtime.worker import default_config  # noqa: E402
 
 WORKER = "zepp.runtime.worker"  # what every rank runs (as ``zepp run``'s ranks)
+LIMIT_S = 300.0  # a local case that has not ended by then is killed and recorded at this time
 
 
 def _cfg(nodes: int, L: int, timeout: float, fault: dict | None) -> dict:
@@ -56,10 +57,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     cases = {
+        # an overall limit of LIMIT_S: a run that never ends is recorded as that, not waited for
         "local-die": lambda: spawn_local(WORKER, _cfg(2, 1, 30.0, {"rank": 1, "system": "zepp-overlap", "iter": 1,
-                                                             "mode": "die"})),
+                                                             "mode": "die"}), timeout=LIMIT_S),
         "local-hang": lambda: spawn_local(WORKER, _cfg(2, 1, 4.0, {"rank": 0, "system": "zepp-overlap", "iter": 1,
-                                                             "mode": "hang"}), grace=3),
+                                                             "mode": "hang"}), grace=3, timeout=LIMIT_S),
     }
     from zepp.emulate.topology import availability
 

@@ -50,7 +50,7 @@ def main() -> None:
              "2 redundant slots per GPU for replicating placements. Busiest NIC = the largest bytes any NIC "
              "sends or receives over dispatch + combine. Ratios are to `a2av` in the same row.", "",
              "Systems: `a2av` home/home/direct; `relay` home/home/relay (merge, no split, no pre-reduce); `eplb` "
-             "EPLB global placement + replica round-robin + direct; `sglang` EPLB + locality routing + direct; "
+             "EPLB global placement + replica round-robin + direct; `sglang` EPLB + SGLang static dispatch (sglang-static) + direct; "
              "`epic` EPIC placement + fixed routing (source mod replica count) + relay dispatch, pre-reduced combine straight to the owner; `zepp-a2av` Zepp placement + routing + direct; "
              "`zepp-relay` Zepp placement + routing + relay; `zepp` everything (split, coalescing, pre-reduce).", "",
              "| model | nodes | MB | a2av busiest NIC MB | " + " | ".join(SYSTEMS[1:]) + " | merge saving (relay vs a2av, total inter-node) | zepp total inter-node vs a2av |",

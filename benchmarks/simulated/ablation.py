@@ -52,6 +52,7 @@ def _markdown(res: dict, topics_text: str, case: str, load: tuple) -> str:
         "", abl.format_table(res), "", "Arms:", ""]
     lines += [f"- `{a}`: {m}" for a, m in res["arms"].items()]
     lines += ["", "What each step buys:", "", "```", abl.closing_note(res), "```", "",
+              "## Where each arm's time goes", "", abl.format_paths(res), "",
               "Swapped slots over the schedule: " + "; ".join(
                   f"{s}: swap {v['swap']}, swap1 {v['swap1']}" for s, v in swaps.items()) + ".", "",
               "Schedules (each batch draws from one topic's eval rows; topic changes every period):", ""]

@@ -8,7 +8,7 @@ times section 7 reports for EPLB, set against the simulated ones (a check, not a
 
 ``BEFORE.json`` / ``AFTER.json``: ``zepp bench --json`` files (real traces) holding the baseline
 columns; the errors are simulated / measured - 1 per cell, as ``benchmarks/simulated/bench_report.py``
-computes them. ``--phases`` simulates the EPLB phase times on the recorded traces (``--traces``,
+computes them. ``--phases`` simulates the EPLB and FAST phase times on the recorded traces (``--traces``,
 found by ``benchmarks/paths.py``). The tables are printed; ``benchmarks/results/baseline_mechanics.md``
 holds them with the notes written around them (see ``benchmarks/README.md``).
 """
@@ -71,6 +71,33 @@ def eplb_phases(traces) -> list[str]:
     return lines
 
 
+def fast_phases(traces) -> list[str]:
+    """Simulated FAST dispatch / combine phase times at K2, 4 nodes (one batch), over the phase's
+    NIC floor (busiest NIC direction's cross-node bytes at 26 GB/s, the authors' floor model),
+    against section 7's "about 1.9x (dispatch) and 3.3x (combine) above the NIC floor"."""
+    from zepp import registry
+    from zepp.sim.bench_jobs import make_config
+    from zepp.sim.run import Shared, run_system
+
+    lines = ["| MB | dispatch sim ms (x floor) | combine sim ms (x floor) | measured x floor |", "| --- | --- | --- | --- |"]
+    for mb in (1, 4, 16):
+        cfg = make_config(dict(cluster="a100", nodes=4, model="k2", budget_mb=mb, seed=0, warmup=0, iters=1,
+                               traces=str(traces)))
+        shared = Shared()
+        tl = run_system("fast", cfg, keep_timeline=True, shared=shared).timeline
+        plan = shared.plan(registry.system("fast"), cfg, 0)
+        lab, R, L = np.array(tl.label), cfg.cluster.ranks, cfg.cluster.gpus_per_node
+        done = tl.end[lab == "phase done"]
+        spans = (done.min() - tl.end[lab == "plan"].max(), done.max() - tl.end[np.array(tl.kind) == "gemm"].max())
+        cells = []
+        for h, span in zip((plan.dispatch, plan.combine), spans):
+            cross = (h.src // L) != (h.dst // L)
+            rows = max(np.bincount(h.src[cross], minlength=R).max(), np.bincount(h.dst[cross], minlength=R).max())
+            cells.append(f"{span * 1e3:.2f} ({span / (rows * cfg.spec.row_bytes / 26e9):.2f}x)")
+        lines.append(f"| {mb} | {cells[0]} | {cells[1]} | 1.9x / 3.3x |")
+    return lines
+
+
 def report(before: str, after: str, phases: bool, traces=None) -> str:
     eb, ea = cell_errors(before), cell_errors(after)
     sb, sa = summary(eb), summary(ea)
@@ -93,6 +120,8 @@ def report(before: str, after: str, phases: bool, traces=None) -> str:
         out.append(f"| {key[0]} | {key[1]} | {key[2]:g} | " + " | ".join(cells) + " |")
     if phases:
         out += ["", "EPLB phase times (K2, 1 MB; PAPER.md section 7 measured):", ""] + eplb_phases(find_traces(traces))
+        out += ["", "FAST phase times (K2, 4 nodes; PAPER.md section 7: about 1.9x / 3.3x the NIC floor, budget not "
+                "given):", ""] + fast_phases(find_traces(traces))
     return "\n".join(out) + "\n"
 
 
@@ -100,7 +129,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", help="zepp bench --json file before the change")
     ap.add_argument("after", help="zepp bench --json file after the change")
-    ap.add_argument("--phases", action="store_true", help="also simulate EPLB's phase times (recorded traces)")
+    ap.add_argument("--phases", action="store_true", help="also simulate EPLB's and FAST's phase times (recorded traces)")
     add_traces_option(ap)
     args = ap.parse_args()
     print(report(args.before, args.after, args.phases, args.traces))

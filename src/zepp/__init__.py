@@ -7,15 +7,21 @@ files), ``emulate`` (the emulated cluster), ``launch`` (spawning ranks) and ``cl
 serve them. ``registry`` is the one table of systems.
 """
 
-from zepp.cluster import Cluster, cluster_preset
-from zepp.errors import ZeppInputError
-from zepp.model import MoESpec, model_preset
-from zepp.planner.types import FlowPlan, Hops, Placement, Routing
-from zepp.planner.volumes import LinkStats
-
-
-__all__ = [
-    "Cluster", "cluster_preset", "MoESpec", "model_preset", "ZeppInputError",
-    "Placement", "Routing", "FlowPlan", "Hops", "LinkStats",
-]
+# the names below load their module on first use (PEP 562), so ``import zepp.cli`` (every command
+# line) starts without numpy: a Ctrl-C that early is still zepp's one line (``zepp.cli``)
+_EXPORTS = {"Cluster": "zepp.cluster", "cluster_preset": "zepp.cluster", "MoESpec": "zepp.model",
+            "model_preset": "zepp.model", "ZeppInputError": "zepp.errors", "Placement": "zepp.planner.types",
+            "Routing": "zepp.planner.types", "FlowPlan": "zepp.planner.types", "Hops": "zepp.planner.types",
+            "LinkStats": "zepp.planner.volumes"}
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'zepp' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

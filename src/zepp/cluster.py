@@ -7,10 +7,10 @@ Every GPU has its own NIC; NVLink connects every pair of GPUs inside a node.
 The presets take their figures from PAPER.md sections 3, 5 and 7 (``a100``, ``h100``: the
 paper's 4-GPU testbeds) and section 5 for today's 8-GPU NVSwitch nodes (``h100-8``, ``h200-8``)
 and GB200 NVL72 (``gb200-nvl72``, one 72-GPU NVLink domain); :func:`load_cluster_file` reads a
-user's own from YAML or JSON. The GEMM efficiency curve
-defaults (``gemm_eff_max`` 0.5, ``gemm_rows_half`` 64) are the simulator's hardware choice from
-PAPER.md section 5 (``zepp.sim.calibrate.HARDWARE``); a measured H200 curve is in
-``benchmarks/results/gpu_gemm_h200.md``. The network costs the paper-testbed simulation fits
+user's own from YAML or JSON. The grouped-GEMM figures the simulator uses per preset (efficiency
+curve ``gemm_eff_max`` / ``gemm_rows_half``, ``weight_read_eff``) are ``zepp.sim.calibrate.HARDWARE``'s,
+from PAPER.md section 7 and our H200 measurement (``benchmarks/results/gpu_gemm_h200.md``); the
+fields below are the plain defaults a cluster file starts from. The network costs the paper-testbed simulation fits
 (per-put cost growing with the rank count, achieved NIC efficiency) live in
 ``zepp.sim.calibrate.FITTED`` (today's presets: DeepEP's published figures, ``zepp.sim.calibrate.PUBLISHED``), not here: ``nvlink_msg_cost`` and ``nic_msg_cost`` are the flat
 per-message costs used where no such fit applies (the emulated cluster's model, which measures
@@ -20,6 +20,7 @@ them with ``zepp.emulate.linkcal``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import DuplicateKey, input_file, json_unique, read_bytes, yaml_unique
+from zepp.files import input_file, read_structured
 
 # figures that must be positive (a zero bandwidth or peak would divide by zero)
-_POSITIVE_FIELDS = ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max")
+_POSITIVE_FIELDS = ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max", "weight_read_eff", "sms")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Cluster:
     gemm_eff_max: float = 0.5  # asymptotic fraction of peak a grouped GEMM reaches
     gemm_rows_half: float = 64.0  # rows per expert at which efficiency is half its max
     kernel_launch: float = 10e-6  # fixed seconds per kernel (GEMM, reduce)
+    weight_read_eff: float = 1.0  # fraction of hbm_bw a grouped GEMM streams its weights at
+    sms: int = 108  # streaming multiprocessors per GPU (what communication kernels take from GEMMs)
     weight_copy_bw: float | None = None  # bytes/s for NVLink weight copies (None: nvlink_bw)
     # the fields a cluster file set (``load_cluster_file``): the simulator keeps these as given
     # instead of its calibration's figures (``zepp.sim.calibrate.on_network``)
@@ -94,23 +97,24 @@ class Cluster:
 _PRESETS: dict[str, dict] = {
     # 4x A100-SXM4-40GB per node, NVLink3 (NCCL send/recv ~72 GB/s per pair),
     # one Slingshot-11 NIC per GPU at 25 GB/s per direction.
-    "a100": dict(nvlink_bw=72e9, nic_bw=25e9, peak_flops=312e12, hbm_bw=1.555e12),
+    "a100": dict(nvlink_bw=72e9, nic_bw=25e9, peak_flops=312e12, hbm_bw=1.555e12, sms=108),
     # 4x H100-96GB (GH200) per node, NVLink4; the same Slingshot-11 NICs.
     # 370 GB/s per GPU in NCCL on NVSwitch boards; on a 4-GPU board a GPU talks to 3 peers.
-    "h100": dict(nvlink_bw=370e9 / 3, nic_bw=25e9, peak_flops=989e12, hbm_bw=4.0e12),
+    "h100": dict(nvlink_bw=370e9 / 3, nic_bw=25e9, peak_flops=989e12, hbm_bw=4.0e12, sms=132),
     # Today's hardware. 8-GPU NVSwitch nodes with one NDR 400 Gb/s NIC per GPU:
     # PAPER.md section 5: "NDR 400 Gb/s NIC: about 45-48 GB/s achieved" (46 GB/s here) and
     # "H100 NVLink4: about 370 GB/s effective per GPU in NCCL on 8-GPU NVSwitch boards", shared by
     # a GPU's 7 peers when all talk at once (nvlink_bw is per pair, as for the 4-GPU presets).
     # Peak BF16 and HBM bandwidth: the vendors' public specifications (not in PAPER.md).
-    "h100-8": dict(gpus_per_node=8, nvlink_bw=370e9 / 7, nic_bw=46e9, peak_flops=989e12, hbm_bw=3.35e12),
+    "h100-8": dict(gpus_per_node=8, nvlink_bw=370e9 / 7, nic_bw=46e9, peak_flops=989e12, hbm_bw=3.35e12, sms=132),
     # H200: the same NVLink4 / NVSwitch board and NICs as H100; HBM3e 4.8 TB/s.
-    "h200-8": dict(gpus_per_node=8, nvlink_bw=370e9 / 7, nic_bw=46e9, peak_flops=989e12, hbm_bw=4.8e12),
+    "h200-8": dict(gpus_per_node=8, nvlink_bw=370e9 / 7, nic_bw=46e9, peak_flops=989e12, hbm_bw=4.8e12, sms=132),
     # GB200 NVL72: 72 GPUs in one NVLink domain (one "node" of 72 GPUs), NVLink5 at 1.8 TB/s per GPU
     # nominal, twice NVLink4's 900 GB/s: we assume twice NVLink4's achieved 370 GB/s (740 GB/s per GPU,
     # shared by 71 peers); an NDR 400 Gb/s NIC per GPU between racks (PAPER.md section 5, 46 GB/s).
     # PAPER.md has no measured GB200 figure: these are assumptions, override them with --cluster-file.
-    "gb200-nvl72": dict(gpus_per_node=72, nvlink_bw=740e9 / 71, nic_bw=46e9, peak_flops=2.5e15, hbm_bw=8.0e12),
+    "gb200-nvl72": dict(gpus_per_node=72, nvlink_bw=740e9 / 71, nic_bw=46e9, peak_flops=2.5e15, hbm_bw=8.0e12,
+                        sms=148),
 }
 _DEFAULT_GPUS_PER_NODE = 4
 
@@ -135,6 +139,8 @@ FIELD_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "gemm_eff_max": (0.0, 1.0, True, "fraction of peak FLOP/s a grouped GEMM reaches"),
     "gemm_rows_half": (0.0, 1e6, True, "rows per expert at half the GEMM efficiency"),
     "kernel_launch": (0.0, 1e-2, False, "seconds per kernel launch"),
+    "weight_read_eff": (0.0, 1.0, True, "fraction of hbm_bw a grouped GEMM streams its weights at"),
+    "sms": (1, 10**5, False, "streaming multiprocessors per GPU"),
 }
 
 
@@ -201,16 +207,8 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
 
 
 def _read_mapping(p: Path) -> dict:
-    """The mapping a cluster file holds (JSON by suffix, else YAML)."""
-    raw = read_bytes(p)
-    is_json = p.suffix.lower() == ".json"
-    try:
-        obj = json_unique(raw) if is_json else yaml_unique(raw)
-    except DuplicateKey as exc:
-        raise ZeppInputError(f"{p}: field {exc.args[0]!r} is given twice; keep one line for it") from None
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ZeppInputError(f"{p}: not valid {'JSON' if is_json else 'YAML'} ({first})") from None
+    """The mapping a cluster file holds (JSON by suffix, else YAML; ``zepp.files`` rules)."""
+    obj = read_structured(p, "cluster file", ".yaml, .yml or .json")
     if not isinstance(obj, dict):
         raise ZeppInputError(f"{p}: must be a mapping of cluster fields (name: value), got {type(obj).__name__}; "
                              f"write one field per line")
@@ -221,8 +219,8 @@ def _base_fields(p: Path, base) -> dict:
     """The figures of preset ``base`` (none when ``base`` is ``None``)."""
     fields: dict = {}
     if base is not None:
-        if base not in _PRESETS:
-            raise ZeppInputError(f"{p}: field 'base': unknown preset {base!r}; choose one of {', '.join(PRESET_NAMES)}")
+        if not isinstance(base, str) or base not in _PRESETS:
+            raise ZeppInputError(f"{p}: field 'base': unknown preset {repr(base)[:60]}; choose one of {', '.join(PRESET_NAMES)}")
         fields.update(_PRESETS[base])
         fields.setdefault("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
     return fields
@@ -233,19 +231,21 @@ def _field_value(p: Path, key: str, value):
     if key not in _FIELDS:
         raise ZeppInputError(f"{p}: unknown field {key!r}; cluster fields are {', '.join(_FIELDS)} (and base)")
     if key == "name":
-        if not isinstance(value, str) or not value.strip() or len(value) > 100 or "\n" in value:
-            raise ZeppInputError(f"{p}: field 'name' must be a non-empty one-line string, got {value!r}")
+        if not isinstance(value, str) or not value.strip() or len(value) > 100 or not value.isprintable():
+            raise ZeppInputError(f"{p}: field 'name' must be a non-empty one-line string of printable characters "
+                                 f"(no control characters), got {value!r}"[:300])
         return value
     if value is None and key == "weight_copy_bw":
         return value
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 5.0e10 (no exponent sign) as a string
     lo, hi, lo_open, what = FIELD_RANGES[key]
-    integer = key in ("nodes", "gpus_per_node")
-    good = not isinstance(value, bool) and isinstance(value, (int, float)) and bool(np.isfinite(value))
+    integer = key in ("nodes", "gpus_per_node", "sms")
+    good = not isinstance(value, bool) and isinstance(value, (int, float)) and abs(value) < 1e300 \
+        and math.isfinite(value)
     good = good and (not integer or isinstance(value, int)) and (value > lo if lo_open else value >= lo) and value <= hi
     if not good:
         kind = "a positive integer" if integer else "a finite number"
         raise ZeppInputError(f"{p}: field {key!r} must be {kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}] "
-                             f"({what}), got {value!r}; fix the file")
+                             f"({what}), got {repr(value)[:60]}; fix the file")
     return value

@@ -13,6 +13,17 @@ class ZeppInputError(ValueError):
     """Bad user input: a file, option or array that zepp cannot use as given."""
 
 
+class ZeppFileError(ZeppInputError):
+    """Bad content of an input file, as one line ``<what>, <file> field <field>; <fix>``
+    (``field`` ``None``: the file as a whole is to blame). Attributes ``what``, ``path``,
+    ``field``, ``fix``."""
+
+    def __init__(self, what: str, path, field: str | None = None, fix: str = "fix the file"):
+        self.what, self.path, self.field, self.fix = what, str(path), field, fix
+        where = self.path if field is None else f"{self.path} field {field}"
+        super().__init__(f"{what}, {where}; {fix}")
+
+
 class EmulationUnavailable(RuntimeError):
     """This machine cannot host the emulated cluster (not root, no netns, missing qdisc)."""
 

@@ -107,6 +107,22 @@ class System:
         return asdict(self)
 
 
+def _by_tokens(name: str, summary: str, stands_for: str, placement: str, routing: str, planning: str = "none",
+               ours: bool = False, prefill_routing: str | None = None) -> tuple[System, System, System]:
+    """An engine on DeepEP's kernels: the meta-row ``name`` (low-latency kernels up to 256 tokens per
+    GPU, normal kernels above) and its variants ``name-ll`` (entries straight to their GPU) and
+    ``name-normal`` (NIC once per node, combine reduced in the node; ``prefill_routing``: its own
+    routing, default ``routing``)."""
+    common = dict(planning=planning, executors=("plan", "sim"), ours=ours)
+    return (System(name, summary + ": low-latency kernels up to 256 tokens per GPU, normal kernels above", stands_for,
+                   placement, routing, "relay", "reduce", mechanics="by-tokens",
+                   best_of=(name + "-ll", name + "-normal"), switch_tokens=256, **common),
+            System(name + "-ll", summary + ", DeepEP low-latency kernels", stands_for + " (decode)", placement,
+                   routing, "a2av", "a2av", mechanics="deepep-ll", **common),
+            System(name + "-normal", summary + ", DeepEP normal kernels", stands_for + " (prefill)", placement,
+                   prefill_routing or routing, "relay", "reduce", mechanics="deepep-normal", **common))
+
+
 # How a system on COMET's fused kernels executes (overlap, simulator model, planner cost, executors).
 _ON_COMET = dict(overlap="comet", mechanics="comet", planning="comet-routing",
                  plugins=("comet-allgather", "comet-ring-combine"), executors=("sim",))
@@ -140,53 +156,38 @@ _ROWS = (
     System("relay", "home placement over a DeepEP-style relay (one NIC crossing per token and node)",
            "DeepEP-style relay dispatch without pre-reduced combine",
            "home", "home", "relay", "dedup", mechanics="signals"),
-    System("sglang", "EPLB replicas with SGLang's static locality dispatch over all-to-all-v",
-           "SGLang static locality dispatch (--ep-dispatch-algorithm static)",
-           "eplb", "locality", "a2av", "a2av", mechanics="signals"),
-    # ---- today's clusters: DeepEP's kernels (zepp.sim.mechanics deepep-*). SGLang 0.5 (read in
-    # its wheel, 0.5.23): with EPLB and a DeepEP backend --ep-dispatch-algorithm defaults to
-    # static; --deepep-mode auto runs low-latency kernels on decode batches and normal ones when
-    # the batch extends (DeepEPMode.resolve); the low-latency buffer holds
-    # SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens (default 128; a deployment decoding
-    # 256 tokens per GPU raises it). A simulated batch has only a size: at most 256 tokens per GPU
-    # (issue 12's largest decode batch) is a decode batch. vLLM's EPLB picks a pseudo-random replica
-    # per token (INTEROP.md) and runs DeepEP through --all2all-backend deepep_low_latency /
-    # deepep_high_throughput: the same kernels, switched here at the same size.
-    System("sglang-deepep", "SGLang + DeepEP + EPLB: low-latency kernels up to 256 tokens per GPU, normal kernels above",
-           "SGLang --moe-a2a-backend deepep --deepep-mode auto --enable-eplb (static dispatch)",
-           "eplb", "locality", "relay", "reduce", mechanics="by-tokens", best_of=("sglang-deepep-ll", "sglang-deepep-normal"),
-           switch_tokens=256, executors=("plan", "sim")),
-    System("sglang-deepep-ll", "EPLB replicas, SGLang static dispatch, DeepEP low-latency kernels (entries straight to their GPU)",
-           "SGLang + DeepEP low-latency mode (decode)", "eplb", "locality", "a2av", "a2av", mechanics="deepep-ll",
-           executors=("plan", "sim")),
-    System("sglang-deepep-normal", "EPLB replicas, SGLang static dispatch, DeepEP normal kernels (NIC once per node, reduced combine)",
-           "SGLang + DeepEP normal mode (prefill)", "eplb", "locality", "relay", "reduce", mechanics="deepep-normal",
-           executors=("plan", "sim")),
-    # SGLang 0.5.23's --ep-dispatch-algorithm lp (read in its wheel: sglang/srt/eplb/lplb_solver.py,
-    # expert_location_dispatch.py): DeepSeek's LPLB solved per batch over the EPLB placement,
-    # each entry drawing a copy with the LP's shares (zepp.planner.routing.lp_routing); the
-    # solver's time is the lplb planning model (zepp/data/lp_solver.json).
-    System("sglang-lp", "SGLang + DeepEP + EPLB with the lp dispatch (per-batch LP over redundant experts): "
-           "low-latency kernels up to 256 tokens per GPU, normal kernels above",
-           "SGLang --moe-a2a-backend deepep --deepep-mode auto --enable-eplb --ep-dispatch-algorithm lp",
-           "eplb", "lp", "relay", "reduce", mechanics="by-tokens", planning="lplb",
-           best_of=("sglang-lp-ll", "sglang-lp-normal"), switch_tokens=256, executors=("plan", "sim")),
-    System("sglang-lp-ll", "EPLB replicas, SGLang lp dispatch (DeepSeek LPLB), DeepEP low-latency kernels",
-           "SGLang + DeepEP low-latency mode, --ep-dispatch-algorithm lp (decode)", "eplb", "lp", "a2av", "a2av",
-           mechanics="deepep-ll", planning="lplb", executors=("plan", "sim")),
-    System("sglang-lp-normal", "EPLB replicas, SGLang lp dispatch (DeepSeek LPLB), DeepEP normal kernels",
-           "SGLang + DeepEP normal mode, --ep-dispatch-algorithm lp (prefill)", "eplb", "lp", "relay", "reduce",
-           mechanics="deepep-normal", planning="lplb", executors=("plan", "sim")),
-    System("vllm-eplb", "vLLM + EPLB: pseudo-random replica per entry over DeepEP, low-latency up to 256 tokens per GPU",
-           "vLLM --enable-eplb with the DeepEP all2all backends", "eplb", "random", "relay", "reduce",
-           mechanics="by-tokens", best_of=("vllm-eplb-ll", "vllm-eplb-normal"), switch_tokens=256,
-           executors=("plan", "sim")),
-    System("vllm-eplb-ll", "EPLB replicas, vLLM's random replica choice, DeepEP low-latency kernels",
-           "vLLM + EPLB, deepep_low_latency (decode)", "eplb", "random", "a2av", "a2av", mechanics="deepep-ll",
-           executors=("plan", "sim")),
-    System("vllm-eplb-normal", "EPLB replicas, vLLM's random replica choice, DeepEP normal kernels",
-           "vLLM + EPLB, deepep_high_throughput (prefill)", "eplb", "random", "relay", "reduce",
-           mechanics="deepep-normal", executors=("plan", "sim")),
+    System("sglang", "EPLB replicas with SGLang's static dispatch over all-to-all-v",
+           "SGLang static dispatch (--ep-dispatch-algorithm static)", "eplb", "sglang-static", "a2av", "a2av",
+           mechanics="signals"),
+    # ---- today's clusters: DeepEP's kernels (zepp.sim.mechanics deepep-*), each engine switching
+    # them by batch size (_by_tokens). SGLang 0.5.23 (read in its wheel): with a DeepEP backend
+    # --ep-dispatch-algorithm defaults to static; --deepep-mode auto runs low-latency kernels on
+    # decode batches and normal ones when the batch extends (DeepEPMode.resolve); the low-latency
+    # buffer holds SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens (default 128; a deployment
+    # decoding 256 tokens per GPU raises it). A simulated batch has only a size: at most 256 tokens
+    # per GPU (issue 12's largest decode batch) is a decode batch. vLLM 0.33.0 runs DeepEP through
+    # --all2all-backend deepep_low_latency / deepep_high_throughput: the same kernels, switched here at
+    # the same size. The replica choices are the engines' own (zepp.planner.routing.sglang_routing,
+    # vllm_routing); SGLang's lists are those of a placement loaded from a file (an --enable-eplb
+    # rebalance keeps the static rule but unshrinks dynamic's and lp's lists). sglang-lp: the LP's
+    # time is the lplb planning model (zepp/data/lp_solver.json). sglang-zepp / vllm-zepp: the same
+    # engines and kernels with only Zepp's placement and Zepp's table in the engine's own form
+    # (zepp.planner.routing.engine_tables; zepp place --format sglang|vllm, zepp.engines), a
+    # decode deployment's table (busiest NIC) on the low-latency kernels, a prefill one's (busiest GPU) above.
+    *_by_tokens("sglang-deepep", "SGLang + DeepEP + EPLB's placement, static dispatch",
+                "SGLang --moe-a2a-backend deepep --deepep-mode auto --init-expert-location <EPLB's map> (static dispatch)",
+                "eplb", "sglang-static"),
+    *_by_tokens("sglang-lp", "SGLang + DeepEP + EPLB's placement with the lp dispatch (per-batch LP over redundant "
+                "experts, drawn from SGLang's candidate lists)", "SGLang --moe-a2a-backend deepep --deepep-mode auto "
+                "--init-expert-location <EPLB's map> --ep-dispatch-algorithm lp", "eplb", "sglang-lp", planning="lplb"),
+    *_by_tokens("vllm-eplb", "vLLM + DeepEP + EPLB: the copy by vLLM's hash of the token's row",
+                "vLLM --enable-eplb with the DeepEP all2all backends", "eplb", "vllm-hash"),
+    *_by_tokens("sglang-zepp", "SGLang + DeepEP with Zepp's placement and Zepp's static dispatch table (SGLang's own "
+                "kernels and dispatch)", "SGLang --init-expert-location <zepp place file> + zepp.engines.sglang_hook",
+                "zepp", "sglang-table", ours=True, prefill_routing="sglang-table-prefill"),
+    *_by_tokens("vllm-zepp", "vLLM + DeepEP with Zepp's placement and Zepp's per-rank maps (vLLM's own kernels and "
+                "hash)", "vLLM --enable-eplb + the zepp vllm.general_plugins entry point", "zepp", "vllm-table",
+                ours=True, prefill_routing="vllm-table-prefill"),
     System("zepp-deepep", "Zepp on DeepEP's kernels: the best of its table-routed low-latency variants, zepp-deepep-ll, "
            "zepp-deepep-normal, zepp-deepep-overlap and zepp-deepep-lp",
            "Zepp on today's clusters", "zepp", "zepp", "zepp", "reduce", overlap="zepp", mechanics="best-of",
@@ -308,14 +309,16 @@ def parse_systems(text: str, executor: str, option: str = "--systems", default_a
     variants (for commands that do not compare latencies). Unknown or unsupported names are one
     clear error naming the option and the choices."""
     supported = names_for(executor)
-    everything = default_all if default_all is not None else supported
-    names: list[str] = []
-    for s in (s.strip() for s in str(text).split(",")):
-        for n in (everything if s == "all" else [s] if s else []):
-            if n not in names:
-                names.append(n)
-    if not names:
+    parts = [s.strip() for s in str(text).split(",")]
+    names = [n for s in parts for n in ((supported if default_all is None else default_all) if s == "all" else [s])]
+    if parts == [""]:
         raise ZeppInputError(f"{option}: empty list; choose from {', '.join(supported)} or 'all'")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    via = " (all includes it)" if "all" in parts else ""
+    if "" in parts or twice:
+        raise ZeppInputError(f"{option} {text!r}: " + ("an empty entry between commas; remove the extra comma"
+                                                       if "" in parts else f"{twice} is named twice{via}; name each "
+                                                                           f"system once"))
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown:
         raise ZeppInputError(f"{option}: unknown system(s) {', '.join(unknown)}; choose from "
@@ -325,14 +328,12 @@ def parse_systems(text: str, executor: str, option: str = "--systems", default_a
         where = {n: ", ".join(SYSTEMS[n].executors) for n in unsupported}
         raise ZeppInputError(f"{option}: {', '.join(f'{n} (runs in: {w})' for n, w in where.items())} not supported "
                              f"by this command; choose from {', '.join(supported)}")
-    if expand:
-        out: list[str] = []
-        for n in names:
-            for v in variants(n, executor):
-                if v not in out:
-                    out.append(v)
-        return out
-    return names
+    out = [v for n in names for v in variants(n, executor)] if expand else names
+    twice = next((v for i, v in enumerate(out) if v in out[:i]), None)
+    if twice and "all" not in parts:  # a meta-system and one of its variants
+        raise ZeppInputError(f"{option} {text!r}: {twice} is named twice (a meta-system runs each of its variants, "
+                             f"{twice} among them); name each system once")
+    return list(dict.fromkeys(out))
 
 
 def help_list(executor: str) -> str:
@@ -389,9 +390,8 @@ def to_json() -> str:
 
 
 def _choice_dict(c) -> dict:
-    """A stage record as JSON: its name, meaning, flags and whether it has a torch twin (not the
-    functions that run it)."""
-    return {k: v for k, v in asdict(c).items() if not callable(v) and k != "function"}
+    """A stage record as JSON: its name, meaning, flags and whether it has a torch twin."""
+    return {k: v for k, v in asdict(c).items() if not callable(v)}
 
 
 _check_table()

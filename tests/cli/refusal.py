@@ -5,7 +5,7 @@ own, with ``TMPDIR`` pointed at another, and checks the refusal every case must 
 exactly one line on stderr and it starts ``zepp: error:``, no traceback, nothing on stdout (no work
 started), the ``TMPDIR`` empty afterwards, no child process left and no file written beside the
 fixtures. ``materialise`` makes the fixtures a case names in braces (traces, a named pipe, tiny
-and broken checkpoints, prompts, cluster files, histories, resume files).
+and broken checkpoints, prompts, cluster files, histories, resume files, hard and symbolic links).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+import hostile_files
 from clirun import run_cli
 
 
@@ -236,6 +237,9 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
     if kind == "fifo":  # a named pipe: reading it would block
         os.mkfifo(tmp / "fifo.txt")
         return str(tmp / "fifo.txt")
+    if kind == "tabledir":  # --out p.json whose table file's name (p.zepp-table.json) is a folder
+        (tmp / "p.zepp-table.json").mkdir()
+        return str(tmp / "p.json")
     if kind == "afile":
         (tmp / "a-file").write_text("x")
         return str(tmp / "a-file")
@@ -243,6 +247,10 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         return _checkpoint(spec, tiny, tmp)
     if kind == "prompts":
         return _prompts(spec, tmp)
+    if kind.startswith("file"):  # a file of the given suffix holding the text after the colon
+        p = tmp / ("f" + kind[len("file"):])
+        p.write_text(spec)
+        return str(p)
     if kind.startswith("cluster"):
         p = tmp / ("c" + (kind[len("cluster"):] or ".yaml"))
         p.write_text(spec + "\n")
@@ -257,6 +265,12 @@ def _fixture(kind: str, spec: str, tmp: Path, tiny: Path | None) -> str:
         (d / "layer_000.txt").write_text("0 1\n2 3\n")
         (d / "layer_001.txt").write_text(spec + "\n" if spec else "")
         return str(d)
+    if kind in hostile_files.KINDS:  # the reading section's fixtures (issue 29)
+        return hostile_files.make(kind, spec, tmp, tiny)
+    if kind in ("hardlink", "symlink"):  # a second name for a fixture made before it in the argv (or a device)
+        link = tmp / f"{kind}-{spec.replace('/', '_')}"
+        (os.link if kind == "hardlink" else os.symlink)(tmp / spec, link)
+        return str(link)
     raise AssertionError(f"unknown fixture {kind}")
 
 

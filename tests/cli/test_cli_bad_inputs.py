@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+import hostile_files
 from refusal import in_own_folders, make_tiny_checkpoint, materialise, refusal_line
 
 RUN = ["run", "--nodes", "2", "--gpus-per-node", "1", "--model", "olmoe", "--experts", "8", "--topk", "2",
@@ -66,7 +67,21 @@ SHARED = [
 ]
 
 # one command's own options: (options, what the line must name, the command)
+_ROW = '"cluster": "a100", "nodes": 1, "model": "k2", "budget_mb": 1'
 OWN = [
+    (["--measured", "{file.json:not json}"], "not valid JSON", "bench"),
+    (["--measured", '{file.json:{"rows": []}}'], "one or more rows", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp-x": 1}}]}}'], "no system the simulator runs",
+     "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp": -1}}]}}'], "field ms.zepp", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp": 1}}, {' + _ROW + ', "ms": {"a2av": 1}}]}}'],
+     "repeats configuration", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW + ', "ms": {"zepp": 1, "zepp": 2}}]}}'], "given twice", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW.replace("a100", "tpu") + ', "ms": {"zepp": 1}}]}}'],
+     "field cluster", "bench"),
+    (["--measured", '{file.json:{"rows": [{' + _ROW.replace('"nodes": 1', '"nodes": 1.5') + ', "ms": {"zepp": 1}}]}}'],
+     "field nodes", "bench"),
+    (["--measured", "{fifo}"], "not a regular file", "bench"),
     (["--budget-mb", "inf"], "budget", "run"),
     (["--iters", "0"], "--iters", "run"),
     (["--extra", "9"], "--extra", "run"),
@@ -112,6 +127,12 @@ OWN = [
     (["--relaxation", "nan"], "--relaxation must be a finite number", "place"),
     (["--redundant", "5"], "not divisible by the 4 GPUs", "place"),
     (["--format", "trtllm"], "--format trtllm writes .yaml or .yml files", "place"),
+    (["--format", "sglang", "--out", "{tabledir}"], "the table file beside --out ", "place"),
+    (["--format", "vllm", "--out", "{out}/p.pt", "--report", "{out}/p.zepp-table.pt"],
+     "one output would overwrite the other", "place"),
+    (["--redundant", "200"], "at most one copy of an expert per node", "place"),
+    (["--nodes", "1", "--redundant", "4"], "use --redundant 0 or fewer", "place"),
+    (["--format", "sglang", "--routing", "sglang-table"], "--routing 'sglang-table': choose one of", "place"),
     (["--out", "/nonexistent-folder/t.png"], "does not exist", "timeline"),
     (["--compare", "a2av,eplb,fast"], "give two systems", "timeline"),
     (["--traces", "/nonexistent-folder"], "not a directory", "timeline"),
@@ -259,6 +280,42 @@ CATEGORIES = {"click usage": USAGE, "numbers": NUMBERS, "output paths": OUTPUTS,
               "generation limits": LIMITS, "cluster files": CLUSTER_FILES, "histories": HISTORIES,
               "resume files": RESUME}
 
+# ----------------------------------------------------------------------------- reading (issue 29)
+# hostile files for every reader (fixtures: tests/cli/hostile_files.py): each reader refuses what
+# it cannot trust through zepp.files' rules and its format's schema
+
+PLACE_DS = ["place", "--model", "deepseek-v2-lite", "--nodes", "2", "--gpus-per-node", "2", "--redundant", "4",
+            "--format", "zepp", "--out", "{out}/p.json", "--history"]
+YAML_FILES = ([PLAN_FILE + ["--cluster-file", "{yaml:" + k + "}"] for k in hostile_files.YAML_TEXTS]
+              + [PLACE + ["--cluster-file", "{yaml:" + k + "}"] for k in ("laughs", "octal", "base_list", "huge_int")]
+              + [PLAN_FILE + ["--cluster-file", "{cjson:" + k + "}"] for k in hostile_files.JSON_TEXTS])
+DEEP_JSON = [GEN_PROMPTS + ["{deep:prompts}"], BENCH + ["--json", "{deep:resume}", "--resume"],
+             PLACE_H + ["{trt:deep}"], PLACE_H + ["{rec:deep}"]] + [
+    GEN + ["--checkpoint", "{deep:" + k + "}"] for k in ("config", "index", "header")]
+PROMPT_FILES = [GEN_PROMPTS + ["{ptext:" + k + "}"] for k in ("dup", "unknown", "huge", "nan")]
+CONFIG_VALUES = [GEN + ["--checkpoint", c] for c in (
+    "{ck:config=rms_norm_eps:-1e-6}", "{ck:config=rope_theta:NaN}", "{ck:config=rope_theta:Infinity}",
+    "{ck:config=rope_theta:0}", "{ck:config=rms_norm_eps:small}", "{ck:config=tie_word_embeddings:yes}",
+    "{ck:config=norm_topk_prob:on}", "{ck:config=decoder_sparse_step:0}", "{ck:config=num_experts_per_tok:9}",
+    "{ck:config=bos_token_id:1000000}", "{ck:config=eos_token_id:-5}", "{ck:config=mlp_only_layers:all}",
+    "{ck:config=sliding_window:-4}", "{ck:config=torch_dtype:float7}", "{ck:config=attention_dropout:2.0}",
+    "{ck:config=initializer_range:-1}", "{ck:config=vocab_size:null}", "{ck:config=hidden_size:100000000000000000000}",
+    "{ckdup}", "{ck:config=hidden_act:nosuch}", '{ck:config=rope_parameters:{"rope_type": "nosuch"}}',
+    '{ck:config=rope_parameters:{"rope_type": "default", "rope_theta": -1}}', "{ck:config=rope_parameters:[1]}",
+)]
+ENGINE_HISTORIES = ([PLACE_H + ["{rec:" + k + "}"] for k in hostile_files.RECORDERS if k not in ("deep", "fifo")]
+                    + [PLACE_DS + ["{sglang:" + k + "}"] for k in ("string", "list", "float", "negative", "huge",
+                                                                   "tensor")]
+                    + [PLACE_H + ["{vllm:" + k + "}"] for k in ("layers", "experts", "strings", "bool")]
+                    + [PLACE_H + ["{trt:" + k + "}"] for k in ("topk_gt", "dup", "string")])
+NOT_REGULAR = [GEN_PROMPTS + ["{fifojson:prompts.json}"], GEN + ["--checkpoint", "{ckfifo:weights}"],
+               GEN + ["--checkpoint", "{ckfifo:index}"], PLACE_H + ["{rec:fifo}"], PLACE_H + ["{fifojson:h.npz}"],
+               PLACE_H + ["{fifojson:h.pt}"], PLAN_FILE + ["--cluster-file", "{fifojson:c.yaml}"],
+               PLAN_FILE + ["--cluster-file", "/dev/zero"], PLACE_H + ["/dev/null"]]
+CATEGORIES.update({"reading: YAML files": YAML_FILES, "reading: deep JSON": DEEP_JSON,
+                   "reading: prompt files": PROMPT_FILES, "reading: checkpoint config": CONFIG_VALUES,
+                   "reading: engine histories": ENGINE_HISTORIES, "reading: not regular files": NOT_REGULAR})
+
 # ----------------------------------------------------------------------------- the table
 # (category, the argvs that must all give the same line, what the line must name)
 CASES = ([("shared options", [BASE[c] + options for c in commands], names) for options, names, commands in SHARED]
@@ -293,7 +350,7 @@ def tiny_ck(tmp_path_factory):
 
 @pytest.mark.parametrize("category,argvs,names", CASES, ids=[_case_id(c, a) for c, a, _ in CASES])
 def test_bad_input_is_one_line_exit_2_nothing_left(category, argvs, names, tmp_path, capfd, monkeypatch, request):
-    needs_ck = any("{ck" in a or "{prompts" in a for argv in argvs for a in argv)
+    needs_ck = any("{ck" in a or "{prompts" in a or "{deep:" in a for argv in argvs for a in argv)
     tiny = request.getfixturevalue("tiny_ck") if needs_ck else None
     work, tmpdir = in_own_folders(tmp_path, monkeypatch)
     lines = {}
@@ -303,3 +360,100 @@ def test_bad_input_is_one_line_exit_2_nothing_left(category, argvs, names, tmp_p
     for command, line in lines.items():
         assert names in line, (command, line)
     assert len(set(lines.values())) == 1, lines  # a shared option: one message on every command
+
+
+# ============================================================================= outputs, lists, the rank environment
+# (issue 29: what a run writes, the lists it takes, what torchrun hands a rank; the outputs are
+# checked by ``zepp.outputs``, the environment by ``zepp.launch.rank_env``). Each case: the argv,
+# what the line must name, and the environment it runs in (variables set, ``None``: unset).
+
+RUN16 = RUN[:RUN.index("--experts")] + ["--experts", "16", "--topk", "2", "--hidden", "16", "--ffn", "8", "--warmup",
+                                        "0", "--iters", "1", "--systems", "a2av"]
+PLOT_BENCH = BENCH[:BENCH.index("--systems")] + ["--systems", "a2av,zepp"]
+OUTPUT_CLASHES = [  # an output that is an input of the run, or another output of it
+    (RUN16 + ["--trace", "{trace}", "--json", "{out}/trace.txt"], "an input of this run"),
+    (RUN16 + ["--trace", "{trace}", "--json", "{out}/../work/trace.txt"], "an input of this run"),  # via ..
+    (RUN16 + ["--trace", "{trace}", "--json", "{hardlink:trace.txt}"], "an input of this run"),  # a hard link
+    (RUN16 + ["--history", "{trace}", "--trace", "{trace}", "--json", "{out}/trace.txt"], "--history"),
+    (GEN_CK + ["--json", "{out}/prompts.json"], "--input-ids"),
+    (GEN_CK + ["--json", "{out}/ck/config.json"], "--checkpoint"),  # a file of the checkpoint's folder
+    (GEN_CK + ["--history", "{genhist:0 1}", "--record", "{out}/rec"], "the same folder as --history"),
+    (GEN_CK + ["--record", "{out}", "--json", "{out}/load.json"], "--record"),  # a file --record writes
+    (PLACE + ["--report", "{out}/p.json"], "--report"),
+    (PLACE_H + ["{trace64}", "--out", "{out}/trace64.json", "--report", "{out}/trace64.txt"], "an input"),
+    (PLOT_BENCH + ["--json", "{out}/b.png", "--plot", "{out}/b.png"], "--plot"),
+    (PLOT_BENCH + ["--json", "{out}/b.json", "--plot", "{out}/b.detail.json"], "suffix"),
+    (SMALL_PLAN + ["--json", "{out}/d", "--dump", "{out}/d"], "--dump"),
+    (SMALL_PLAN + ["--json", "{out}/a2av_iter0.npz", "--dump", "{out}"], "--dump"),
+    (SMALL_PLAN + ["--json", "{out}/trace.txt"], "--trace"),
+    (ABLATION + ["--json", "{out}/a.png", "--plot", "{out}/a.png"], "--plot"),
+]
+# (links of the test's own, never /dev/stdout: code that replaced a link, run as root, would
+# replace the machine's)
+OUTPUT_KINDS = [  # what is at the path: a link is neither written through nor replaced; devices, pipes refused
+    (RUN16 + ["--json", "{symlink:/dev/null}"], "symbolic link"), (RUN16 + ["--json", "/dev/full"], "character device"),
+    (GEN_CK + ["--json", "/dev/null"], "character device"), (RUN16 + ["--json", "{fifo}"], "named pipe"),
+    (SMALL_PLAN + ["--json", "{symlink:trace.txt}"], "symbolic link"),
+    (PLACE + ["--report", "{symlink:/dev/full}"], "symbolic link"),
+    (BENCH + ["--json", "{symlink:nowhere}"], "symbolic link"),  # a link to nothing yet
+    (["cluster", "calibrate", "--json", "/dev/full"], "character device"),
+    (TIMELINE[:-2] + ["--out", "{afile}"], "suffix"),
+]
+REPEATS = [  # a list that names one thing twice: one line, never run twice
+    (BENCH[:-2] + ["--systems", "a2av,a2av"], "a2av is named twice"),
+    (BENCH[:-2] + ["--systems", "all,a2av"], "all includes it"),
+    (BENCH[:-2] + ["--systems", "a2av,,zepp"], "empty entry"),
+    (BENCH + ["--nodes", "1,1"], "--nodes '1,1': 1 is named twice"),
+    (BENCH + ["--models", "k2,k2"], "k2 is named twice"), (BENCH + ["--budgets", "1,1.0"], "1.0 is named twice"),
+    (BENCH + ["--cluster", "a100,a100"], "a100 is named twice"),
+    (SMALL_PLAN + ["--systems", "a2av,eplb,a2av"], "a2av is named twice"),
+    (SMALL_PLAN + ["--systems", "zepp,zepp-overlap"], "zepp-overlap is named twice"),
+    (RUN + ["--systems", "a2av,a2av"], "a2av is named twice"),
+    (RUN[:-2] + ["--systems", "all,relay"], "all includes it"),
+    (GENERATE + ["--system", "a2av,a2av"], "a2av is named twice"),
+    (TIMELINE + ["--compare", "a2av,a2av"], "a2av is named twice"), (TIMELINE + ["--ranks", "0,0"], "0 is named twice"),
+]
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "LOCAL_WORLD_SIZE": "1",
+          "TORCHELASTIC_USE_AGENT_STORE": "True"}
+RANK_ENV = [  # RUN and GENERATE run 2 nodes x 1 rank: what torchrun would hand rank 1
+    ({"RANK": "1"}, "WORLD_SIZE is not"), ({"WORLD_SIZE": "2"}, "but RANK is not"),
+    ({"RANK": "1", "WORLD_SIZE": "two", "LOCAL_RANK": "0", **MASTER}, "WORLD_SIZE='two' is not an integer"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "0", **MASTER}, "WORLD_SIZE=4, but --nodes 2"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER}, "RANK=2 is out of range"),
+    ({"RANK": "-1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER}, "RANK=-1 is out of range"),
+    ({"RANK": "1", "WORLD_SIZE": "2", **MASTER}, "LOCAL_RANK is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", **MASTER}, "LOCAL_RANK=1 is out of range"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "LOCAL_WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE=2"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_ADDR": None}, "MASTER_ADDR is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_PORT": "99999"}, "MASTER_PORT=99999"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER, "MASTER_PORT": "{taken}",
+      "TORCHELASTIC_USE_AGENT_STORE": None}, "already in use"),
+]
+ENV_CASES = ([("output clashes", argv, names, {}) for argv, names in OUTPUT_CLASHES]
+             + [("output kinds", argv, names, {}) for argv, names in OUTPUT_KINDS]
+             + [("repeated names", argv, names, {}) for argv, names in REPEATS]
+             + [("rank environment", base, names, env) for env, names in RANK_ENV
+                for base in (RUN, GEN_CK + ["--nodes", "2", "--gpus-per-node", "1"])]
+             + [("rank environment", RUN + ["--emulate"], "--emulate starts its own ranks",
+                 {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **MASTER})])
+
+
+@pytest.mark.parametrize("category,argv,names,env", ENV_CASES,
+                         ids=[f"{c}: {' '.join(a)} {e or ''}" for c, a, _, e in ENV_CASES])
+def test_outputs_lists_and_rank_env_are_one_line(category, argv, names, env, tmp_path, capfd, monkeypatch, request):
+    import socket
+
+    tiny = request.getfixturevalue("tiny_ck") if any("{ck" in a or "{prompts" in a for a in argv) else None
+    work, tmpdir = in_own_folders(tmp_path, monkeypatch)
+    with socket.socket() as taken:  # a port another process listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_USE_AGENT_STORE"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            if v is not None:
+                monkeypatch.setenv(k, v.replace("{taken}", str(taken.getsockname()[1])))
+        line = refusal_line(materialise(argv, work, tiny), work, tmpdir, capfd)
+    assert names in line, line

@@ -2,6 +2,7 @@
 bit-identical repeats, signals (bad options: ``tests/cli/test_cli_bad_inputs.py``)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -85,6 +86,29 @@ def test_measured_cells_come_from_the_paper():
     assert measured_ms("h100", 4, "qwen", 1)["a2av"] is None
 
 
+def test_a_users_measured_figures_give_the_models_error_on_zepp(tmp_path, capsys):
+    """``--measured``: the user's Zepp figure of a configuration gives its own error column (the
+    simulated ms over it), the JSON rows keep the paper's figures only, and a configuration the
+    run did not simulate is named on stderr."""
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps({"rows": [
+        {"cluster": "a100", "nodes": 1, "model": "qwen", "budget_mb": 0.5, "ms": {"zepp-overlap": 2.0, "a2av": 4.0}},
+        {"cluster": "a100", "nodes": 2, "model": "qwen", "budget_mb": 0.5, "ms": {"zepp": 1.0}}]}))
+    out_json = tmp_path / "b.json"
+    main(["bench", "--nodes", "1", "--models", "qwen", "--budgets", "0.5", "--iters", "1", "--warmup", "0",
+          "--systems", "a2av,zepp-overlap", "--jobs", "1", "--measured", str(f), "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    head = next(line for line in out.splitlines() if line.startswith("| cluster"))
+    row = next(line for line in out.splitlines() if line.startswith("| a100 | 1x4 | qwen | 0.5 |"))
+    cell = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")]))
+    stored = json.loads(out_json.read_text())["rows"][0]
+    want = stored["latency_ms"]["zepp-overlap"] / 2.0 - 1
+    assert cell["model err on Zepp"] == f"{want:+.0%} (zepp-overlap)"
+    assert cell["model err on best"] == f"{stored['latency_ms']['a2av'] / 4.0 - 1:+.0%}"
+    assert stored["measured_ms"]["a2av"] is None and "zepp-overlap" not in stored["measured_ms"]
+    assert "1 configuration(s)" in err and "'a100', 2, 4, 'qwen', 0.5" in err
+
+
 def test_todays_clusters_run_their_deepep_systems(capsys):
     main(["bench", "--cluster", "h200-8", "--gpus-per-node", "8", "--nodes", "1", "--models", "qwen", "--budgets",
           "0.5", "--iters", "1", "--warmup", "0", "--systems", "sglang-deepep,zepp-deepep", "--jobs", "1"])
@@ -114,30 +138,74 @@ def test_missing_traces_folder_names_what_it_looked_for(tmp_path, capsys):
     assert "pool.txt" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_signal_ends_every_worker(tmp_path, sig):
-    """SIGTERM / Ctrl-C to ``zepp bench`` ends its worker processes too (none outlive it)."""
-    import os
-    import signal
+def _start_bench(tmp_path, *extra):
+    """A ``zepp bench`` long enough to be interrupted, and its two worker processes once both run."""
     import subprocess
     import sys
-    import time
+
+    from procs import wait_until
 
     proc = subprocess.Popen([sys.executable, "-m", "zepp.cli", "bench", "--nodes", "16", "--models", "k2",
-                             "--budgets", "16", "--jobs", "2", "--json", str(tmp_path / "x.json")],
+                             "--budgets", "16", "--jobs", "2", "--json", str(tmp_path / "x.json"), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 60
     workers = []
-    while time.monotonic() < deadline and len(workers) < 3:  # two workers and the resource tracker
-        time.sleep(0.5)
-        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid]
-    assert len(workers) >= 3, f"the bench did not start its workers ({workers})"
+
+    def started():  # both children run the worker (forked and executed)
+        workers[:] = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid
+                      and b"zepp.sim.bench_pool" in _cmdline(int(p))]
+        return len(workers) >= 2 or proc.poll() is not None
+
+    wait_until(started, poll_s=0.2)
+    assert len(workers) == 2, f"the bench did not start its two workers ({workers})"
+    return proc, workers
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_signal_ends_every_worker(tmp_path, sig):
+    """SIGTERM, Ctrl-C or SIGKILL (the out-of-memory killer's) to ``zepp bench`` ends its worker
+    processes too: none outlives it holding the caller's pipe (reading it reaches its end), and
+    SIGINT/SIGTERM end with one line, exit code 130/143, nothing left beside the output."""
+    import signal
+
+    from procs import alive, wait_until
+
+    proc, workers = _start_bench(tmp_path)
     proc.send_signal(getattr(signal, sig))
-    proc.wait(timeout=60)
-    time.sleep(0.5)
-    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and _ppid(w) is not None]
-    assert not alive, f"workers {alive} outlived zepp bench after {sig}"
-    assert "Traceback" not in proc.stderr.read().decode()
+    err = proc.stderr.read().decode()  # returns once every holder of the pipe has ended
+    proc.wait()
+    # killed ones may take a moment to finish dying (the test's timeout bounds the wait)
+    wait_until(lambda: not [w for w in workers if alive(w)])
+    if sig != "SIGKILL":
+        assert proc.returncode in {"SIGTERM": (143,), "SIGINT": (130, -2)}[sig], err  # -2: a shell's 130 too
+        last = [s for s in err.replace("\r", "\n").splitlines() if s.strip()][-1]
+        assert last.startswith("zepp: terminated" if sig == "SIGTERM" else "zepp: interrupted"), err
+        assert "Traceback" not in err and os.listdir(tmp_path) == [], (err, os.listdir(tmp_path))
+
+
+def test_a_worker_killed_ends_the_run_with_one_line(tmp_path):
+    """A worker killed from outside (out of memory) ends ``zepp bench`` with one line naming what it
+    was simulating, exit code 2, and no other worker left (a pool would wait for its result forever)."""
+    import signal
+
+    from procs import alive, wait_until
+
+    proc, workers = _start_bench(tmp_path)
+    os.kill(workers[0], signal.SIGKILL)
+    err = proc.stderr.read().decode()
+    proc.wait()
+    last = [s for s in err.replace("\r", "\n").splitlines() if s.strip()][-1]
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert last.startswith("zepp: error: a zepp bench worker process was killed by signal 9 (SIGKILL, out of "
+                           "memory?) while simulating a100 16x4 k2 16MB"), last
+    wait_until(lambda: not [w for w in workers if alive(w)])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _ppid(pid: int):
@@ -149,3 +217,19 @@ def _ppid(pid: int):
     if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is gone
         return None
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_a_second_run_on_the_same_json_is_refused_while_the_first_writes(tmp_path, capsys):
+    """Two runs never interleave their rows in one file: the second is one line naming the first."""
+    proc, _ = _start_bench(tmp_path)
+    try:
+        with pytest.raises(SystemExit) as info:
+            main(["bench", *SMALL, "--systems", "a2av", "--json", str(tmp_path / "x.json")])
+        err = capsys.readouterr().err.strip()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert info.value.code == 2 and err == (f"zepp: error: --json {str(tmp_path / 'x.json')!r} is being written by "
+                                            f"another zepp run (pid {proc.pid}); wait for it to end or choose "
+                                            f"another path"), err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -67,7 +68,8 @@ def test_bad_options_are_one_clear_error(ckpt, reqs, kw, msg):
 
 
 def test_bad_input_ids(ckpt, tmp_path, capfd):
-    for body, msg in (({"input_ids": [[1, 2], [500]]}, r"request 1 holds 500"), ({"ids": []}, "expected"),
+    for body, msg in (({"input_ids": [[1, 2], [500]]}, r"request 1 holds 500"), ({"ids": []}, "unknown key 'ids'"),
+                      ({"max_new_tokens": [1]}, "expected"),
                       ({"input_ids": [[]]}, "request 0 is not a non-empty list"),
                       ({"input_ids": [[1]], "max_new_tokens": [0]}, "max_new_tokens must be")):
         p = tmp_path / "bad.json"
@@ -79,9 +81,15 @@ def test_bad_input_ids(ckpt, tmp_path, capfd):
                                                       f"does not exist"], err
 
 
-def test_record_then_history_with_check(ckpt, reqs, tmp_path, capfd):
+def test_record_then_history_with_check(ckpt, reqs, tmp_path, capfd, monkeypatch):
+    """... and nothing else is left: no temporary file or lock beside the outputs, nothing in
+    ``TMPDIR`` (no ``torchinductor_<user>`` folder either)."""
     from zepp.traces import read_load_histogram, read_trace
 
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     rec, out = tmp_path / "rec", tmp_path / "out.json"
     code, _, err = _zepp(capfd, "--checkpoint", ckpt, "--nodes", "1", "--gpus-per-node", "2", "--system", "a2av",
                          "--input-ids", reqs, "--max-new-tokens", "6", "--record", str(rec), "--check", "--json",
@@ -103,6 +111,8 @@ def test_record_then_history_with_check(ckpt, reqs, tmp_path, capfd):
     rep2 = json.loads(out.read_text())
     assert rep2["systems"]["eplb"]["output_ids"] == rep["output_ids"]
     assert all(s["matches_reference"] for s in rep2["systems"].values())
+    assert sorted(os.listdir(rec)) == ["layer_000.txt", "layer_001.txt", "load.json"]
+    assert sorted(os.listdir(tmp_path)) == ["out.json", "rec", "req.json", "tmpdir"] and os.listdir(tmpdir) == []
 
 
 def test_dead_rank_ends_the_run_naming_it(ckpt, reqs, capfd):

@@ -18,7 +18,8 @@ from zepp.runtime.collectives import plan_scopes
 from zepp.runtime.program import compile_rank
 from zepp.runtime.worker import default_config
 from zepp.sim.engine import simulate
-from zepp.sim.layer import LayerWork, build_layer
+from zepp.sim.layer import build_layer
+from zepp.sim.layer_work import LayerWork
 from zepp.sim.task_graph import TaskGraph
 
 CAL = {"cluster_fields": {"nic_bw": 120e6, "nvlink_bw": 1.5e9, "nic_msg_cost": 300e-6, "nvlink_msg_cost": 400e-6},

@@ -106,11 +106,10 @@ def batch_demand(batch: np.ndarray, E: int) -> np.ndarray:
 
 def route_any(name: str, ids: np.ndarray, pl: Placement, relaxation: float):
     """``route(name, ids, pl, relaxation)`` for every routing name; the table routings
-    (``zepp-table``, ``zepp-table-lean``) get a table built from the batch's own demand."""
-    from zepp.planner.routing import ROUTINGS, build_routing_table, route
+    (``needs_table``) get a table built from the batch's own demand."""
+    from zepp.planner.routing import ROUTINGS, route
 
     if not ROUTINGS[name].needs_table:
         return route(name, ids, pl, relaxation)
-    table = build_routing_table(pl, batch_demand(ids, pl.num_experts), relaxation, pl.gpus_per_node,
-                                lean=ROUTINGS[name].lean_table)
+    table = ROUTINGS[name].build_table(pl, batch_demand(ids, pl.num_experts), relaxation, pl.gpus_per_node)
     return route(name, ids, pl, relaxation, table=table)

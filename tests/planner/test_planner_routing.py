@@ -14,8 +14,10 @@ from zepp.planner.types import Placement, PlanInvariantError, Routing
 
 
 def test_every_name_routes_and_has_a_one_line_meaning():
-    assert tuple(ROUTINGS) == ("home", "replica-rr", "locality", "fixed", "dynamic", "random",
-                                                "zepp", "moonep", "lp", "zepp-table", "zepp-table-lean")
+    assert tuple(ROUTINGS) == ("home", "replica-rr", "locality", "fixed", "dynamic", "random", "sglang-static",
+                               "sglang-dynamic", "sglang-lp", "vllm-hash", "zepp", "moonep", "lp", "zepp-table",
+                               "zepp-table-lean", "sglang-table", "sglang-table-prefill", "vllm-table",
+                               "vllm-table-prefill")
     pl = Placement(np.arange(8).reshape(4, 2), 8, 2)
     ids = np.array([[[0, 5]], [[2, 7]], [[4, 1]], [[6, 3]]], np.int32)
     for name, choice in ROUTINGS.items():

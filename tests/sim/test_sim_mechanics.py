@@ -78,6 +78,33 @@ def test_comet_ring_combine_runs_l_minus_1_steps_after_the_column_barrier(cfg):
     assert (tl.start[red] >= tl.end[polls] - 1e-12).all()
 
 
+def test_comet_puts_with_signal_are_fenced_one_after_another(cfg):
+    """COMET's puts-with-signal through NVSHMEM's proxy are put + fence + signal, the fence a quiet:
+    a GPU's cross-node ones run one after another, each a blocking put; switched off they overlap."""
+    put = cfg.net.put(cfg.cluster.ranks)
+
+    def per_sender(tl):
+        """Per sending GPU, its cross-node puts-with-signal in start order."""
+        puts = labelled(tl, "put-with-signal")
+        puts = puts[[tl.resource[i].startswith("nic") for i in puts]]  # "nic<src>.send"
+        src = np.array([int(tl.resource[i][3:].split(".")[0]) for i in puts])
+        return [np.sort(puts[src == r]) for r in np.unique(src)]
+
+    def overlapping(tl, mine):
+        mine = mine[np.argsort(tl.start[mine], kind="stable")]
+        return bool((tl.start[mine[1:]] < tl.end[mine[:-1]] - 1e-12).any())
+
+    tl, _ = sim(cfg, "comet")
+    senders = per_sender(tl)
+    assert len(senders) == cfg.cluster.ranks
+    for mine in senders:
+        assert not overlapping(tl, mine)
+        assert tl.end[mine].max() - tl.start[mine].min() >= mine.size * put * (1 - 1e-9)
+    off, _ = sim(cfg, "comet", replace(mechanics("comet"), fenced_signals=False))
+    assert any(overlapping(off, mine) for mine in per_sender(off))
+    assert tl.latency > off.latency
+
+
 def test_comet_flag_polls_before_gemm_tiles(cfg):
     """GEMM tiles wait on per-source flags: one 2 us wait per source rank before the rows."""
     L, R = cfg.cluster.gpus_per_node, cfg.cluster.ranks

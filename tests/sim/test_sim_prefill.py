@@ -94,7 +94,7 @@ def test_zepp_deepep_lp_is_charged_the_lp_solve_and_zepps_flows_without_the_wate
 def test_pre_dispatched_rows_are_exactly_those_no_plan_can_reroute():
     """Flagged hops go from the owner, inside its node, to the GPU holding the single copy of one
     of the token's experts; every such direct hop of the plan is flagged."""
-    from zepp.sim.layer import LayerWork
+    from zepp.sim.layer_work import LayerWork
     from zepp.sim.predispatch import plan_free_hops, single_copy_slots
 
     cfg = skewed_config(tokens=128)

@@ -3,12 +3,17 @@ imported only when called, so ``zepp plan`` does not pay for importing torch.dis
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-import click
+try:
+    import importlib
 
-from zepp.errors import EmulationError, ZeppInputError
+    import click
+
+    from zepp.errors import EmulationError, ZeppInputError
+except KeyboardInterrupt:  # Ctrl-C while the command line loads: nothing has started
+    sys.stderr.write("zepp: interrupted (Ctrl-C); nothing was started\n")
+    raise SystemExit(130) from None
 
 # subcommand name -> (module, attribute holding the click command)
 _COMMANDS = {
@@ -51,32 +56,39 @@ def usage_line(exc: click.UsageError) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input ends with one line naming what is wrong, exit code 2 (also
-    when the emulated cluster cannot be built, as ``zepp run --emulate`` reports it, and for
-    click's own usage errors)."""
+    when the emulated cluster cannot be built, as ``zepp run --emulate`` reports it, for click's
+    own usage errors and for an output that could not be written); Ctrl-C and SIGTERM with one
+    line, exit code 130 and 143, after every ``finally`` of the command ran (workers and ranks
+    ended, temporary files and folders removed, the outputs' locks released)."""
+    from zepp.launch.processes import Terminated, launcher_signals
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="zepp", standalone_mode=False)
+        with launcher_signals(), cli.make_context("zepp", args) as ctx:
+            cli.invoke(ctx)
     except ZeppInputError as exc:
-        click.echo(f"zepp: error: {' '.join(str(exc).split())}", err=True)
-        sys.exit(2)
+        _fail(" ".join(str(exc).split()), 2)
     except click.UsageError as exc:
-        click.echo(f"zepp: error: {usage_line(exc)}", err=True)
-        sys.exit(2)
+        _fail(usage_line(exc), 2)
     except OSError as exc:  # a file that could be written when checked could not be at the end (disk full)
         where = f", {exc.filename}" if exc.filename else ""
-        click.echo(f"zepp: error: {exc.strerror or type(exc).__name__}{where}; check the path and free space",
-                   err=True)
-        sys.exit(2)
+        _fail(f"{exc.strerror or type(exc).__name__}{where}; check the path and free space", 2)
     except EmulationError as exc:  # the emulated cluster refused or failed (a prefix in use, no netns)
-        click.echo(f"zepp: error: {exc}", err=True)
-        sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("zepp: aborted", err=True)
-        sys.exit(130)
+        _fail(str(exc), 2)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        _fail("interrupted (Ctrl-C); what was reported as written is whole, the rest was not written", 130)
+    except Terminated:
+        _fail("terminated (SIGTERM); what was reported as written is whole, the rest was not written", 143)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+
+
+def _fail(line: str, code: int) -> None:
+    click.echo(f"zepp: error: {line}" if code == 2 else f"zepp: {line}", err=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -3,38 +3,35 @@ run are ``zepp.sim.ablation``."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import click
 
 from zepp.cli.bench import csv_option
-from zepp.errors import ZeppInputError
 from zepp.traces.schedules import DEFAULT_PERIOD, SCHEDULES, check_schedule
 
 
 def _check(cluster, nodes, gpus_per_node, model, budget_mb, traces_dir, schedules, iters, period, seed,
            json_path, plot_path) -> tuple:
     """Every option checked before any work: the schedules, the numbers, the shapes, the paths."""
-    from zepp.launch.checks import check_number, check_output_path, check_sim_numbers, plot_suffixes
+    from zepp.launch.checks import check_number, check_sim_numbers, plot_suffixes
+    from zepp.outputs import Place, check_output_file, claim_outputs
     from zepp.sim import bench_jobs as jobs
     from zepp.sim.calibrate import calibrated
 
     names = csv_option("--schedules", schedules, str)
     for s in names:
         check_schedule(s, "--schedules")
-    if len(set(names)) != len(names):
-        raise ZeppInputError(f"--schedules {schedules!r}: a schedule is named twice; name each once")
     check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, iters=iters, seed=seed)
     check_number("--period", period, 1, 10**6, integer=True)
-    if json_path is not None:
-        check_output_path(json_path, "--json")
-    if plot_path is not None:
-        check_output_path(plot_path, "--plot", plot_suffixes())
+    outputs = [Place("--json", json_path), Place("--plot", plot_path, suffixes=plot_suffixes())]
+    for o in outputs:
+        if o.path is not None:
+            check_output_file(o.path, o.option, o.suffixes)
     calibrated(cluster, 1, gpus_per_node=gpus_per_node)
     jobs.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
     jobs.check_traces(traces_dir, [model], seed)
+    claim_outputs(outputs, [Place("--traces", traces_dir, folder=True, names=jobs.TRACE_FILES)])
     return names
 
 
@@ -71,9 +68,12 @@ def ablation(model, nodes, gpus_per_node, budget_mb, cluster_name, traces_dir, s
                f"(speedup over comet)")
     click.echo(abl.format_table(res))
     click.echo(abl.closing_note(res))
+    click.echo(abl.format_paths(res))
     click.echo(f"({res['cpu_s']:.0f} s CPU, {res['wall_s']:.0f} s)")
     if json_path:
-        Path(json_path).write_text(json.dumps(res, indent=1))
+        from zepp.outputs import write_json
+
+        write_json(json_path, res, "--json")
         click.echo(f"wrote {json_path}")
     if plot_path:
         from zepp.sim.plots import ablation_bars

@@ -2,8 +2,8 @@
 
 The command checks its options, builds the jobs and prints the table; the table itself is
 ``zepp.sim.bench_table`` (its run, JSON file and resume), ``zepp.sim.bench_jobs`` (configurations),
-``zepp.sim.bench_units`` (units of work, worker pool) and ``zepp.sim.bench_rows`` (rows,
-speedups, model error). Ctrl-C or SIGTERM ends every worker.
+``zepp.sim.bench_units`` (units of work), ``zepp.sim.bench_pool`` (worker processes) and
+``zepp.sim.bench_rows`` (rows, speedups, model error). Ctrl-C, SIGTERM or SIGKILL ends every worker.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def csv_option(option: str, value, cast) -> tuple | None:
         out = tuple(cast(v) for v in parts)
     except ValueError:
         raise ZeppInputError(f"{option}: expected a comma-separated list, got {value!r}") from None
+    twice = [p for i, (p, v) in enumerate(zip(parts, out)) if v in out[:i]]
+    if twice:
+        raise ZeppInputError(f"{option} {value!r}: {twice[0]} is named twice; name each value once")
     return out
 
 
@@ -91,29 +94,31 @@ def _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters
 @click.option("--warmup", default=5, show_default=True, type=int, help="Warm-up iterations.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--jobs", "workers", default=None, type=int, help="Worker processes (default: min(2, CPUs)).")
+@click.option("--measured", "measured_path", type=click.Path(), default=None,
+              help='Your own measured ms per layer, JSON {"rows": [{"cluster", "nodes", "gpus_per_node", "model", '
+                   '"budget_mb", "ms": {system: ms}}]}: the table gives the model\'s error on Zepp\'s row too.')
 @schedule_option
 def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node, models, budgets, clusters, systems,
-          iters, warmup, seed, workers, schedule):
+          iters, warmup, seed, workers, measured_path, schedule):
     """Simulate Zepp and the baselines; print the table of PAPER.md section 4."""
-    from zepp.launch.checks import check_number, check_output_path, plot_suffixes
+    from zepp.launch.checks import check_number
     from zepp.sim import bench_table as table
     from zepp.sim.bench_jobs import config_key
 
     if workers is not None:
         check_number("--jobs", workers, 1, 1024, integer=True)
-    json_file = Path(check_output_path(json_path, "--json")) if json_path is not None else None
-    if json_file is not None:
-        check_output_path(str(table.detail_path(json_file)), "--json (its .detail.json)")
-    if plot_path is not None:
-        check_output_path(plot_path, "--plot", plot_suffixes())
+    outputs = _outputs(json_path, plot_path)
+    json_file = Path(json_path) if json_path is not None else None
     if resume and json_file is None:
         raise ZeppInputError("--resume needs --json FILE (the file to resume)")
     names, jobs = _jobs(sweep, nodes, gpus_per_node, models, budgets, clusters, systems, iters, warmup, seed,
                         traces_dir, schedule)
+    measured = _read_measured(measured_path)
     baselines = [s for s in names if s in registry.PAPER_BASELINES]
     if plot_path and not baselines:
         raise ZeppInputError(f"--plot draws each system against the fastest of the paper's baselines: add one of "
                              f"{', '.join(registry.PAPER_BASELINES)} to --systems")
+    _claim(outputs, traces_dir, measured_path)
     stored = []
     if resume and json_file.is_file():
         stored = table.stored_rows(jobs, json_file)
@@ -124,14 +129,63 @@ def bench(traces_dir, json_path, resume, plot_path, sweep, nodes, gpus_per_node,
                       f"simulated again and replaced" if redo else ""), err=True)
     t0 = time.time()
     rows = table.run_table(jobs, stored, workers or min(2, os.cpu_count() or 1), json_file)
-    _report(rows, names, f"{iters} timed + {warmup} warm-up iterations, traces: {traces_dir or 'built-in synthetic'}, "
-                         f"{time.time() - t0:.0f} s", json_file)
+    how = f"{iters} timed + {warmup} warm-up iterations, traces: {traces_dir or 'built-in synthetic'}, "
+    _report(_with_measured(rows, measured, measured_path), names, how + f"{time.time() - t0:.0f} s", json_file)
     if plot_path:
         from zepp.sim.plots import bars
 
         bars(rows, baselines + [s for s in names if s == "zepp"], plot_path,
              title=f"simulated MoE layer latency ({traces_dir or 'synthetic traces'})")
         click.echo(f"wrote {plot_path}")
+
+
+def _read_measured(path):
+    """``--measured``: the user's figures (``zepp.sim.user_measured``), checked before any work."""
+    if path is None:
+        return None
+    from zepp.sim.user_measured import read_measured
+
+    return read_measured(path)
+
+
+def _with_measured(rows: list[dict], measured, path) -> list[dict]:
+    """The rows to print: with the user's measured figures where ``--measured`` gave some, and a
+    note on stderr naming the file's configurations this run did not simulate."""
+    if measured is None:
+        return rows
+    from zepp.sim.user_measured import apply_measured
+
+    shown, unused = apply_measured(rows, measured)
+    if unused:
+        click.echo(f"--measured: {len(unused)} configuration(s) of {path} not in this run: "
+                   + "; ".join(str(k) for k in unused[:4]) + (" ..." if len(unused) > 4 else ""), err=True)
+    return shown
+
+
+def _outputs(json_path, plot_path) -> list:
+    """``--json``, its ``.detail.json`` and ``--plot``, each path checked (``zepp.outputs``)."""
+    from zepp.launch.checks import plot_suffixes
+    from zepp.outputs import Place, check_output_file
+    from zepp.sim.bench_table import detail_path
+
+    out = []
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+        out += [Place("--json", json_path), Place("--json (its .detail.json)", str(detail_path(Path(json_path))))]
+    if plot_path is not None:
+        out.append(Place("--plot", plot_path, suffixes=plot_suffixes()))
+    for o in out:
+        check_output_file(o.path, o.option, o.suffixes)
+    return out
+
+
+def _claim(outputs: list, traces_dir, measured_path) -> None:
+    """The outputs held for this run, none a file of ``--traces``, the ``--measured`` file or another output."""
+    from zepp.outputs import Place, claim_outputs
+    from zepp.sim.bench_jobs import TRACE_FILES
+
+    claim_outputs(outputs, [Place("--traces", traces_dir, folder=True, names=TRACE_FILES),
+                            Place("--measured", measured_path)])
 
 
 def _report(rows: list[dict], names: list[str], how: str, json_file: Path | None) -> None:

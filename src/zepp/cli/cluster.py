@@ -146,11 +146,10 @@ def check_cmd(prefix, timeout) -> None:
 def calibrate_cmd(prefix, json_path) -> None:
     """Measure latency and bandwidth of the NVLink and NIC links of a running cluster."""
     from zepp.emulate.linkcal import calibrate_links
-    from zepp.launch.checks import check_output_path
+    from zepp.outputs import Place, claim_outputs, write_json
 
     ownership.check_prefix(prefix)
-    if json_path is not None:
-        check_output_path(json_path, "--json")
+    claim_outputs([Place("--json", json_path)])
     _need_support()
     with _reported():
         cal = calibrate_links(inventory.attach(prefix))
@@ -158,5 +157,4 @@ def calibrate_cmd(prefix, json_path) -> None:
     click.echo(f"nvlink_bw {f['nvlink_bw'] / 1e6:.1f} MB/s  nic_bw {f['nic_bw'] / 1e6:.1f} MB/s  "
                f"nvlink_msg_cost {f['nvlink_msg_cost'] * 1e6:.0f} us  nic_msg_cost {f['nic_msg_cost'] * 1e6:.0f} us")
     if json_path:
-        with open(json_path, "w") as fh:
-            json.dump(cal.as_dict(), fh, indent=1)
+        write_json(json_path, cal.as_dict(), "--json")

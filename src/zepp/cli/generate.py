@@ -19,39 +19,45 @@ such report per system when ``--system`` names several).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 
 import click
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
+from zepp.files import read_json
 from zepp.launch import ranks
-from zepp.launch.checks import check_fault, check_launch_options, check_number, check_output_folder
+from zepp.launch.checks import check_fault, check_launch_options, check_number
+from zepp.outputs import Place, check_output_folder
 
 RANK_MODULE = "zepp.serve.rank"  # what every rank of ``zepp generate`` runs
 RANK_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+PROMPT_KEYS = ("input_ids", "max_new_tokens")  # what an --input-ids file may hold
+RECORD = ("layer_*.txt", "load.json")  # what --record writes in its folder (zepp.serve.rank.write_record)
 
 
-def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]], list[int]]:
-    """``(requests, max_new per request)`` from an ``--input-ids`` file; one clear error otherwise."""
-    if not os.path.isfile(path):
+def read_requests(path: str, vocab: int | None, max_new: int) -> tuple[list[list[int]], list[int]]:
+    """``(requests, max_new per request)`` from an ``--input-ids`` file; one clear error otherwise.
+    ``vocab`` ``None``: the token ids are checked against the vocabulary later (``check_tokens``)."""
+    if not os.path.exists(path):
         raise ZeppInputError(f"--input-ids {path!r} does not exist")
     try:
-        with open(path) as f:
-            obj = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ZeppInputError(f"--input-ids {path!r}: not valid JSON ({exc})") from None
+        obj = read_json(path, "--input-ids file")
+    except ZeppFileError:
+        raise
+    except ZeppInputError as exc:
+        raise ZeppInputError(f"--input-ids {path!r}: {str(exc).removeprefix(f'{path}: ')}") from None
+    unknown = sorted(set(obj) - set(PROMPT_KEYS)) if isinstance(obj, dict) else []
+    if unknown:
+        raise ZeppFileError(f"unknown key {unknown[0]!r}", path, repr(unknown[0])[:60],
+                            f"a prompt file holds {' and '.join(PROMPT_KEYS)} only")
     reqs = obj.get("input_ids") if isinstance(obj, dict) else None
     if not isinstance(reqs, list) or not reqs:
         raise ZeppInputError(f"--input-ids {path!r}: expected {{\"input_ids\": [[token ids], ...]}} with at least one "
                              f"request")
-    for i, r in enumerate(reqs):
-        if not isinstance(r, list) or not r:
-            raise ZeppInputError(f"--input-ids {path!r}: request {i} is not a non-empty list of token ids")
-        bad = [t for t in r if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ZeppInputError(f"--input-ids {path!r}: request {i} holds {bad[0]!r}, not a token id in [0, {vocab})")
+    check_tokens(reqs, vocab, path)
     per = obj.get("max_new_tokens")
     if per is None:
         per = [max_new] * len(reqs)
@@ -59,6 +65,18 @@ def read_requests(path: str, vocab: int, max_new: int) -> tuple[list[list[int]],
             isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in per):
         raise ZeppInputError(f"--input-ids {path!r}: max_new_tokens must be a list of {len(reqs)} positive integers")
     return reqs, [min(int(m), max_new) for m in per]
+
+
+def check_tokens(reqs: list, vocab: int | None, path: str) -> None:
+    """Every request a non-empty list of token ids in ``[0, vocab)`` (``None``: any non-negative id)."""
+    top = vocab if vocab is not None else 1 << 62
+    for i, r in enumerate(reqs):
+        if not isinstance(r, list) or not r:
+            raise ZeppInputError(f"--input-ids {path!r}: request {i} is not a non-empty list of token ids")
+        bad = [t for t in r if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < top]
+        if bad:
+            where = f"[0, {vocab})" if vocab is not None else "(a non-negative integer)"
+            raise ZeppInputError(f"--input-ids {path!r}: request {i} holds {bad[0]!r}, not a token id {where}")
 
 
 def check_positions(reqs: list[list[int]], per: list[int], positions: int | None, path: str) -> None:
@@ -78,11 +96,9 @@ def check_positions(reqs: list[list[int]], per: list[int], positions: int | None
 def _check_model(o: dict, world: int):
     """The checkpoint's config and MoE shape, its experts over ``world`` ranks, ``--extra`` and
     ``--history`` (one trace per MoE layer)."""
-    from zepp.serve.checkpoint import check_folder
     from zepp.serve.ckpt_check import check_tensors, read_config_json
     from zepp.serve.loader import moe_shape, read_config
 
-    check_folder(o["checkpoint"])
     read_config_json(o["checkpoint"])
     config = read_config(o["checkpoint"])
     shape = moe_shape(config)
@@ -107,6 +123,7 @@ def validate(o: dict) -> tuple[dict, object]:
     """Check every option (``o``: the click parameters); returns the ``zepp.serve.rank`` config and,
     with ``--emulate``, the emulated cluster (not up yet; else None). Nothing is started."""
     from zepp.registry import parse_systems
+    from zepp.serve.ckpt_check import check_folder
 
     common = check_launch_options(o)
     world = common["nodes"] * common["gpus_per_node"]
@@ -121,8 +138,15 @@ def validate(o: dict) -> tuple[dict, object]:
 
         cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
                                 o["emulate_prefix"])
+    from zepp.cli.run import claim_run_outputs
+
+    claim_run_outputs([Place("--json", o["json_path"]), Place("--record", o["record"], folder=True, names=RECORD)],
+                      [Place("--input-ids", o["input_ids"]), Place("--checkpoint", o["checkpoint"], folder=True),
+                       Place("--history", o["history"], folder=True)])
+    check_folder(o["checkpoint"])
+    reqs, per = read_requests(o["input_ids"], None, o["max_new_tokens"])  # before torch: a bad file is refused at once
     config = _check_model(o, world)  # the checkpoint is read last: every cheaper check comes first
-    reqs, per = read_requests(o["input_ids"], int(config.vocab_size), o["max_new_tokens"])
+    check_tokens(reqs, int(config.vocab_size), o["input_ids"])
     check_positions(reqs, per, getattr(config, "max_position_embeddings", None), o["input_ids"])
     absolute = {k: os.path.abspath(o[k]) if o[k] else None for k in ("checkpoint", "history", "record")}
     cfg = dict(absolute, **common, systems=systems, requests=reqs, max_new=per, eos=None, relaxation=o["relaxation"],
@@ -190,8 +214,9 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
         out = {**{k: v for k, v in first.items() if k != "logits"}, "systems": {
             n: {k: v for k, v in s.items() if k != "logits"} for n, s in rep["systems"].items()},
             "model": rep["model"], "config": rep["config"]}
-        with open(json_path, "w") as f:
-            json.dump(out, f, indent=1)
+        from zepp.outputs import write_json
+
+        write_json(json_path, out, "--json")
     if not ok:
         bad = [n for n, s in rep["systems"].items() if not s["matches_reference"]]
         click.echo(f"zepp generate: --check failed for {', '.join(bad)}: tokens differ from plain transformers "
@@ -228,12 +253,33 @@ def _finish(cfg: dict, rep: dict, check: bool, json_path: str | None) -> None:
 def generate(checkpoint, nodes, gpus_per_node, system, input_ids, max_new_tokens, json_path, check, emulate, rate_mbit,
              delay_ms, record, history, device, relaxation, extra, timeout, threads, emulate_prefix, fault):
     """Serve a checkpoint expert-parallel and generate greedily for every request."""
-    cfg, cluster = validate(dict(locals()))
-    emulated = None
-    if cluster is not None:
-        from zepp.emulate.launcher import generate_emulated
+    o = dict(locals())
+    with inductor_cache():
+        cfg, cluster = validate(o)
+        emulated = None
+        if cluster is not None:
+            from zepp.emulate.launcher import generate_emulated
 
-        emulated = functools.partial(generate_emulated, cfg, cluster, threads=threads)
-    rep = ranks.launch(RANK_MODULE, cfg, label="zepp generate" + (" --emulate" if emulate else ""), threads=threads,
-                       env=RANK_ENV, emulated=emulated, prefix="zepp-generate-")
-    _finish(cfg, rep, check, json_path)
+            emulated = functools.partial(generate_emulated, cfg, cluster, threads=threads)
+        rep = ranks.launch(RANK_MODULE, cfg, label="zepp generate" + (" --emulate" if emulate else ""),
+                           threads=threads, env=RANK_ENV, emulated=emulated, prefix="zepp-generate-")
+        _finish(cfg, rep, check, json_path)
+
+
+@contextlib.contextmanager
+def inductor_cache():
+    """torch's compiler cache (``TORCHINDUCTOR_CACHE_DIR``, which building the model's skeleton
+    creates, by default ``$TMPDIR/torchinductor_<user>``) in a temp folder of this run, removed
+    with it (``kill -9`` too: ``zepp.launch.processes.temp_folder``); the ranks inherit it. A
+    folder the user chose is kept."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    from zepp.launch.processes import temp_folder
+
+    try:
+        with temp_folder("zepp-inductor-") as folder:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+            yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)

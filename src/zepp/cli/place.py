@@ -7,19 +7,19 @@ file that engine loads, with a report of what it buys against the engine's own E
 Reads any history :func:`zepp.interop.history.read_history` knows (or ``--history synthetic`` /
 ``synthetic:k2`` for built-in traces), plans each MoE layer with ``--policy`` (default
 ``zepp``) and EPLB (the engine's default, for the comparison), writes ``--out`` in
-``--format`` (read back and compared before it is reported as written), and prints per layer
-and in total the busiest NIC's bytes, inter-node bytes and busiest GPU's rows of four ways to
-run the layer (``zepp.interop.buys``), on the history and on a held-out part of it.
+``--format`` (read back and compared before it is reported as written) and, for SGLang and vLLM,
+Zepp's routing table in the engine's own form beside it (``zepp.interop.engine_tables``: the file
+``zepp.engines``' plug-ins install), and prints per layer and in total the busiest NIC's bytes,
+inter-node bytes and busiest GPU's rows of the ways to run the layer (``zepp.interop.buys``), on
+the history and on a held-out part of it.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -28,6 +28,8 @@ from zepp.errors import ZeppInputError
 from zepp.interop import FORMATS
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from zepp.cluster import Cluster
     from zepp.model import MoESpec
 
@@ -73,6 +75,7 @@ class PlaceJob:
     redundant: int
     routing: str
     relaxation: float
+    table_out: Path | None = None  # Zepp's table for the engine, beside --out (SGLang, vLLM)
 
     @property
     def gpus_per_node(self) -> int:
@@ -92,7 +95,7 @@ def _check_deployment(o: PlaceOptions):
     """``(spec, cluster, redundant)``: the model, the cluster and the redundant experts (default:
     the smallest count >= the GPU count that makes experts + redundant divide)."""
     from zepp.cluster import cluster_preset, load_cluster_file
-    from zepp.interop.layers import physical_experts
+    from zepp.interop.layers import check_copies_per_node, physical_experts
     from zepp.model import model_preset
 
     from zepp.launch.checks import check_number, check_sim_numbers
@@ -108,19 +111,21 @@ def _check_deployment(o: PlaceOptions):
     if redundant is None:
         redundant = ranks + (-(spec.num_experts + ranks)) % ranks
     physical_experts(spec.num_experts, ranks, redundant)
+    if o.policy in _policies():
+        check_copies_per_node(o.policy, spec.num_experts, o.nodes, cl.gpus_per_node, redundant)
     return spec, cl, redundant
 
 
 def _check_engine(o: PlaceOptions) -> str:
     """The placement policy, the engine's routing (returned, defaulted by format) and transports."""
-    from zepp.interop.buys import ENGINE_ROUTING
+    from zepp.interop.buys import engine_routing
     from zepp.planner.flows import check_transports
     from zepp.planner.routing import ROUTINGS
 
     if o.policy not in _policies():
         raise ZeppInputError(f"--policy {o.policy!r}: choose one of {', '.join(_policies())}")
-    routing = o.routing or ENGINE_ROUTING[o.fmt]
-    usable = [r for r, c in ROUTINGS.items() if not c.own_slots]
+    routing = o.routing or engine_routing(o.fmt)
+    usable = [r for r, c in ROUTINGS.items() if not c.own_slots and not c.needs_table]
     if routing not in usable:
         raise ZeppInputError(f"--routing {routing!r}: choose one of {', '.join(usable)}")
     check_transports(o.dispatch, o.combine)
@@ -144,14 +149,23 @@ def _check_report_numbers(o: PlaceOptions, spec) -> float:
     return rel
 
 
-def _check_outputs(o: PlaceOptions) -> None:
+def _check_outputs(o: PlaceOptions) -> Path | None:
+    """``--out``, its table file (returned; ``None`` where the format has none) and ``--report``
+    (``zepp.outputs``): none another of them, the history or the cluster file."""
+    import os
+
     from zepp.interop import check_suffix
-    from zepp.launch.checks import check_output_path
+    from zepp.interop.engine_tables import table_path
+    from zepp.outputs import Place, claim_outputs
 
     check_suffix(o.fmt, o.out)
-    check_output_path(o.out, "--out")
-    if o.report_path is not None:
-        check_output_path(o.report_path, "--report")
+    table = table_path(o.fmt, o.out)
+    history = None if o.history_path == "synthetic" or o.history_path.startswith("synthetic:") else o.history_path
+    claim_outputs([Place("--out", o.out), Place("the table file beside --out", None if table is None else str(table)),
+                   Place("--report", o.report_path)],
+                  [Place("--history", history, folder=history is not None and os.path.isdir(history)),
+                   Place("--cluster-file", o.cluster_file)])
+    return table
 
 
 def checked(o: PlaceOptions) -> PlaceJob:
@@ -159,8 +173,8 @@ def checked(o: PlaceOptions) -> PlaceJob:
     spec, cl, redundant = _check_deployment(o)
     routing = _check_engine(o)
     rel = _check_report_numbers(o, spec)
-    _check_outputs(o)
-    return PlaceJob(o, spec, cl, redundant, routing, rel)
+    table = _check_outputs(o)
+    return PlaceJob(o, spec, cl, redundant, routing, rel, table)
 
 
 # ---------------------------------------------------------------- read, plan, write
@@ -231,13 +245,37 @@ def _plan_and_write(job: PlaceJob, plan_hist):
         click.echo(f"  note: {n}")
     for line in _rule_lines(ep, eplb_ep, plan_hist):
         click.echo(line)
-    write_placement(o.out, ep, o.fmt)
-    back = read_placement_file(o.out, o.fmt, spec, o.nodes, L)
-    if not back.same_as(ep):
-        raise ZeppInputError(f"{o.out}: reading the written file back gave another placement (a bug; please report)")
+    from zepp.outputs import replacing
+
+    with replacing(o.out, "--out") as tmp:  # read back before it replaces the path
+        write_placement(tmp, ep, o.fmt)
+        if not read_placement_file(tmp, o.fmt, spec, o.nodes, L).same_as(ep):
+            raise ZeppInputError(f"{o.out}: reading the written file back gave another placement (a bug; please "
+                                 f"report)")
     click.echo(f"wrote {o.out} ({o.fmt}, {o.policy} placement, read back identical)")
     click.echo(f"  {load_hint(o.fmt, o.out, ep)}")
     return ep, eplb_ep, how
+
+
+def _write_table(job: PlaceJob, plan_hist, ep):
+    """Zepp's table per MoE layer in the engine's own form, written beside the placement and read
+    back; ``None`` where the format has no table."""
+    if job.table_out is None:
+        return None
+    from zepp.engines import launch_lines
+    from zepp.interop.engine_tables import ENGINE_ROWS, plan_tables, table_routing, write_tables
+    from zepp.registry import SYSTEMS
+
+    o = job.opts
+    tokens = job.spec.tokens_for_budget(o.budget_mb)
+    tables = plan_tables(o.fmt, plan_hist, ep, job.relaxation, tokens)
+    write_tables(job.table_out, o.fmt, ep, tables)
+    click.echo(f"wrote {job.table_out} ({table_routing(o.fmt, tokens)}: Zepp's table per MoE layer for batches of "
+               f"{tokens} tokens per GPU (--budget-mb), read back identical)")
+    decode = tokens <= SYSTEMS[ENGINE_ROWS[o.fmt][1]].switch_tokens
+    for line in launch_lines(o.fmt, o.out, str(job.table_out), ep.redundant, ep.nodes, ep.gpus_per_node, decode):
+        click.echo(f"  {line}")
+    return tables
 
 
 # ---------------------------------------------------------------- what it buys
@@ -248,18 +286,22 @@ def _progress(i: int, n: int) -> None:
         click.echo(f"\rreport: layer {i}/{n}", err=True, nl=i == n)
 
 
-def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
+def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep, tables) -> list:
     """The report's figures per layer, window and configuration, printed as a table."""
     from zepp.interop.buys import buys, format_table
+    from zepp.interop.engine_tables import table_routing
 
     o, spec = job.opts, job.spec
     figs = buys(plan_hist, held, ep, eplb_ep, job.routing, o.dispatch, o.combine, o.budget_mb, o.iters, o.seed,
-                job.relaxation, _progress, cluster=job.cluster if o.sim_layers else None, sim_layers=o.sim_layers)
+                job.relaxation, _progress, cluster=job.cluster if o.sim_layers else None, sim_layers=o.sim_layers,
+                tables=tables, table_routing=table_routing(o.fmt, spec.tokens_for_budget(o.budget_mb))
+                if tables is not None else None)
     click.echo("")
     click.echo(f"what it buys ({spec.name}, {spec.tokens_for_budget(o.budget_mb)} tokens per GPU = {o.budget_mb:g} "
                f"MiB budget; engine routing '{job.routing}' over {o.dispatch}/{o.combine}; x eplb < 1 is better):")
-    click.echo("  eplb: engine routing over EPLB's placement | engine+zepp-place: the same routing over this file | "
-               "zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
+    click.echo("  eplb: engine routing over EPLB's placement | engine+zepp-place: the same routing over this file"
+               + (" | engine+zepp-table: the engine's dispatch over this file and its table" if tables else "")
+               + " | zepp-route: Zepp's routing, engine transport | zepp-full: Zepp's routing and transport")
     click.echo(format_table(figs))
     if o.sim_layers:
         from zepp.sim.calibrate import network_label
@@ -276,13 +318,15 @@ def _report(job: PlaceJob, plan_hist, held, ep, eplb_ep) -> list:
 
 
 def _write_report(job: PlaceJob, hist, how: list[str], figs: list) -> None:
+    from zepp.outputs import write_json
+
     o = job.opts
-    Path(o.report_path).write_text(json.dumps({
+    write_json(o.report_path, {
         "history": hist.describe(), "model": job.spec.name, "cluster": job.cluster.name, "nodes": o.nodes,
         "gpus_per_node": job.gpus_per_node, "redundant": job.redundant, "policy": o.policy, "format": o.fmt,
-        "out": o.out, "routing": job.routing, "dispatch": o.dispatch, "combine": o.combine,
+        "out": o.out, "table": str(job.table_out) if job.table_out else None, "routing": job.routing, "dispatch": o.dispatch, "combine": o.combine,
         "budget_mb": o.budget_mb, "iters": o.iters, "heldout": o.heldout, "node_demand": how[0],
-        "figures": [f.__dict__ for f in figs]}, indent=1) + "\n")
+        "figures": [f.__dict__ for f in figs]}, "--report")
     click.echo(f"wrote {o.report_path} (report, every layer)")
 
 
@@ -297,11 +341,12 @@ def _write_report(job: PlaceJob, hist, how: list[str], figs: list) -> None:
               help="extra physical experts in total (E + R must be divisible by the GPU count); default: the "
                    "smallest R >= GPU count that divides")
 @click.option("--format", "fmt", type=click.Choice(tuple(FORMATS)), required=True, help="engine file to write")
-@click.option("--out", required=True, help="file to write (.json/.pt sglang; .yaml trtllm; .pt/.json vllm; .json zepp)")
+@click.option("--out", required=True, help="file to write (.json/.pt sglang; .yaml trtllm; .pt/.json vllm; .json zepp); "
+                                          "sglang and vllm (.pt) also get Zepp's table beside it, NAME.zepp-table.SUFFIX")
 @click.option("--policy", default="zepp", help="placement to write (a registry placement; zepp place compares it "
                                                "with eplb)")
-@click.option("--routing", default=None, help="the engine's replica choice for the report (default: sglang locality, "
-                                              "vllm random, trtllm replica-rr, zepp zepp)")
+@click.option("--routing", default=None, help="the engine's replica choice for the report (default: sglang "
+                                              "sglang-static, vllm vllm-hash, trtllm replica-rr, zepp zepp)")
 @click.option("--dispatch", default="relay", show_default=True, help="the engine's dispatch transport for the report")
 @click.option("--combine", default="reduce", show_default=True, help="the engine's combine transport for the report")
 @click.option("--cluster", "cluster_name", default="h100-8", show_default=True, help="cluster preset")
@@ -329,9 +374,10 @@ def place(**options):
     if o.heldout and held is None and not o.no_report:
         click.echo("  note: nothing can be held out (one time bin); the report is on the planning history only")
     ep, eplb_ep, how = _plan_and_write(job, plan_hist)
+    tables = _write_table(job, plan_hist, ep)
     if o.no_report:
         return
-    figs = _report(job, plan_hist, held, ep, eplb_ep)
+    figs = _report(job, plan_hist, held, ep, eplb_ep, tables)
     click.echo(f"({time.perf_counter() - t0:.1f} s)")
     if o.report_path:
         _write_report(job, hist, how, figs)

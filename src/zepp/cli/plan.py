@@ -4,7 +4,6 @@ cluster has a network calibration (no tensors)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -104,7 +103,8 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
     cluster = load_cluster_file(cluster_file, nodes, gpus_per_node, default_nodes=DEFAULT_NODES) if cluster_file \
         else cluster_preset(cluster_name, DEFAULT_NODES if nodes is None else nodes, gpus_per_node)
     nodes, gpus_per_node = cluster.nodes, cluster.gpus_per_node
-    _check_outputs(spec, relaxation, extra, json_path, dump)
+    _check_outputs(spec, relaxation, extra, json_path, dump, dict(history=history, trace=trace,
+                                                                  cluster_file=cluster_file))
     names = registry.parse_systems(systems, "plan", expand=True)
     tokens = spec.tokens_for_budget(budget_mb)
     relaxation = default_relaxation(nodes) if relaxation is None else relaxation
@@ -131,22 +131,24 @@ def plan(model, experts, topk, hidden, ffn, cluster_name, cluster_file, nodes, g
                        history=pool.source, trace=evaluation.source, systems=rows)
         if wl is not None:
             payload.update(schedule=schedule, topic_mix=dict(wl.report(), describe=wl.describe()))
-        Path(json_path).write_text(json.dumps(payload, indent=2))
+        from zepp.outputs import write_json
+
+        write_json(json_path, payload, "--json", indent=2)
         click.echo(f"wrote {json_path}")
     if dump:
         click.echo(f"wrote {len(names) * iters} plans to {dump}/")
 
 
-def _check_outputs(spec: MoESpec, relaxation: float | None, extra: int, json_path, dump) -> None:
-    """``--relaxation``, ``--extra`` and the output paths, before anything is planned."""
-    from zepp.launch.checks import check_number, check_output_folder, check_output_path
+def _check_outputs(spec: MoESpec, relaxation: float | None, extra: int, json_path, dump, inputs: dict) -> None:
+    """``--relaxation``, ``--extra`` and the output paths (none an input file of ``inputs``, the
+    options' values by click name), before anything is planned."""
+    from zepp.launch.checks import check_number
+    from zepp.outputs import Place, claim_outputs
 
     if relaxation is not None:
         check_number("--relaxation", relaxation, 0, 1000)
     if not 0 <= extra <= spec.num_experts:
         raise ZeppInputError(f"--extra must lie in [0, {spec.num_experts}] (a GPU holds at most every expert once), "
                              f"got {extra}")
-    if json_path is not None:
-        check_output_path(json_path, "--json")
-    if dump is not None:
-        check_output_folder(dump, "--dump")
+    claim_outputs([Place("--json", json_path), Place("--dump", dump, folder=True, names=("*.npz",))],
+                  [Place("--" + k.replace("_", "-"), v) for k, v in inputs.items()])

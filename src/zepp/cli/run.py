@@ -40,7 +40,7 @@ the same as ``zepp generate``'s; the option rules shared with it are ``zepp.laun
 from __future__ import annotations
 
 import functools
-import json
+import os
 
 import click
 import numpy as np
@@ -48,6 +48,7 @@ import numpy as np
 from zepp.errors import RankFailure, ZeppInputError
 from zepp.launch import ranks
 from zepp.launch.checks import check_fault, check_input_file, check_launch_options, check_number, check_seed
+from zepp.outputs import Place
 from zepp.registry import help_list
 from zepp.runtime.systems import DEFAULT_ALL
 from zepp.traces.schedules import SCHEDULES
@@ -108,9 +109,8 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
     and, with ``--emulate``, the emulated cluster (not up yet; else None). Raises
     ``ZeppInputError`` (one line) on the first bad one."""
     from zepp.runtime.systems import parse_systems
-    from zepp.runtime.worker import default_config
 
-    common = check_launch_options(o)
+    common = check_launch_options(o)  # (before importing the worker, and torch with it)
     check_number("--iters", o["iters"], 1, 10**6, integer=True)
     check_number("--warmup", o["warmup"], 0, 10**6, integer=True)
     check_seed(o["seed"])
@@ -122,6 +122,10 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
 
         cluster = check_cluster(common["nodes"], common["gpus_per_node"], o["rate_mbit"], o["delay_ms"],
                                 o["emulate_prefix"])
+    claim_run_outputs([Place("--json", o["json_path"])],
+                      [Place("--history", o["history"]), Place("--trace", o["trace"])])
+    from zepp.runtime.worker import default_config
+
     cfg = default_config()
     cfg.update(common, model=o["model"], experts=o["experts"], topk=o["topk"], hidden=o["hidden"], ffn=o["ffn"],
                budget_mb=o["budget_mb"], tokens=o["tokens"], systems=systems, check=o["check"], history=o["history"],
@@ -130,6 +134,14 @@ def validate_run_options(o: dict) -> tuple[dict, object]:
                fault=check_fault(o["fault"], common["nodes"] * common["gpus_per_node"], systems, "iter"))
     _check_traces(cfg, spec)
     return cfg, cluster
+
+
+def claim_run_outputs(outputs: list, inputs: list) -> None:
+    """The last check of ``zepp run`` and ``zepp generate``: the outputs (``zepp.outputs``), held
+    by the process that writes them (rank 0 under torchrun, else the launcher)."""
+    from zepp.outputs import claim_outputs
+
+    claim_outputs(outputs, inputs, lock=not ranks.under_torchrun() or os.environ["RANK"].strip() == "0")
 
 
 def _schedule(name: str | None) -> str | None:
@@ -247,8 +259,9 @@ def _finish(report: dict, check: bool, json_path: str | None) -> None:
 
         click.echo(format_emulate(report))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1)
+        from zepp.outputs import write_json
+
+        write_json(json_path, report, "--json")
     bad = [n for n, s in report["systems"].items() if not s["bytes_match"] or (check and not s["correct"])]
     if bad:
         click.echo(f"zepp run: check failed for {', '.join(bad)} (output mismatch or bytes != plan)", err=True)

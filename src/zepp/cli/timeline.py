@@ -54,9 +54,11 @@ def _ranks(ranks: str | None, nodes: int, gpus_per_node: int) -> list[int]:
 def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compare, traces_dir, seed, ranks,
              out_path, schedule):
     """Draw one configuration's per-resource Gantt chart (PNG) for one system and one batch."""
-    from zepp.launch.checks import check_output_path, check_sim_numbers, plot_suffixes
+    from zepp.launch.checks import check_sim_numbers, plot_suffixes
+    from zepp.outputs import Place, check_output_file, claim_outputs
     from zepp.sim import bench_jobs as jobs
     from zepp.sim.calibrate import calibrated
+    from zepp.sim.critical_path import format_path
     from zepp.sim.plots import gantt
     from zepp.sim.run import run_system
     from zepp.traces.schedules import check_schedule
@@ -64,11 +66,13 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     check_schedule(schedule)
     check_sim_numbers(nodes=nodes, gpus_per_node=gpus_per_node, budget_mb=budget_mb, seed=seed)
     names = _systems(system, compare)
-    check_output_path(out_path, "--out", plot_suffixes())
+    check_output_file(out_path, "--out", plot_suffixes())
     calibrated(cluster_name, 1, gpus_per_node=gpus_per_node)
     jobs.check_shapes([model], [nodes], gpus_per_node, [budget_mb])
     jobs.check_traces(traces_dir, [model], seed)
     rk = _ranks(ranks, nodes, gpus_per_node)
+    claim_outputs([Place("--out", out_path, suffixes=plot_suffixes())],
+                  [Place("--traces", traces_dir, folder=True, names=jobs.TRACE_FILES)])
     # under drift the second batch: the first whose swaps are planned from a batch of the schedule
     warmup = 2 if schedule == DEFAULT_SCHEDULE else 1
     cfg, wl = jobs.make_config(jobs.make_jobs([cluster_name], [nodes], gpus_per_node, [model], [budget_mb], names,
@@ -85,7 +89,7 @@ def timeline(cluster_name, nodes, gpus_per_node, model, budget_mb, system, compa
     for label, tl in drawn:
         links = [r[:3] for r, k in zip(tl.resource, tl.kind) if k == "copy"]
         copies = f", weight copies: {links.count('nvl')} on NVLink, {links.count('nic')} on NICs" if links else ""
-        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms{copies}")
+        click.echo(f"{label}: {tl.latency * 1e3:.3f} ms{copies}; critical path: {format_path(tl.path)}")
     if wl is not None:
         click.echo(f"{wl.describe()}; drawn: batch {warmup}, topic mix {wl.mix_names(warmup)}, ranks {rk}")
     click.echo(f"wrote {out_path}")

@@ -193,7 +193,8 @@ def layer_graph(plan, spec, cal: dict, mech, plan_s: float, params: dict):
     ``params``: ``stage_overhead``, ``cpu_per_byte``, ``bw_scale`` (see ``fit_free_parameters``).
     Returns ``(graph, cluster, net)``."""
     from zepp.emulate.glooexec import emulated_cluster, emulated_gemm, emulated_net
-    from zepp.sim.layer import LayerWork, build_layer
+    from zepp.sim.layer import build_layer
+    from zepp.sim.layer_work import LayerWork
     from zepp.sim.task_graph import TaskGraph
 
     if spec.row_bytes != plan.row_bytes:

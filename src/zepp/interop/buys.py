@@ -2,10 +2,12 @@
 
 For each MoE layer of a :class:`~zepp.interop.history.LayerHistory`, batches are sampled from the
 history the placement was planned on and from a held-out part of it (the last rows or time
-bins), and planned four ways (``CONFIGS``):
+bins), and planned four or five ways (``CONFIGS``):
 
 - ``eplb``: the engine's own replica choice over EPLB's placement (what the engine does today);
 - ``engine+zepp-place``: the same replica choice over Zepp's placement (what the file buys);
+- ``engine+zepp-table``: the engine's own dispatch over Zepp's placement and Zepp's table (what
+  the placement and table files buy with the engine's plug-in, ``zepp.engines``; SGLang and vLLM);
 - ``zepp-route``: Zepp's routing over Zepp's placement, on the engine's transport;
 - ``zepp-full``: Zepp's routing and Zepp's transport (merged, NIC-split, pre-reduced).
 
@@ -31,9 +33,18 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 
-__all__ = ["CONFIGS", "ENGINE_ROUTING", "buys", "format_table", "LayerFigures"]
+__all__ = ["CONFIGS", "engine_routing", "buys", "format_table", "LayerFigures"]
 
-ENGINE_ROUTING = {"sglang": "locality", "vllm": "random", "trtllm": "replica-rr", "zepp": "zepp"}
+OTHER_ROUTING = {"trtllm": "replica-rr", "zepp": "zepp"}  # formats without a registry row of their engine
+
+
+def engine_routing(fmt: str) -> str:
+    """The engine's own replica choice for format ``fmt`` (the registry row of the engine, else
+    TensorRT-LLM's round-robin / Zepp's routing)."""
+    from zepp.interop.engine_tables import ENGINE_ROWS
+    from zepp.registry import SYSTEMS
+
+    return SYSTEMS[ENGINE_ROWS[fmt][0]].routing if fmt in ENGINE_ROWS else OTHER_ROUTING[fmt]
 
 
 class Config(NamedTuple):
@@ -48,6 +59,7 @@ class Config(NamedTuple):
 CONFIG_PARTS = {
     "eplb": Config("eplb", "engine", "engine"),
     "engine+zepp-place": Config("zepp", "engine", "engine"),
+    "engine+zepp-table": Config("zepp", "table", "engine"),
     "zepp-route": Config("zepp", "zepp", "engine"),
     "zepp-full": Config("zepp", "zepp", "zepp"),
 }
@@ -84,14 +96,14 @@ def simulated_ms(cluster, spec, placement_kind: str, routing: str, dispatch: str
 
 
 def _figures(batches, placement, routing: str, dispatch: str, combine: str | None, row_bytes: int,
-             relaxation: float) -> tuple[float, float, float, object]:
+             relaxation: float, table=None) -> tuple[float, float, float, object]:
     """Mean busiest-NIC bytes, inter-node bytes and busiest-GPU rows over ``batches``, and the
-    first batch's FlowPlan."""
+    first batch's FlowPlan (``table``: the table of a table routing)."""
     from zepp.planner import Stages, plan_batch
 
     nic, inter, rows, plans = [], [], [], []
     for b in batches:
-        plan = plan_batch(b, placement, Stages(routing, dispatch, combine), row_bytes, relaxation)
+        plan = plan_batch(b, placement, Stages(routing, dispatch, combine), row_bytes, relaxation, table=table)
         st = plan.stats()
         nic.append(st.busiest_nic_bytes)
         inter.append(st.inter_node_bytes)
@@ -102,34 +114,36 @@ def _figures(batches, placement, routing: str, dispatch: str, combine: str | Non
 
 def buys(history, heldout, zepp_ep, eplb_ep, engine_routing: str, dispatch: str = "relay",
          combine: str | None = "reduce", budget_mb: float = 4.0, iters: int = 2, seed: int = 0,
-         relaxation: float = 0.25, progress=None, cluster=None, sim_layers: int = 4) -> list[LayerFigures]:
+         relaxation: float = 0.25, progress=None, cluster=None, sim_layers: int = 4, tables=None,
+         table_routing: str | None = None) -> list[LayerFigures]:
     """Figures per (layer, window, config). ``history``/``heldout``: ``LayerHistory`` (held-out
     may be ``None``); ``zepp_ep``/``eplb_ep``: ``EnginePlacement`` of each policy; ``cluster``:
     simulate the first ``sim_layers`` layers on it (``None``, or a cluster without network
-    figures: no simulation)."""
+    figures: no simulation); ``tables``: Zepp's table per MoE layer for ``table_routing`` (the
+    engine's own dispatch over it is ``engine+zepp-table``; without tables that row is left out)."""
     from zepp.sim.calibrate import has_network
 
     spec = zepp_ep.model
-    ranks = zepp_ep.ranks
     tokens = spec.tokens_for_budget(budget_mb)
     out: list[LayerFigures] = []
     simulate = cluster is not None and has_network(cluster.name)
     windows = [("history", history)] + ([("held-out", heldout)] if heldout is not None else [])
-    entries = range(history.num_entries)
-    for i in entries:
+    routings = {"engine": engine_routing, "table": table_routing, "zepp": "zepp"}
+    for i in range(history.num_entries):
         layer = history.layers[i] if history.layers is not None else None
         key = layer if layer is not None else spec.moe_layers[0]
         placements = {"zepp": zepp_ep.placement(key), "eplb": eplb_ep.placement(key)}
+        table = tables[key] if tables is not None else None
         for wname, h in windows:
-            batches = h.batches(i, ranks, tokens, iters, seed)
+            batches = h.batches(i, zepp_ep.ranks, tokens, iters, seed)
             for name, cfg in CONFIG_PARTS.items():
-                pl = placements[cfg.placement]
-                rt = engine_routing if cfg.routing == "engine" else cfg.routing
+                if cfg.routing == "table" and table is None:
+                    continue
+                rt = routings[cfg.routing]
                 d, c = (dispatch, combine) if cfg.transport == "engine" else ("zepp", "reduce")
-                nic, inter, rows, first = _figures(batches, pl, rt, d, c, spec.row_bytes, relaxation)
-                ms = None
-                if simulate and i < sim_layers:
-                    ms = simulated_ms(cluster, spec, cfg.placement, rt, d, c, first)
+                nic, inter, rows, first = _figures(batches, placements[cfg.placement], rt, d, c, spec.row_bytes,
+                                                   relaxation, table if cfg.routing == "table" else None)
+                ms = simulated_ms(cluster, spec, cfg.placement, rt, d, c, first) if simulate and i < sim_layers else None
                 out.append(LayerFigures(layer, wname, name, nic, inter, rows, ms))
         if progress is not None:
             progress(i + 1, history.num_entries)
@@ -166,7 +180,8 @@ def format_table(figs: list[LayerFigures], max_layers: int = 6) -> str:
         lines.append(f"{window} window ({len(layers)} layer{'s' if len(layers) != 1 else ''}; per batch, "
                      f"dispatch + combine; 'total' sums the layers, its sim ms is the mean of the simulated ones):")
         lines.append(head)
-        rows = [("total", {c: tot[(window, c)] for c in CONFIGS})]
+        configs = [c for c in CONFIGS if (window, c) in tot]
+        rows = [("total", {c: tot[(window, c)] for c in configs})]
         for layer in layers[:max_layers]:
             rows.append((str(layer) if layer is not None else "all", {
                 f.config: (f.busiest_nic_bytes, f.inter_node_bytes, f.busiest_gpu_rows,
@@ -174,7 +189,7 @@ def format_table(figs: list[LayerFigures], max_layers: int = 6) -> str:
                 for f in figs if f.window == window and f.layer == layer}))
         for name, per in rows:
             base = per["eplb"]
-            for c in CONFIGS:
+            for c in configs:
                 v = per[c]
                 r = [v[j] / base[j] if base[j] else float("nan") for j in range(4)]
                 sim = (f"{v[3]:>12.3f} {r[3]:>7.2f}" if v[3] == v[3] else f"{'-':>12} {'-':>7}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import input_file, read_bytes, read_json
+from zepp.files import input_file, read_json, read_yaml
 from zepp.traces.formats.arrays import int_array, to_numpy, torch_load
 
 __all__ = ["check_rows", "load_obj", "save_json"]
@@ -48,13 +48,7 @@ def load_obj(path, kinds: tuple[str, ...]):
             obj = {k: (to_numpy(v, f"{p}: {k}") if hasattr(v, "detach") else v) for k, v in obj.items()}
         return p, obj
     if suffix in (".yaml", ".yml") and ".yaml" in kinds:
-        import yaml
-
-        try:
-            return p, yaml.safe_load(read_bytes(p))
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ZeppInputError(f"{p}: not valid YAML ({first})") from None
+        return p, read_yaml(p, "placement file", ", ".join(kinds))
     raise ZeppInputError(f"{p}: unknown suffix {suffix!r}; this format is read from {', '.join(kinds)}")
 
 

@@ -27,7 +27,8 @@ from zepp.errors import ZeppInputError
 from zepp.model import MoESpec
 from zepp.planner.types import Placement
 
-__all__ = ["physical_experts", "place_zepp_slots", "place_layer", "EnginePlacement", "plan_layers"]
+__all__ = ["physical_experts", "place_zepp_slots", "place_layer", "EnginePlacement", "plan_layers", "largest_redundant",
+           "check_copies_per_node"]
 
 
 def physical_experts(num_experts: int, ranks: int, redundant: int) -> int:
@@ -55,14 +56,36 @@ def place_zepp_slots(hist, gpus_per_node: int, slots_per_gpu: int) -> Placement:
     return zepp_slots(np.asarray(hist, dtype=np.int64), gpus_per_node, slots_per_gpu)
 
 
+def largest_redundant(num_experts: int, nodes: int, gpus_per_node: int) -> tuple[int, int]:
+    """``(most, best)``: the most redundant copies Zepp's rule allows (at most one copy of an expert
+    per node on a board, one per GPU on a rack-scale node) and the largest count of at most that
+    with ``E + redundant`` divisible by the GPUs (``-1``: none)."""
+    from zepp.planner.placement.zepp_placement import copies_per_node
+
+    most = num_experts * (nodes * copies_per_node(gpus_per_node) - 1)
+    return most, most - (num_experts + most) % (nodes * gpus_per_node)
+
+
+def check_copies_per_node(policy: str, num_experts: int, nodes: int, gpus_per_node: int, redundant: int,
+                          option: str = "--redundant") -> None:
+    """One clear error where Zepp's one-copy-per-node rule cannot fill ``redundant`` extra slots
+    (policies placed by ``_place_zepp`` only), naming the largest count that works."""
+    if ENGINE_PLACERS.get(policy) is not _place_zepp:
+        return
+    most, best = largest_redundant(num_experts, nodes, gpus_per_node)
+    if redundant <= most:
+        return
+    fix = f"use {option} {best} or fewer" if best >= 0 else "no redundant count works: use --policy eplb"
+    raise ZeppInputError(f"{option} {redundant}: zepp keeps at most one copy of an expert per node (one per GPU on a "
+                         f"rack-scale node), so {nodes} node(s) of {gpus_per_node} GPUs hold at most {most} redundant "
+                         f"copies of {num_experts} experts; {fix}")
+
+
 def _place_zepp(policy: str, hist: np.ndarray, spec: MoESpec, nodes: int, gpus_per_node: int,
                 num_physical: int) -> Placement:
     """Zepp's rules for any slots per GPU; never two copies of an expert on one node."""
     e = spec.num_experts
-    if num_physical > e * nodes:
-        raise ZeppInputError(
-            f"--redundant {num_physical - e}: zepp keeps at most one copy of an expert per node, so {nodes} "
-            f"nodes hold at most {e * nodes} physical experts ({e * (nodes - 1)} redundant); lower --redundant")
+    check_copies_per_node(policy, e, nodes, gpus_per_node, num_physical - e)
     pl = place_zepp_slots(hist, gpus_per_node, num_physical // (nodes * gpus_per_node))
     if (pl.slot_expert < 0).any():
         raise ZeppInputError(

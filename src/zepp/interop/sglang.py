@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
 from zepp.files import describe_keys, input_file
 from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
@@ -219,6 +219,26 @@ def _stat_history(p: Path, obj: dict, source: str, req: HistoryRequest) -> Layer
                         sources="none", notes=tuple(notes))
 
 
+MAX_RANK = 1 << 16  # ranks a dump may name: [0, MAX_RANK)
+
+
+def _rank_of(p: Path, recs: list[dict], default: int) -> int:
+    """The rank every record of one per-rank dump names (``default`` when none does)."""
+    ranks = []
+    for r in recs:
+        v = r.get("rank", default)
+        if hasattr(v, "numel") and v.numel() == 1 and not v.is_floating_point():
+            v = v.item()  # a 0-d integer tensor
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_RANK:
+            raise ZeppFileError(f"rank must be an integer in [0, {MAX_RANK}), got {repr(v)[:40]}", p,
+                                f"records[{len(ranks)}].rank", "give the dump SGLang wrote for that rank")
+        ranks.append(v)
+    if len(set(ranks)) > 1:
+        raise ZeppFileError(f"records of ranks {sorted(set(ranks))[:4]} in one file", p, "records[*].rank",
+                            "give one file per rank")
+    return ranks[0]
+
+
 class _RankDumps:
     """per_pass / per_token dumps, one file per rank, added in the order given: the first file
     sets the mode and the layer count; the last one's map sets the expert count."""
@@ -231,6 +251,8 @@ class _RankDumps:
         self.ranks: list[int] = []
         self.tokens: dict[int, list[tuple[int, np.ndarray]]] = {}  # layer row -> per file (rank, ids [T, k])
         self.counts: list[np.ndarray] = []  # per file [passes, L, E]
+        self.first_map: np.ndarray | None = None  # every rank's file holds the same map
+        self.k: int | None = None  # per_token: the ids per token row, the same in every file
 
     def add(self, p: Path, obj) -> None:
         """Check dump ``obj`` (file ``p``) and keep its ids or counts in logical experts."""
@@ -240,8 +262,11 @@ class _RankDumps:
         if not recs:
             raise ZeppInputError(f"{p}: 'records' is empty; record some forward passes before dumping")
         has_tok = all("topk_ids_of_layer" in r for r in recs)
-        self.per_token = has_tok if self.per_token is None else self.per_token
-        rank = int(recs[0].get("rank", len(self.ranks))) if not isinstance(recs[0].get("rank"), bool) else 0
+        if self.per_token is not None and has_tok != self.per_token:
+            raise ZeppFileError("a per_pass dump among per_token ones (or the reverse)", p, "records",
+                                "give the files of one recording (one --expert-distribution-recorder-mode)")
+        self.per_token = has_tok
+        rank = _rank_of(p, recs, len(self.ranks))
         self.ranks.append(rank)
         if self.per_token:
             self._add_tokens(p, recs, m, rank)
@@ -263,13 +288,24 @@ class _RankDumps:
         self.n_layers = m.shape[0] if self.n_layers is None else self.n_layers
         if m.shape[0] != self.n_layers:
             raise ZeppInputError(f"{p}: {m.shape[0]} layers, other ranks' files {self.n_layers}")
+        if self.first_map is None:
+            self.first_map = m
+        elif m.shape != self.first_map.shape or not np.array_equal(m, self.first_map):
+            raise ZeppFileError(f"the map differs from the first rank file's (shape {m.shape}, the first "
+                                f"{self.first_map.shape})", p, "last_physical_to_logical_map",
+                                "every rank of one run dumps the same map: give the files of one recording")
         return m
 
     def _add_tokens(self, p: Path, recs: list[dict], m: np.ndarray, rank: int) -> None:
         for li in range(self.n_layers):
             parts = [sglang_topk({"topk_ids_of_layer": r["topk_ids_of_layer"],
                                   "last_physical_to_logical_map": m}, str(p), li) for r in recs]
-            ids = np.concatenate(parts) if parts else np.empty((0, 1), np.int64)
+            widths = sorted({q.shape[1] for q in parts} | ({self.k} if self.k is not None else set()))
+            if len(widths) > 1:
+                raise ZeppFileError(f"records of top-{widths[0]} and top-{widths[1]} ids in layer {li}", p,
+                                    "topk_ids_of_layer", "give the files of one recording")
+            ids = np.concatenate(parts)
+            self.k = ids.shape[1]
             self.tokens.setdefault(li, []).append((rank, ids))
 
     def _add_counts(self, p: Path, recs: list[dict], m: np.ndarray) -> None:

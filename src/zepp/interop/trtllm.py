@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.errors import ZeppInputError
-from zepp.files import describe_keys, read_json
+from zepp.errors import ZeppFileError, ZeppInputError
+from zepp.files import describe_keys, open_regular, read_json, read_safetensors_header
+from zepp.files.limits import MAX_TENSOR_FILE_BYTES
 from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj
 from zepp.traces.formats.arrays import check_ids, int_array, whole_counts
@@ -153,6 +154,9 @@ def _meta(d: Path, req: HistoryRequest) -> tuple[int, int]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ZeppInputError(f"{meta_p}: field {key!r} must be a positive integer, got {v!r}")
     e, k = meta["num_experts"], meta["num_experts_per_token"]
+    if k > e:
+        raise ZeppFileError(f"top-{k} of {e} experts", meta_p, "'num_experts_per_token'",
+                            "it must be at most num_experts")
     if req.spec is not None and (e, k) != (req.experts, req.k):
         raise ZeppInputError(f"{meta_p}: {e} experts, top-{k}, but model {req.spec.name!r} has "
                              f"{req.experts} experts, top-{req.k}")
@@ -188,11 +192,14 @@ def _keyed_arrays(f: Path) -> dict[tuple[int, int], np.ndarray]:
 
 
 def _safetensors(p: Path) -> dict[str, np.ndarray]:
+    """Every array of one rank's statistics file, its header checked first (``zepp.files``)."""
     try:
         from safetensors.numpy import load_file
     except ImportError:
         raise ZeppInputError("reading TensorRT-LLM statistics needs the safetensors package (pip install safetensors)") \
             from None
+    with open_regular(p, "TensorRT-LLM statistics file", ".safetensors", MAX_TENSOR_FILE_BYTES):
+        read_safetensors_header(p)
     try:
         return load_file(str(p))
     except PermissionError:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
 from zepp.files import describe_keys
 from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
@@ -153,7 +153,8 @@ def load_hint(out: str, ep) -> str:
     if out.lower().endswith(".json"):
         return f"vLLM-Ascend: give {out} as the expert placement file (EP size {ep.ranks})"
     return (f"vLLM: {out} holds physical_to_logical_map, logical_to_physical_map and logical_replica_count per "
-            f"MoE layer for its EPLB state (num_redundant_experts={ep.redundant}; mainline vLLM has no loader)")
+            f"MoE layer for its EPLB state (num_redundant_experts={ep.redundant}; mainline vLLM has no loader: zepp's "
+            f"vllm.general_plugins entry point applies this placement from the table file beside it)")
 
 
 # ---------------------------------------------------------------- what vLLM records
@@ -178,6 +179,11 @@ def read_load_window(p: Path, obj: dict, req: HistoryRequest) -> LayerHistory:
         raise ZeppInputError(f"{p}: expert_load_window must be [W, L, P] and physical_to_logical_map [L, P]; got "
                              f"{w.shape} and {m.shape}")
     e = req.experts or int(m.max()) + 1
+    missing = [(li, int(np.setdiff1d(np.arange(e), row)[0])) for li, row in enumerate(m)
+               if np.setdiff1d(np.arange(e), row).size]
+    if missing:
+        raise ZeppFileError(f"layer {missing[0][0]} has no slot of expert {missing[0][1]} ({m.shape[1]} physical slots, "
+                            f"{e} experts)", p, "physical_to_logical_map", "give the map the window was recorded with")
     n_l = m.shape[0]
     logical = np.zeros((w.shape[0], n_l, e), dtype=np.int64)
     lidx, pidx = np.nonzero(m >= 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
 from zepp.files import read_json
 from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj, save_json
@@ -130,26 +130,71 @@ def _layer_file_history(d: Path, files: list[tuple[int, Path]], req: HistoryRequ
     layers = _ordinals_to_layers(d, req, [i for i, _ in files], "layer_NNN.txt index")
     e = e or max(t.num_experts for t in traces)
     traces = tuple(Trace(t.topk_ids, e, t.source) for t in traces)
+    if (d / "load.json").exists():  # what the recorder wrote beside the traces must agree with them
+        _agrees_with_traces(d / "load.json", _read_load_json(d / "load.json"), traces, [i for i, _ in files])
     return LayerHistory(str(d), "zepp-recorder", e, traces[0].top_k, layers, traces, sources="none",
                         token_ranks=tuple(None for _ in traces))
 
 
-def _load_json_history(d: Path, load_p: Path, req: HistoryRequest) -> LayerHistory:
-    e, k = req.experts, req.k
+# load.json's fields (``zepp.serve.rank.write_record``): {name: what it must be}
+LOAD_KEYS = {"logical_count": "[MoE layers][experts] entry counts", "experts": "a positive integer",
+             "top_k": "a positive integer, at most experts", "layers": "the MoE layer count (logical_count's rows)",
+             "system": "the system's name", "nodes": "a positive integer", "gpus_per_node": "a positive integer"}
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _read_load_json(load_p: Path) -> dict:
+    """``load.json`` checked field by field and against itself: ``{"counts": [M, E] int64,
+    "experts", "top_k" (or None), "layers"}``."""
     obj = read_json(load_p, "load.json")
     if not isinstance(obj, dict) or "logical_count" not in obj:
         raise ZeppInputError(f"{load_p}: field 'logical_count' ([MoE layers][experts] entry counts) is missing")
+    unknown = [k for k in obj if k not in LOAD_KEYS]
+    if unknown:
+        raise ZeppFileError(f"unknown field {unknown[0]!r}"[:80], load_p, repr(unknown[0])[:60],
+                            f"load.json holds {', '.join(LOAD_KEYS)}")
     c = whole_counts(obj["logical_count"], f"{load_p}: logical_count")
-    if c.ndim != 2:
+    if c.ndim != 2 or 0 in c.shape:
         raise ZeppInputError(f"{load_p}: field 'logical_count' must be [MoE layers][experts], got shape {c.shape}")
     fe = obj.get("experts", c.shape[1])
     if isinstance(fe, bool) or not isinstance(fe, int) or fe != c.shape[1]:
         raise ZeppInputError(f"{load_p}: field 'experts' is {fe!r}, logical_count has {c.shape[1]} columns")
+    fk = obj.get("top_k")
+    if fk is not None and not (_positive(fk) and fk <= fe):
+        raise ZeppFileError(f"top_k must be a positive integer at most the {fe} experts, got {fk!r}", load_p, "'top_k'",
+                            "give the model's top-k")
+    for key, want in (("layers", c.shape[0]), ("nodes", None), ("gpus_per_node", None)):
+        v = obj.get(key, want)
+        if v is not None and not (_positive(v) and (want is None or v == want)):
+            raise ZeppFileError(f"{key} is {v!r}" + (f", logical_count has {want} rows" if want else ", not a "
+                                "positive integer"), load_p, repr(key), "fix or remove load.json")
+    if not isinstance(obj.get("system", ""), str):
+        raise ZeppFileError("system must be a name", load_p, "'system'", "fix or remove load.json")
+    return {"counts": c, "experts": fe, "top_k": fk, "layers": c.shape[0]}
+
+
+def _agrees_with_traces(load_p: Path, load: dict, traces: tuple, ordinals: list[int]) -> None:
+    """The recorder's ``load.json`` and its layer files describe one recording."""
+    t = traces[0]
+    for field, mine, theirs in (("'layers'", load["layers"], max(ordinals) + 1), ("'experts'", load["experts"],
+                                t.num_experts), ("'top_k'", load["top_k"] or t.top_k, t.top_k)):
+        if mine != theirs:
+            raise ZeppFileError(f"load.json says {mine}, the layer_NNN.txt files {theirs}", load_p, field,
+                                "the folder mixes two recordings: record again, or remove load.json")
+
+
+def _load_json_history(d: Path, load_p: Path, req: HistoryRequest) -> LayerHistory:
+    e, k = req.experts, req.k
+    load = _read_load_json(load_p)
+    c, fe = load["counts"], load["experts"]
     if e is not None and fe != e:
         raise ZeppInputError(f"{load_p}: {fe} experts, the model {e}")
-    fk = obj.get("top_k", k)
-    if fk is not None and (isinstance(fk, bool) or not isinstance(fk, int) or fk < 1):
-        raise ZeppInputError(f"{load_p}: field 'top_k' must be a positive integer, got {fk!r}")
+    fk = load["top_k"] if load["top_k"] is not None else k
+    if k is not None and fk != k:
+        raise ZeppFileError(f"top_k is {fk}, the model's top-{k}", load_p, "'top_k'", "use the model it was recorded with")
     layers = _ordinals_to_layers(d, req, list(range(c.shape[0])), "logical_count row")
     return LayerHistory(str(d), "zepp-recorder", fe, fk, layers, counts=c[:, None, None, :], sources="none",
                         notes=("load.json sums over ranks: no source ranks",))

@@ -1,5 +1,5 @@
 """Option checks shared by every command that starts ranks or clusters (``zepp run``,
-``zepp generate``, ``zepp cluster``; ``zepp bench`` checks its output path here too): each
+``zepp generate``, ``zepp cluster``; output paths: ``zepp.outputs``): each
 raises one ``ZeppInputError`` naming the option and the fix, before any work starts. One rule
 per option, one message, whichever command has it.
 """
@@ -75,46 +75,6 @@ def check_sim_numbers(*, nodes=None, gpus_per_node=None, budget_mb=None, iters=N
         check_seed(seed)
 
 
-def check_output_path(path: str, option: str, suffixes: tuple[str, ...] | None = None) -> str:
-    """``path`` if a file can be written there (its folder exists and accepts it), checked by
-    opening it without changing it (a new file is removed again). ``suffixes``: the suffixes
-    (without the dot) the writer supports; another one is refused before any work."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not str(path).strip():
-        raise ZeppInputError(f"{option} is empty; give a file name")
-    if os.path.isdir(path):
-        raise ZeppInputError(f"{option} {path!r} is a folder; give a file name")
-    if suffixes is not None:
-        suffix = os.path.splitext(path)[1].lstrip(".").lower()
-        if suffix not in suffixes:
-            raise ZeppInputError(f"{option} {path!r}: suffix {('.' + suffix) if suffix else '(none)'!r} cannot be "
-                                 f"written; use one of {', '.join('.' + s for s in suffixes)}")
-    if not os.path.isdir(folder):
-        raise ZeppInputError(f"{option} {path!r}: folder {folder!r} does not exist (or is not a folder); "
-                             f"create it first")
-    existed = os.path.exists(path)
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as exc:
-        raise ZeppInputError(f"{option} {path!r} cannot be written ({exc.strerror}); choose another path") from None
-    if not existed:
-        os.unlink(path)
-    return path
-
-
-def check_output_folder(path: str, option: str) -> str:
-    """``path`` if it is a folder that exists or can be created (its parent is a writable folder)."""
-    if not str(path).strip():
-        raise ZeppInputError(f"{option} is empty; give a folder")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ZeppInputError(f"{option} {path!r} is a file; give a folder")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(path) and not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
-        raise ZeppInputError(f"{option} {path!r}: cannot create it in {parent!r}; create that folder first")
-    return path
-
-
 def check_input_file(path: str, option: str) -> str:
     """``path`` if it is a regular, readable file (not a folder, pipe or device)."""
     if not os.path.exists(path):
@@ -181,10 +141,14 @@ def check_fault(text: str | None, world: int, systems: list[str], at: str) -> di
 
 def check_launch_options(o: dict) -> dict:
     """The options every rank launcher has (``zepp run``, ``zepp generate``): ``nodes``,
-    ``gpus_per_node``, ``timeout``, ``threads``, ``relaxation``, ``device``, ``emulate`` with
-    ``rate_mbit``/``delay_ms`` (values checked by the emulated cluster itself), ``json_path``.
+    ``gpus_per_node`` (under torchrun: with the environment it hands this rank,
+    ``zepp.launch.rank_env``), ``timeout``, ``threads``, ``relaxation``, ``device``, ``emulate``
+    with ``rate_mbit``/``delay_ms`` (values checked by the emulated cluster itself), ``json_path``.
     Returns ``{nodes, gpus_per_node, device, backend, timeout}`` for the rank config."""
+    from zepp.launch.rank_env import check_rank_env
+
     nodes, L = check_ranks(o["nodes"], o["gpus_per_node"])
+    check_rank_env(nodes, L, o["emulate"])
     timeout = float(check_number("--timeout", o["timeout"], 0, 10**6, lo_open=True))
     check_number("--threads", o["threads"], 1, 1024, integer=True)
     check_number("--relaxation", o["relaxation"], 0, 1000)
@@ -194,6 +158,8 @@ def check_launch_options(o: dict) -> dict:
     if not o["emulate"] and (o["rate_mbit"] is not None or o.get("delay_ms")):
         raise ZeppInputError("--rate-mbit/--delay-ms shape the emulated cluster's NICs; add --emulate")
     if o["json_path"] is not None:
-        check_output_path(o["json_path"], "--json")
+        from zepp.outputs import check_output_file
+
+        check_output_file(o["json_path"], "--json")
     return dict(nodes=nodes, gpus_per_node=L, device=device, backend="nccl" if device.startswith("cuda") else "gloo",
                 timeout=timeout)

@@ -9,7 +9,7 @@ loop, ``RankGroup.wait``, and one way a failure is reported, ``RunResult.failure
 What is guaranteed, by exit path of the launcher (the process that calls ``RankGroup``):
 
 - normal return, an exception, Ctrl-C (``KeyboardInterrupt``), SIGTERM (turned into
-  ``SystemExit(143)`` by ``launcher_signals``): ``with RankGroup(...)`` kills every rank that
+  ``Terminated(143)``, a ``SystemExit``, by ``launcher_signals``): ``with RankGroup(...)`` kills every rank that
   is still running, and ``temp_folder`` removes its folder, before the launcher exits;
 - ``kill -9`` of the launcher, or a crash of the interpreter: every rank gets SIGKILL from the
   kernel at once (``PR_SET_PDEATHSIG``, set in the child before it executes the command; a rank
@@ -34,7 +34,6 @@ is reported as a hang, with the limit it ran past.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from zepp.errors import RankFailure
+from zepp.launch.children import dies_with_parent
 from zepp.launch.watchdog import proc_start  # stdlib only: the watchdog script's own
 
 # what the exit codes of zepp's rank programs (zepp.runtime.rank_process, zepp.emulate.a2a_jobs) mean
@@ -56,7 +56,6 @@ EXIT_MEANING = {3: "saw a communication failure", 4: "rejected its input", 5: "h
 # codes of ranks that only noticed another rank failing (not culprits themselves)
 PEER_FAILURE_CODES = (3,)
 
-_PR_SET_PDEATHSIG = 1
 _WATCHDOG_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
 
 
@@ -126,16 +125,22 @@ def temp_folder(prefix: str):
         WATCHDOG.remove("dir", path)
 
 
+class Terminated(SystemExit):
+    """SIGTERM, raised in the main thread (exit code 143) so that ``finally`` and ``with`` blocks
+    run; ``zepp.cli.main`` reports it as one line."""
+
+
 @contextlib.contextmanager
 def launcher_signals():
-    """While inside: SIGTERM raises ``SystemExit(143)`` in the main thread, so ``finally`` and
-    ``with`` blocks (which end ranks, clusters and temp folders) run. No-op off the main thread."""
+    """While inside: SIGTERM raises ``Terminated(143)`` in the main thread, so ``finally`` and
+    ``with`` blocks (which end ranks, workers, clusters, temp folders and temporary files) run.
+    No-op off the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):  # noqa: ARG001
-        raise SystemExit(128 + signum)
+        raise Terminated(128 + signum)
 
     old = signal.signal(signal.SIGTERM, handler)
     try:
@@ -245,18 +250,6 @@ class RunResult:
 # the rank processes
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _child_setup(launcher_pid: int, libc) -> Callable[[], None]:
-    def setup() -> None:  # runs in the child between fork and exec
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != launcher_pid:  # the launcher died before the line above
-            os._exit(137)
-    return setup
-
-
 class RankGroup:
     """One process per rank, each in its own session (so it can be killed with its children),
     each dying with the launcher. Output goes to ``logdir/rank{r}.out|err`` (a temp folder when
@@ -278,14 +271,13 @@ class RankGroup:
         self._hung: dict[int, str] = {}
         self._first: int | None = None
         self._result: RunResult | None = None
-        libc, me = _libc(), os.getpid()
         self._t0 = time.monotonic()
         try:
             for r, (cmd, env) in enumerate(zip(commands, envs)):
                 with open(os.path.join(logdir, f"rank{r}.out"), "w") as out, \
                         open(os.path.join(logdir, f"rank{r}.err"), "w") as err:
                     p = subprocess.Popen(list(cmd), env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_child_setup(me, libc))
+                                         start_new_session=True, preexec_fn=dies_with_parent())
                 self.procs.append(p)
                 WATCHDOG.add("proc", str(p.pid), pid=p.pid, start=proc_start(p.pid))
         except BaseException:

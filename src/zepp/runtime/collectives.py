@@ -37,8 +37,10 @@ def stage_groups(world, ranks: int, gpus_per_node: int) -> tuple[list, list]:
             return nodes, rails
     L, N = gpus_per_node, ranks // gpus_per_node
 
+    from zepp.runtime.rank_process import subgroup
+
     def new(members):
-        return dist.new_group(members) if len(members) > 1 else None
+        return subgroup(members) if len(members) > 1 else None
 
     nodes = [new(list(range(n * L, n * L + L))) for n in range(N)]
     rails = [new(list(range(q, ranks, L))) for q in range(L)]

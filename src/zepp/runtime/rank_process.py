@@ -29,6 +29,7 @@ import torch.distributed as dist
 from zepp.errors import ZeppInputError
 
 RENDEZVOUS_S = 900.0  # how long a rank waits for the others to start (python + torch imports)
+_TIMEOUT: list[datetime.timedelta] = []  # the collective timeout the process group was formed with
 
 
 def _jsonable(v):
@@ -61,6 +62,7 @@ def init_group(backend: str = "gloo", timeout_s: float = 60.0) -> None:
     ``ZEPP_STORE_FILE`` when set (every rank arrives first, then the group forms), else
     ``env://``. ``timeout_s``: how long a collective may wait."""
     timeout = datetime.timedelta(seconds=float(timeout_s))
+    _TIMEOUT[:] = [timeout]
     path = os.environ.get("ZEPP_STORE_FILE")
     if not path:
         dist.init_process_group(backend, timeout=timeout)
@@ -72,6 +74,13 @@ def init_group(backend: str = "gloo", timeout_s: float = 60.0) -> None:
     store.wait([f"zepp/arrived/{r}" for r in range(world)])
     store.set_timeout(timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def subgroup(ranks: list[int], backend: str | None = None):
+    """``dist.new_group`` with the collective timeout the process group was formed with
+    (``init_group``): ``new_group``'s own default is torch's (30 minutes for gloo), so a
+    collective on a node, rail or swap group would wait that long for a hung peer."""
+    return dist.new_group(ranks=ranks, backend=backend, timeout=_TIMEOUT[0] if _TIMEOUT else None)
 
 
 def init_distributed(cfg: dict) -> None:

@@ -44,6 +44,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from zepp.runtime.rank_process import subgroup
+
 
 class SwapError(AssertionError):
     """A weight copy would cross nodes: swaps must stay inside one node."""
@@ -72,7 +74,7 @@ class SwapChannel:
     def __init__(self, group=None, device=None, own: bool = True):
         group = group if group is not None else dist.group.WORLD
         self.backend = dist.get_backend(group)
-        self.group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend=self.backend) if own else group
+        self.group = subgroup(dist.get_process_group_ranks(group), self.backend) if own else group
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.host_p2p = self.backend == "gloo" and self.device.type == "cuda"

@@ -19,28 +19,18 @@ Module names of transformers 5 may differ from the checkpoint's (Mixtral's ``mlp
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from zepp.errors import ZeppInputError
+from zepp.files import read_json
+from zepp.files.tensors import SAFETENSORS_DTYPES as _DTYPE_BYTES
+from zepp.serve.ckpt_check import check_folder
 
 # (name in the transformers 5 module tree, name in checkpoints written by older layouts)
 ALIASES = ((".mlp.", ".block_sparse_moe."),)
 _PER_EXPERT = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
-
-
-def check_folder(folder) -> Path:
-    """The folder as a Path; one clear error when it is not a checkpoint folder."""
-    p = Path(folder)
-    if not p.is_dir():
-        raise ZeppInputError(f"--checkpoint {str(folder)!r} is not a folder")
-    if not (p / "config.json").is_file():
-        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no config.json")
-    if not list(p.glob("*.safetensors")):
-        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no .safetensors files (only safetensors are read)")
-    return p
 
 
 class Checkpoint:
@@ -54,7 +44,7 @@ class Checkpoint:
         self.file_of: dict[str, Path] = {}
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
-            for name, fn in json.loads(index.read_text())["weight_map"].items():
+            for name, fn in read_json(index, "safetensors index")["weight_map"].items():
                 self.file_of[name] = self.folder / fn
         else:
             for fn in sorted(self.folder.glob("*.safetensors")):
@@ -124,6 +114,3 @@ class Checkpoint:
                     total += n * _DTYPE_BYTES.get(sl.get_dtype(), 4)
         return total
 
-
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1}

@@ -1,7 +1,7 @@
 """A checkpoint folder checked before any rank starts (``zepp generate``): ``check_checkpoint``.
 
 - ``config.json`` parses, is a mapping, and its size fields are integers in range
-  (``CONFIG_INTS``); its ``model_type`` is one transformers knows (one line, not transformers'
+  (``zepp.serve.config_schema``); its ``model_type`` is one transformers knows (one line, not transformers'
   advice);
 - every ``*.safetensors`` header is read (the 8-byte little-endian length and the JSON that
   follows, never the tensors): a file that is empty, truncated or corrupt is named;
@@ -17,26 +17,22 @@ refuses with one line naming the tensor.
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from pathlib import Path
 
-from zepp.errors import ZeppInputError
+from zepp.errors import ZeppFileError, ZeppInputError
+from zepp.files import read_json, read_safetensors_header
+from zepp.serve.config_schema import check_config
 
-MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
-
-# config.json size fields: (low, high); each checked where the config has it
-CONFIG_INTS = {
-    "vocab_size": (1, 1 << 24), "hidden_size": (1, 1 << 17), "num_hidden_layers": (1, 4096),
-    "num_attention_heads": (1, 4096), "num_key_value_heads": (1, 4096), "head_dim": (1, 1 << 14),
-    "intermediate_size": (1, 1 << 20), "moe_intermediate_size": (1, 1 << 20),
-    "max_position_embeddings": (1, 1 << 24), "num_experts": (1, 1 << 16), "num_local_experts": (1, 1 << 16),
-    "n_routed_experts": (1, 1 << 16), "num_experts_per_tok": (1, 1024), "n_shared_experts": (0, 1024),
-    "first_k_dense_replace": (0, 4096), "shared_expert_intermediate_size": (0, 1 << 20),
-}
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+def check_folder(folder) -> Path:
+    """The folder as a Path; one clear error when it is not a checkpoint folder (no torch imported)."""
+    p = Path(folder)
+    if not p.is_dir():
+        raise ZeppInputError(f"--checkpoint {str(folder)!r} is not a folder")
+    if not (p / "config.json").is_file():
+        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no config.json")
+    if not list(p.glob("*.safetensors")):
+        raise ZeppInputError(f"--checkpoint {str(folder)!r} has no .safetensors files (only safetensors are read)")
+    return p
 
 
 def _where(folder) -> str:
@@ -44,25 +40,21 @@ def _where(folder) -> str:
 
 
 def read_config_json(folder) -> dict:
-    """``config.json`` as a mapping, its size fields checked (``CONFIG_INTS``) and its
-    ``model_type`` one transformers knows."""
+    """``config.json`` as a mapping (``zepp.files`` rules: depth, size, duplicate keys), checked
+    against its schema (``zepp.serve.config_schema``) and its ``model_type`` one transformers knows."""
     p = Path(folder) / "config.json"
     try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ZeppInputError(f"{_where(folder)}: config.json is not valid JSON ({first}); fix or re-export it") \
-            from None
+        cfg = read_json(p, "config.json")
+    except ZeppFileError:
+        raise
+    except ZeppInputError as exc:
+        raise ZeppInputError(f"{_where(folder)}: config.json is not valid JSON ({str(exc)[:200]}); fix or re-export "
+                             f"it") from None
     if not isinstance(cfg, dict):
         raise ZeppInputError(f"{_where(folder)}: config.json must be a JSON object, got {type(cfg).__name__}")
-    for key, (lo, hi) in CONFIG_INTS.items():
-        v = cfg.get(key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ZeppInputError(f"{_where(folder)}: config.json field {key!r} must be an integer in [{lo}, {hi}], "
-                                 f"got {v!r}; fix config.json")
+    check_config(p, cfg)
     _check_model_type(folder, cfg.get("model_type"))
+    _check_named_choices(p, cfg)
     return cfg
 
 
@@ -75,51 +67,26 @@ def _check_model_type(folder, model_type) -> None:
                              f"mixtral, deepseek_v3")
 
 
+def _check_named_choices(p: Path, cfg: dict) -> None:
+    """The fields that name one of transformers' own tables: ``hidden_act``, the rope type."""
+    from transformers.activations import ACT2FN
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    act = cfg.get("hidden_act")
+    if act is not None and (not isinstance(act, str) or act not in ACT2FN):
+        raise ZeppFileError(f"hidden_act {repr(act)[:40]} is not an activation transformers knows", p,
+                            "'hidden_act'", f"use one of {', '.join(sorted(ACT2FN)[:8])}, ...")
+    for key in ("rope_parameters", "rope_scaling"):
+        block = cfg.get(key) or {}
+        kind = block.get("rope_type", block.get("type"))
+        if kind is not None and kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+            raise ZeppFileError(f"rope type {kind[:40]!r} is not one transformers knows", p, f"{key}.rope_type",
+                                f"use default or one of {', '.join(ROPE_INIT_FUNCTIONS)}")
+
+
 def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """``{tensor name: (dtype, shape)}`` from a safetensors file's header, every entry checked
-    against the file's size (a truncated file is named here, not by a rank)."""
-    size = path.stat().st_size
-    if size < 8:
-        raise ZeppInputError(f"{path}: {'empty' if size == 0 else 'truncated'} safetensors file ({size} bytes); "
-                             f"re-export the checkpoint")
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > min(size - 8, MAX_HEADER_BYTES):
-            raise ZeppInputError(f"{path}: safetensors header length {n} exceeds the file ({size} bytes): truncated "
-                                 f"or not a safetensors file; re-export the checkpoint")
-        raw = f.read(n)
-    try:
-        head = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ZeppInputError(f"{path}: safetensors header is not valid JSON (corrupt file); re-export the checkpoint") \
-            from None
-    if not isinstance(head, dict):
-        raise ZeppInputError(f"{path}: safetensors header is not a mapping (corrupt file); re-export the checkpoint")
-    out = {}
-    for name, entry in head.items():
-        if name != "__metadata__":
-            out[name] = _entry(path, name, entry, size - 8 - n)
-    return out
-
-
-def _entry(path: Path, name: str, entry, data_bytes: int) -> tuple[str, tuple[int, ...]]:
-    """One header entry's ``(dtype, shape)``, its byte range checked against the data section."""
-    ok = isinstance(entry, dict) and entry.get("dtype") in DTYPE_BYTES and isinstance(entry.get("shape"), list) \
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"]) \
-        and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2 \
-        and all(isinstance(o, int) and not isinstance(o, bool) for o in entry["data_offsets"])
-    if not ok:
-        raise ZeppInputError(f"{path}: header entry of tensor {name!r} is malformed (dtype, shape, data_offsets); "
-                             f"re-export the checkpoint")
-    a, b = entry["data_offsets"]
-    want = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
-    if not 0 <= a <= b or b - a != want:
-        raise ZeppInputError(f"{path}: tensor {name!r} has data_offsets {a}..{b} for {want} bytes of "
-                             f"{entry['dtype']} {tuple(entry['shape'])} (corrupt header); re-export the checkpoint")
-    if b > data_bytes:
-        raise ZeppInputError(f"{path}: tensor {name!r} ends at byte {b} of the data, the file holds {data_bytes} "
-                             f"(truncated); re-export or copy the file again")
-    return entry["dtype"], tuple(entry["shape"])
+    """``{tensor name: (dtype, shape)}`` from a safetensors file's header (``zepp.files``)."""
+    return read_safetensors_header(path)
 
 
 def tensor_table(folder) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -127,15 +94,18 @@ def tensor_table(folder) -> dict[str, tuple[str, tuple[int, ...]]]:
     must parse and name files that exist and hold the tensors it maps), else every file's header."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
-    if not index.is_file():
+    if not (index.exists() or index.is_symlink()):  # present but not a regular file: refused by read_json
         table = {}
         for fn in sorted(folder.glob("*.safetensors")):
             table.update(read_header(fn))
         return table
     try:
-        wm = json.loads(index.read_text()).get("weight_map")
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
-        wm = None
+        obj = read_json(index, "safetensors index")
+    except ZeppFileError:
+        raise
+    except ZeppInputError:
+        obj = None
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise ZeppInputError(f"{index}: not a safetensors index (a JSON object with 'weight_map': {{tensor: file}}); "
                              f"fix or remove it")
@@ -174,7 +144,7 @@ def _check_experts(folder, table: dict, prefix: str, E: int, F: int, H: int) -> 
     gu, dn = _resolve(table, f"{prefix}.gate_up_proj"), _resolve(table, f"{prefix}.down_proj")
     if gu is not None and dn is not None:
         for key, want in ((gu, (E, 2 * F, H)), (dn, (E, H, F))):
-            _same_shape(folder, key, table[key][1], want)
+            _same_shape(folder, key, table[key], want)
         return
     for e in range(E):
         names = None
@@ -187,10 +157,18 @@ def _check_experts(folder, table: dict, prefix: str, E: int, F: int, H: int) -> 
             raise ZeppInputError(f"{folder}: no weights of expert {e} of {prefix} (config.json implies "
                                  f"{E} experts per MoE layer); the config does not match the stored weights")
         for key, want in zip(names, ((F, H), (F, H), (H, F))):
-            _same_shape(folder, key, table[key][1], want)
+            _same_shape(folder, key, table[key], want)
 
 
-def _same_shape(folder, key: str, have: tuple, want: tuple) -> None:
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # what a weight may be stored as
+
+
+def _same_shape(folder, key: str, entry: tuple, want: tuple) -> None:
+    """Tensor ``key`` (``entry``: its ``(dtype, shape)``) is a floating-point tensor of shape ``want``."""
+    dtype, have = entry
+    if dtype not in FLOAT_DTYPES:
+        raise ZeppInputError(f"{folder}: tensor {key} is stored as {dtype}, not floating point; the checkpoint's "
+                             f"weights must be {', '.join(FLOAT_DTYPES)}: re-export it")
     if tuple(have) != tuple(want):
         raise ZeppInputError(f"{folder}: tensor {key} has shape {tuple(have)}, config.json implies {tuple(want)}; "
                              f"the config does not match the stored weights")
@@ -215,4 +193,4 @@ def check_tensors(folder, config) -> None:
                 continue
             raise ZeppInputError(f"{folder}: no tensor {name} in the checkpoint, which config.json implies; the config "
                                  f"does not match the stored weights")
-        _same_shape(folder, key, table[key][1], shape)
+        _same_shape(folder, key, table[key], shape)

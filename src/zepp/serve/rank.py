@@ -20,7 +20,6 @@ died or hung); 4 bad input; 5 internal error.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import resource
 import sys
@@ -79,14 +78,17 @@ def layer_placements(cfg: dict, system, shape: dict, world: int) -> list:
 def write_record(folder: str, recorded: list[list[np.ndarray]], expert_load: np.ndarray, meta: dict) -> None:
     """``folder/layer_{i:03d}.txt`` (one token per line, its k ids, the ``../shared/traces`` format)
     and ``folder/load.json`` (``{"logical_count": [layers][E], ...}``, readable by
-    ``zepp.traces.sampling.read_load_histogram``)."""
+    ``zepp.traces.sampling.read_load_histogram``). Each file is replaced whole
+    (``zepp.outputs``), ``load.json`` last: a run killed while writing leaves every file either
+    the previous one or the new one."""
+    from zepp.outputs import write_json, write_text
+
     os.makedirs(folder, exist_ok=True)
     for i, parts in enumerate(recorded):
         ids = np.concatenate(parts) if parts else np.zeros((0, 1), np.int32)
-        with open(os.path.join(folder, f"layer_{i:03d}.txt"), "w") as f:
-            f.write("\n".join(" ".join(map(str, row)) for row in ids.tolist()) + ("\n" if len(ids) else ""))
-    with open(os.path.join(folder, "load.json"), "w") as f:
-        json.dump({"logical_count": expert_load.tolist(), **meta}, f)
+        write_text(os.path.join(folder, f"layer_{i:03d}.txt"),
+                   "\n".join(" ".join(map(str, row)) for row in ids.tolist()) + ("\n" if len(ids) else ""), "--record")
+    write_json(os.path.join(folder, "load.json"), {"logical_count": expert_load.tolist(), **meta}, "--record", None)
 
 
 def _param_bytes(model) -> int:

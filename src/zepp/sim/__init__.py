@@ -16,7 +16,7 @@
 - ``run``: a registry row, batch by batch (``Config``, ``run_system``), and one FlowPlan on one
   cluster (``simulate_flowplan``).
 - ``bench_table``: the benchmark table's run and JSON file (``zepp bench``, ``zepp timeline``), from
-  ``bench_jobs`` (configurations), ``bench_units`` (units of work, worker pool) and
+  ``bench_jobs`` (configurations), ``bench_units`` (units of work), ``bench_pool`` (worker processes) and
   ``bench_rows`` (rows, speedups, the Markdown table); ``plots``: its figures.
 """
 

@@ -57,19 +57,23 @@ def arm_system(arm: str) -> registry.System:
 def run_schedule(job: dict, arms=tuple(ARMS)) -> dict:
     """Every arm on one configuration ``job`` (``zepp.sim.bench_jobs`` job with a schedule and
     ``warmup = 0``): per arm ``mean_ms``, ``median_ms``, ``iters_ms``, ``swapped_slots`` (per
-    iteration); with the workload's ``topic_mix`` report and the CPU seconds it took."""
+    iteration), ``path_ms`` (the mean critical path by category, ``zepp.sim.critical_path``);
+    with the workload's ``topic_mix`` report and the CPU seconds it took."""
     from zepp.sim.bench_jobs import make_config
+    from zepp.sim.critical_path import mean_path
     from zepp.sim.run import Shared, run_system
 
     t0 = time.process_time()
     cfg, wl = make_config(job, with_workload=True)
+    cfg.paths = True
     shared = Shared()
     out = {}
     for arm in arms:
         r = run_system(arm_system(arm), cfg, shared=shared)
         ms = np.asarray(r.latencies) * 1e3
         out[arm] = dict(mean_ms=float(ms.mean()), median_ms=float(np.median(ms)), iters_ms=ms.round(4).tolist(),
-                        swapped_slots=[int(x) for x in r.swapped_slots])
+                        swapped_slots=[int(x) for x in r.swapped_slots],
+                        path_ms={c: round(v * 1e3, 4) for c, v in mean_path(r.paths).items()})
     mix = dict(wl.report(), describe=wl.describe()) if wl is not None else None
     return dict(arms=out, topic_mix=mix, topics=wl.topics.stats if wl is not None else None,
                 cpu_s=time.process_time() - t0)
@@ -134,3 +138,22 @@ def format_table(result: dict) -> str:
         sp = result["speedup_over_comet"][sched]
         out.append("| " + " | ".join([sched] + [f"{row[a]:.2f} ({sp[a]:.2f}x)" for a in arms]) + " |")
     return "\n".join(out)
+
+
+def format_paths(result: dict) -> str:
+    """Markdown: where each arm's time goes, per schedule: mean ms per category along the critical
+    path (``zepp.sim.critical_path.CATEGORIES``; categories no arm spends time on left out)."""
+    from zepp.sim.critical_path import CATEGORIES
+
+    out = []
+    for sched, d in result["detail"].items():
+        arms = d["arms"]
+        cats = [c for c in CATEGORIES if any(a["path_ms"].get(c, 0) >= 0.005 for a in arms.values())]
+        out.append(f"{sched}: mean ms per layer along the critical path")
+        out.append("| arm | " + " | ".join(cats) + " | total |")
+        out.append("| " + " | ".join("---" for _ in range(len(cats) + 2)) + " |")
+        for arm, a in arms.items():
+            out.append(f"| {arm} | " + " | ".join(f"{a['path_ms'].get(c, 0):.2f}" for c in cats)
+                       + f" | {a['mean_ms']:.2f} |")
+        out.append("")
+    return "\n".join(out).rstrip()

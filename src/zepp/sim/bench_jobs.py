@@ -35,6 +35,9 @@ def traces_for(model: str, traces_dir: str | None, seed: int):
     return synthetic_traces(model, seed)
 
 
+TRACE_FILES = ("*/pool.txt", "*/eval.txt")  # what a --traces folder holds (for zepp.outputs.Place)
+
+
 def check_traces(traces_dir: str | None, models, seed: int) -> None:
     """The traces of every model exist (recorded under ``traces_dir``, or built-in) before any
     work starts; one ``ZeppInputError`` naming what is missing otherwise."""

@@ -1,20 +1,21 @@
 """The simulated MoE-layer benchmark table of PAPER.md section 4 (``zepp bench``; ``zepp timeline``
 draws one of its configurations): its run, and its JSON file.
 
-The table's parts: the configurations (``zepp.sim.bench_jobs``), the units of work and the
-worker pool (``zepp.sim.bench_units``), the rows, speedups and the Markdown table
-(``zepp.sim.bench_rows``). Every finished configuration is written to the JSON file at once
-(valid JSON after each), and a resumed run skips the configurations that file already holds
-with the same run settings (``RUN_KEYS``; each stored row checked by ``zepp.sim.resume_rows``).
+The table's parts: the configurations (``zepp.sim.bench_jobs``), the units of work
+(``zepp.sim.bench_units``) and the worker processes (``zepp.sim.bench_pool``), the rows, speedups
+and the Markdown table (``zepp.sim.bench_rows``). Every finished configuration is written to the
+JSON file at once, replaced whole (``zepp.outputs``: valid JSON after each, whenever the run is
+killed), and a resumed run skips the configurations that file already holds with the same run
+settings (``RUN_KEYS``; each stored row checked by ``zepp.sim.resume_rows``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from zepp.errors import ZeppInputError
+from zepp.files import read_json
 from zepp.sim.bench_jobs import config_key
 from zepp.sim.bench_rows import ROW_KEYS, RUN_KEYS, best_baseline, geomean, speedup, zepp_best
 from zepp.sim.bench_units import run_bench
@@ -27,15 +28,17 @@ def detail_path(path: Path) -> Path:
 
 def write_json(path: Path, rows: list[dict]) -> None:
     """Rows so far as ``{"rows", "geomean_speedup"}`` (+ ``detail_path`` with per-iteration
-    figures), replaced atomically so the file is valid JSON after every configuration."""
+    figures), each file replaced whole (``zepp.outputs.write_json``), so both are valid JSON after
+    every configuration, whenever the run is killed. The detail file goes first: a run killed
+    between the two leaves it one row ahead, and ``--resume`` (which reads it) loses nothing."""
+    from zepp.outputs import write_json as replace_json
+
     gm = geomean(speedup(r) for r in rows)
     payload = dict(rows=[dict({k: r[k] for k in ROW_KEYS + ("run", "schedule", "topic_mix") if k in r},
                               best_baseline=best_baseline(r), zepp_best=zepp_best(r)) for r in rows],
                    geomean_speedup=gm, geomean_speedup_paper=geomean(speedup(r, paper=True) for r in rows))
-    for p, data in ((path, payload), (detail_path(path), rows)):
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, p)
+    replace_json(detail_path(path), rows, "--json (its .detail.json)")
+    replace_json(path, payload, "--json")
 
 
 def load_resume(path: Path) -> list[dict]:
@@ -50,10 +53,9 @@ def _read_rows(src: Path) -> list[dict]:
     from zepp.sim.resume_rows import check_rows
 
     try:
-        data = json.loads(src.read_text())
-    except (OSError, ValueError) as exc:
-        raise ZeppInputError(f"--resume: cannot read {src} ({type(exc).__name__}); remove it or drop --resume") \
-            from None
+        data = read_json(src, "zepp bench --json file", allow_nan=True)  # NaN rows are refused by check_rows
+    except ZeppInputError as exc:
+        raise ZeppInputError(f"--resume: cannot read {src} ({str(exc)[:300]}); remove it or drop --resume") from None
     rows = data if isinstance(data, list) else data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         raise ZeppInputError(f"--resume: {src} is not a zepp bench --json file (no list of rows); remove it or "

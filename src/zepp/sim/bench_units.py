@@ -1,8 +1,8 @@
-"""The units of work of the simulated benchmark table and the worker pool that runs them.
+"""The units of work of the simulated benchmark table, and their run (here or over worker processes).
 
 A *unit* is one configuration and one system (Zepp's variants together, since they share their
-routing; any other meta-system with its variants). Units run largest first over a pool of
-worker processes; the progress bar advances by each unit's estimated cost
+routing; any other meta-system with its variants). Units run largest first over the worker
+processes of ``zepp.sim.bench_pool``; the progress bar advances by each unit's estimated cost
 (``Mechanics.sim_cost``), so its time estimate holds early on. A configuration's row is
 assembled (``zepp.sim.bench_rows``) once each of its units is in. ``zepp`` is the best of its
 variants; every system is planned and simulated per batch (``zepp.sim.run``), latency = max over
@@ -11,7 +11,6 @@ ranks, reported as the median of the timed iterations.
 
 from __future__ import annotations
 
-import signal
 import time
 
 import numpy as np
@@ -120,49 +119,27 @@ class _Rows:
         self._describe()
 
 
-def _init_worker() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends the pool
-    try:  # die with the parent even if it is killed hard (Linux)
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _run_units(units: list[dict], workers: int, on_result) -> None:
-    """``on_result(run_unit(u))`` for every unit, as each finishes: over a spawn pool of
-    ``workers`` processes (ended on any exit), or in this process."""
-    if workers > 1 and len(units) > 1:
-        import multiprocessing as mp
-
-        pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker)
-        try:
-            for res in pool.imap_unordered(run_unit, units):
-                on_result(res)
-            pool.close()
-        finally:
-            pool.terminate()
-            pool.join()
-    else:
-        for u in units:
-            on_result(run_unit(u))
-
-
 def run_bench(jobs: list[dict], workers: int = 1, progress: bool = True, on_row=None) -> list[dict]:
     """Simulate every configuration of ``jobs``; ``on_row(row)`` is called as each completes.
-    Returns the rows in ``jobs`` order. SIGTERM ends the run (and its workers) like Ctrl-C."""
+    Returns the rows in ``jobs`` order. SIGTERM ends the run (and its workers) like Ctrl-C
+    (``zepp.launch.processes.launcher_signals``)."""
     from tqdm import tqdm
+
+    from zepp.launch.processes import launcher_signals
 
     units = all_units(jobs)
     bar = tqdm(total=round(sum(u["weight"] for u in units)), desc="zepp bench", unit="work", disable=not progress,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     rows = _Rows(jobs, units, bar, on_row)
-    old_term = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     try:
-        _run_units(units, workers, rows.add)
+        with launcher_signals():
+            if workers > 1 and len(units) > 1:
+                from zepp.sim.bench_pool import run_pool
+
+                run_pool(units, workers, rows.add)
+            else:
+                for u in units:
+                    rows.add(run_unit(u))
     finally:
-        signal.signal(signal.SIGTERM, old_term)
         bar.close()
     return [rows.rows[config_key(j)] for j in jobs]

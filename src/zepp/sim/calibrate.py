@@ -1,13 +1,20 @@
 """Calibration of the simulator: the hardware figures as given and a few free parameters fitted
 on the measured ``a2av`` latencies only (the measured tables themselves: ``zepp.sim.measured``).
 
-Given, not fitted (PAPER.md sections 3, 5, 7)
---------------------------------------------
-- link rates, peak FLOP/s and HBM bandwidth of the ``a100`` / ``h100`` presets (``zepp.cluster``);
-- the GEMM efficiency curve ``eff(n) = 0.5 * n / (n + 64)`` (``n`` rows per expert): 0.43 at the
-  ~390 rows per expert of K2 at 4 nodes, 16 MB, where the unfused grouped GEMM reached
-  130-135 TFLOP/s (43% of 312), and a ceiling of 50% ("25-50% at 1-2k rows per expert").
-  Its small-``n`` slope keeps the roofline's weight-read bound in charge for thin experts.
+Given, not fitted (PAPER.md sections 3, 5, 7, and our measurements)
+-------------------------------------------------------------------
+- link rates, peak FLOP/s, HBM bandwidth and SM counts of the presets (``zepp.cluster``);
+- the grouped-GEMM efficiency curve ``eff(n) = eff_max * n / (n + rows_half)`` (``n`` rows per
+  expert) and the rate at which a grouped GEMM streams its weights (``weight_read_eff`` of the HBM
+  bandwidth): measured on an H200 (``benchmarks/results/gpu_gemm_h200.md``, torch's grouped GEMM):
+  ``eff_max`` 0.72, ``rows_half`` 127 (half the efficiency at one 128-row tile), and below ~128
+  rows per expert a flat time about 1.8x the weight-read floor, i.e. weights stream at 0.55 of HBM
+  bandwidth. The Hopper presets take these as measured. The A100 presets keep the curve's shape
+  (``rows_half`` 127: the same 128-row tiles) and the same weight-read efficiency, and take
+  ``eff_max`` from PAPER.md section 7's testbed measurement: the unfused grouped GEMM of K2 reached
+  130-135 TFLOP/s (43% of 312) at ~390 rows per expert, so ``eff_max = 0.43 * (390 + 127) / 390 =
+  0.57``. (Before issue 26 every preset used ``eff_max`` 0.5, ``rows_half`` 64 and the full HBM
+  rate for weights.)
 - COMET's fused, tile-gated GEMM at 62.5 / 132.5 of that efficiency; a proxy keeps 14.5 puts in
   flight; a receiver's signal wait costs 2 us; NVLink message cost 10 us; kernel launch 10 us.
 
@@ -40,13 +47,19 @@ from zepp.errors import ZeppInputError
 from zepp.sim.measured import fig9, weak_a2av
 from zepp.sim.mechanics import DEEPEP_NET, Net
 
-# GEMM curve and fixed costs from the figures above (same for both presets).
-HARDWARE = dict(gemm_eff_max=0.5, gemm_rows_half=64.0, nvlink_msg_cost=10e-6, kernel_launch=10e-6)
+# GEMM curve and fixed costs from the figures above, per preset: the A100's curve anchored on PAPER.md
+# section 7, Hopper's as measured on the H200 (GB200: no measurement; Hopper's curve on its own peak).
+_FIXED = dict(nvlink_msg_cost=10e-6, kernel_launch=10e-6)
+A100_GEMM = dict(gemm_eff_max=0.43 * (390 + 127) / 390, gemm_rows_half=127.0, weight_read_eff=0.55)
+HOPPER_GEMM = dict(gemm_eff_max=0.72, gemm_rows_half=127.0, weight_read_eff=0.55)
+HARDWARE: dict[str, dict] = {"a100": dict(_FIXED, **A100_GEMM), "h100": dict(_FIXED, **HOPPER_GEMM),
+                             "h100-8": dict(_FIXED, **HOPPER_GEMM), "h200-8": dict(_FIXED, **HOPPER_GEMM),
+                             "gb200-nvl72": dict(_FIXED, **HOPPER_GEMM)}
 
 # Output of benchmarks/fit/calibrate.py (see benchmarks/results/calibration.md).
 FITTED: dict[str, Net] = {
-    "a100": Net(put_c0=47.12e-6, put_c1=1.7687e-6, nic_eff=0.75665),
-    "h100": Net(put_c0=48.96e-6, put_c1=3.021e-6, nic_eff=0.86527),
+    "a100": Net(put_c0=44.82e-6, put_c1=1.7918e-6, nic_eff=0.77272),
+    "h100": Net(put_c0=24.79e-6, put_c1=3.4143e-6, nic_eff=0.82223),
 }
 
 
@@ -85,7 +98,7 @@ def on_network(cluster: Cluster) -> tuple[Cluster, Net]:
     (``network_of``: fitted, or DeepEP's published figures for today's clusters); a
     cluster whose name is no simulated preset is a ``ZeppInputError``."""
     net, _ = network_of(cluster.name)
-    return cluster.with_(**{k: v for k, v in HARDWARE.items() if k not in cluster.given}), net
+    return cluster.with_(**{k: v for k, v in HARDWARE[cluster.name].items() if k not in cluster.given}), net
 
 
 # cluster fields the simulator does not read when it has a preset's network: the preset's put

@@ -32,7 +32,7 @@ def plan_cells(plan: FlowPlan, single: np.ndarray | None = None) -> tuple[CellFl
     rows are free (``None``: no free rows). Only for transports with hop tables and, with free
     rows, a gatewayed dispatch (``counted``)."""
     tc, gw, vol = plan.volume_state
-    R, L, N = tc.R, tc.L, tc.N
+    L = tc.L
     d_links = c_links = _empty_links()
     free = None
     if DISPATCHES[plan.dispatch_transport].gatewayed:

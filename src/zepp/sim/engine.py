@@ -56,6 +56,7 @@ class Timeline:
     bytes: np.ndarray
     latency: float
     events: int = 0
+    path: dict | None = None  # seconds per category along the critical path (zepp.sim.critical_path)
 
     def per_rank_latency(self, ranks: int) -> np.ndarray:
         """``[ranks]`` the last end time of each rank's tasks."""

@@ -24,93 +24,25 @@ Granularity and dependencies
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from zepp.cluster import Cluster
 from zepp.model import MoESpec
-from zepp.planner.overlap.granularity import Granularity
 from zepp.planner.overlap.grouping import arrival_stage, combine_wave, dispatch_group, split_by_key, split_by_owner_node
-from zepp.planner.types import FlowPlan, Hops
 from zepp.sim.cell_flows import CellFlows
-from zepp.sim.cell_links import plan_cells
 from zepp.sim.collectives import add_stage_collectives
 from zepp.sim.joins import sorted_distinct
 from zepp.sim.layer_builder import (LayerBuilder, column_slices, dispatch_row_bytes, extra_calls, join_per_rank,
                                     phase_end)
+from zepp.sim.layer_work import LayerWork
 from zepp.sim.mechanics import Mechanics, Net
-from zepp.sim.predispatch import plan_free_hops, single_copy_slots
+from zepp.sim.predispatch import plan_free_hops
 from zepp.sim.task_graph import SimulationError, TaskGraph
 
 # Event coarsening used for every simulated layer (see zepp.sim.engine): events closer than a
 # fraction of the elapsed time (0.05%) are merged and link shares within 0.1% count as one level.
 # benchmarks/results/bench_sim_accuracy.md measures what this changes against the exact engine.
 SIM_OPTS = dict(rel_quantum=5e-4, rate_tol=1e-3)
-
-
-@dataclass
-class LayerWork:
-    """What ``build_layer`` needs from a system's planner.
-
-    ``owner, token, comp, slot, entry [n_entries]``: every entry's owner rank, token index,
-    computing rank, global slot and index ``j < k``. ``dispatch`` / ``combine``: ``Hops``. Or,
-    built from counts (``counted``): ``dispatch`` / ``combine`` are ``zepp.sim.cell_flows.CellFlows``
-    and ``slot_entries [R, R*S]`` (entries per owner and slot) stands for the per-entry arrays
-    (``None`` then).
-    ``slots_per_rank``: ``S``. ``swapped [R * S]`` bool: slots whose weights arrive this
-    iteration (their GEMMs wait for ``weight_copies``). ``weight_copies [M, 2]``: (src rank,
-    dst rank) of each expert-weight transfer this iteration.
-    """
-
-    owner: np.ndarray
-    token: np.ndarray
-    comp: np.ndarray
-    slot: np.ndarray
-    entry: np.ndarray
-    dispatch: Hops
-    combine: Hops
-    tokens_per_rank: int
-    slots_per_rank: int
-    swapped: np.ndarray | None = None
-    weight_copies: np.ndarray | None = None
-    copies_block_gemm: str = "swapped"  # "swapped": only swapped slots wait; "all": every GEMM of the rank
-    granularity: Granularity | None = None  # coarse groups / waves (zepp.planner.overlap.granularity); None: per node
-    single_slots: np.ndarray | None = None  # [R * S] slots of single-copy experts (Mechanics.predispatch)
-    slot_entries: np.ndarray | None = None  # [R, R * S] entries per (owner, slot): the counted form
-
-    @classmethod
-    def of(cls, plan: FlowPlan, counted: bool = False, predispatch: bool = False, **kw) -> "LayerWork":
-        """The layer plan of a ``FlowPlan``: its routing's entries and hop tables, or with
-        ``counted`` its cells (``zepp.sim.cell_links.plan_cells``; free rows where
-        ``predispatch``) and entries per (owner, slot)."""
-        r = plan.routing
-        kw.setdefault("single_slots", single_copy_slots(r.placement))
-        T, S = r.topk_ids.shape[1], r.placement.slots_per_rank
-        if counted:
-            d, c = plan_cells(plan, kw["single_slots"] if predispatch else None)
-            return cls(None, None, None, None, None, d, c, T, S, slot_entries=plan.volume_state.counts.slot_entries(),
-                       **kw)
-        owner, token, comp, slot, entry = entries_of(r)
-        return cls(owner, token, comp, slot, entry, plan.dispatch, plan.combine, T, S, **kw)
-
-    def gemm_entries(self):
-        """``(owner, comp, slot, rows)`` ``[n]``: every entry (``rows`` None), or in the counted
-        form every (owner, slot) with entries and their number."""
-        if self.slot_entries is None:
-            return self.owner, self.comp, self.slot, None
-        owner, slot = np.nonzero(self.slot_entries)
-        return owner, slot // self.slots_per_rank, slot, self.slot_entries[owner, slot]
-
-
-def entries_of(routing) -> tuple[np.ndarray, ...]:
-    """Flat per-entry arrays ``(owner, token, comp, slot, entry)`` of a ``Routing`` (missing
-    entries left out)."""
-    R, T, k = routing.topk_ids.shape
-    slot = routing.slot.ravel().astype(np.int64)
-    idx = np.flatnonzero(slot >= 0) if (slot < 0).any() else np.arange(R * T * k, dtype=np.int64)
-    slot = slot[idx]
-    return (idx // (T * k)), (idx // k) % T, slot // routing.placement.slots_per_rank, slot, idx % k
 
 
 def build_layer(graph: TaskGraph, cluster: Cluster, spec: MoESpec, work: LayerWork, mech: Mechanics, net: Net,
@@ -238,6 +170,8 @@ class _LayerTasks:
             g.after(self.gather, pre)
             g.after(pre[d.src[free]], d.entry_task[free])
         g.after(pro[d.src[~free]], d.entry_task[~free])  # nothing else leaves a rank before its planning is done
+        if mech.hbm_passes:
+            self._add_pack(d)
         if mech.kernel_calls[0]:
             self.kc_dispatch = g.add_fixed(np.arange(R), np.full(R, mech.kernel_calls[0] * self.call), kind="dispatch",
                                            stream=None, label="dispatch kernels")
@@ -246,6 +180,18 @@ class _LayerTasks:
         b.stage_deps(self.work.dispatch, d)
         extra_tail = extra_calls(b, d, pro, "dispatch")
         self.dispatch_done = phase_end(g, b.net, R, mech.dispatch_barrier, d, extra_tail)
+
+    def _add_pack(self, d) -> None:
+        """``Mechanics.hbm_passes``: each rank gathers the rows it sends in stage 0 into its send
+        buffers (one read and one write per row at the HBM rate) before the first of them leaves."""
+        b, g, R = self.b, self.g, self.R
+        first = d.stage == 0
+        rows = np.bincount(d.src[first], weights=d.rows[first], minlength=R)
+        sec = 2.0 * rows * dispatch_row_bytes(b.spec, self.mech) / b.cl.hbm_bw + b.cl.kernel_launch
+        pack = g.add_fixed(np.arange(R), np.where(rows > 0, sec, 0.0), kind="other", stream="compute",
+                           prio=np.full(R, -1), label="pack")
+        g.after(self.pro, pack)
+        g.after(pack[d.src[first]], d.entry_task[first])
 
     # ---------------------------------------------------------------- GEMMs
     def add_gemms(self) -> None:
@@ -259,11 +205,15 @@ class _LayerTasks:
         # "stage": an entry's group is its token's arrival stage; a hop of stage s feeds group s + 1
         grp1 = (arrival_stage(w.owner, w.token, w.comp, w.dispatch, b.T) if mech.gemm1 == "stage"
                 else self.group_of(owner, comp))
+        grp2 = self.wave_of(owner, comp)
+        overlapped = bool(mech.comm_sms)  # a phase's GEMMs beside its communication kernels: more than one GEMM
         self.tab1 = b.gemm_tasks(swapped * G + grp1, slot, 2 * G,
-                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1, rows=rows)
+                                 lambda c: np.minimum(c % G, 2) * 2 + c // G, "gemm1", which=1, rows=rows,
+                                 overlapped=overlapped and _several(grp1))
         col_splits = self.L if mech.gemm2 == "columns" else mech.gemm2_splits if mech.gemm2 == "column-sends" else 1
-        self.tab2 = b.gemm_tasks(swapped * N + self.wave_of(owner, comp), slot, 2 * N,
-                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits, rows=rows)
+        self.tab2 = b.gemm_tasks(swapped * N + grp2, slot, 2 * N,
+                                 lambda c: 1000 + (c % N) * 2 + c // N, "gemm2", which=2, splits=col_splits,
+                                 rows=rows, overlapped=overlapped and _several(grp2))
         self.tab2_end = b.column_splits[-1] if col_splits > 1 else self.tab2
         self._gemm_deps()
 
@@ -330,6 +280,8 @@ class _LayerTasks:
             splits = mech.gemm2_splits
             h = h.column_slices(splits) if isinstance(h, CellFlows) else column_slices(h, splits)
         cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes) / splits)
+        if mech.hbm_passes:
+            self._add_pre_reduce(cm)
         # a partial leaves x once x's GEMM 2 wave for the owner's node is done (both halves); a
         # column slice once its column split is done
         part = h.msg.astype(np.int64) % splits
@@ -349,6 +301,20 @@ class _LayerTasks:
             g.after(self.pro, self.kc_combine)
             g.after(cm.exit_task, self.kc_combine[cm.dst])
             g.after(self.g2e, self.kc_combine[self.rk2e])
+
+    def _add_pre_reduce(self, cm) -> None:
+        """``Mechanics.hbm_passes``: a combine message of a later stage carries partials its sender
+        summed first (the pre-reduction on a gateway), a kernel reading the partials it received
+        and writing their sums, before the message leaves: it becomes the message's entry task."""
+        later = np.flatnonzero(cm.stage >= 1)
+        if later.size == 0:
+            return
+        b, g = self.b, self.g
+        sec = 2.0 * cm.rows[later] * b.spec.row_bytes / b.cl.hbm_bw + b.cl.kernel_launch
+        red = g.add_fixed(cm.src[later], sec, kind="reduce", stream="compute", prio=np.full(later.size, -1),
+                          label="pre-reduce")
+        g.after(red, cm.entry_task[later])
+        cm.entry_task[later] = red
 
     def _partials_ready(self) -> np.ndarray:
         """Per rank, the task after which its partials exist: its last GEMM 2, or (a rank that
@@ -385,3 +351,8 @@ class _LayerTasks:
         if self.kc_combine is not None:
             g.after(self.kc_combine, red)
         self.out.update(gemm1=self.all1, gemm2=self.all2, reduce=red)
+
+
+def _several(groups: np.ndarray) -> bool:
+    """Whether ``groups [n]`` holds more than one value (a phase split into several GEMMs)."""
+    return groups.size > 0 and bool((groups != groups.flat[0]).any())

@@ -47,11 +47,15 @@ class LayerBuilder:
         one cross-node put (default the calibrated ``net.put(W)``)."""
         src = np.asarray(src, np.int64)
         dst = np.asarray(dst, np.int64)
-        n = src.size
         cross = (src // self.L) != (dst // self.L)
         put = self.net.put(self.R) if put is None else put
         fixed = np.where(cross, put, self.cl.nvlink_msg_cost)
-        entry = np.zeros(n, np.int64)
+        return self.proxy_transfers(src, dst, np.asarray(nbytes, float), fixed, cross, kind, label, put, mode, prio)
+
+    def proxy_transfers(self, src, dst, nbytes, fixed, cross, kind: str, label: str, put: float, mode: str, prio=None):
+        """``transfers``' messages: ``concurrent`` cross-node puts first take a slot on the
+        source's host proxy (``put / proxy_inflight``, the rest of ``put`` is the message's fixed cost)."""
+        entry = np.zeros(src.size, np.int64)
         mode = "concurrent" if mode == "concurrent" and self.mech.proxy else "gpu-initiated"
         if mode == "concurrent" and cross.any():
             issue = put / self.net.proxy_inflight
@@ -59,7 +63,7 @@ class LayerBuilder:
             ci = np.flatnonzero(cross)
             pt = self.g.add_fixed(src[ci], np.full(ci.size, issue), kind="proxy", stream="proxy",
                                   prio=prio if prio is None else np.asarray(prio)[ci], label="issue")
-        xt = self.g.add_transfer(src, dst, np.asarray(nbytes, float), fixed, kind=kind, label=label)
+        xt = self.g.add_transfer(src, dst, nbytes, fixed, kind=kind, label=label)
         entry[:] = xt
         if mode == "concurrent" and cross.any():
             entry[ci] = pt
@@ -143,10 +147,11 @@ class LayerBuilder:
 
     # ---------------------------------------------------------------- GEMMs
     def gemm_tasks(self, cls: np.ndarray, slot: np.ndarray, ncls: int, prio_of_cls, label: str, which: int = 1,
-                   splits: int = 1, rows: np.ndarray | None = None) -> np.ndarray:
+                   splits: int = 1, rows: np.ndarray | None = None, overlapped: bool = False) -> np.ndarray:
         """One grouped-GEMM task per (class, rank) holding entries; ``cls [n]`` in ``[0, ncls)``,
         ``slot [n]`` global slots (``rows [n]``: entries each stands for, else one); ``which``:
-        GEMM 1 or 2. Returns ``table [ncls, R]`` of task ids (-1: no task).
+        GEMM 1 or 2; ``overlapped``: the GEMMs run beside the phase's communication kernels
+        (``Mechanics.comm_sms``). Returns ``table [ncls, R]`` of task ids (-1: no task).
 
         ``splits > 1``: each task is run as ``splits`` column splits in sequence (each 1 / splits
         of the FLOPs and weight reads, plus a launch); the returned table holds the first split,
@@ -158,28 +163,8 @@ class LayerBuilder:
         if self.mech.pad_rows > 1:
             rows = np.ceil(rows / self.mech.pad_rows) * self.mech.pad_rows
         tkey = (nz // (R * S)) * R + (nz % (R * S)) // S  # cls * R + rank
-        spec, cl = self.spec, self.cl
-        flops_row = 2.0 * spec.hidden * spec.ffn  # one of the two GEMMs
-        w_bytes = float(spec.hidden * spec.ffn * spec.dtype_bytes)
-        scale = self.mech.gemm_eff_scale
         space = ncls * R
-        if self.gemm_cost is not None:
-            if self.mech.per_expert_gemm:
-                dur = np.bincount(tkey, weights=self.gemm_cost(which, rows, np.ones(rows.size)), minlength=space)
-            else:
-                tot = np.bincount(tkey, weights=rows, minlength=space)
-                act = np.bincount(tkey, minlength=space).astype(float)
-                dur = self.gemm_cost(which, tot, act)
-        elif self.mech.per_expert_gemm:
-            eff = cl.gemm_efficiency(rows) * scale
-            t = np.maximum(rows * flops_row / (cl.peak_flops * eff), w_bytes / cl.hbm_bw) + cl.kernel_launch
-            dur = np.bincount(tkey, weights=t, minlength=space)
-        else:
-            tot = np.bincount(tkey, weights=rows, minlength=space)
-            act = np.bincount(tkey, minlength=space).astype(float)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                eff = cl.gemm_efficiency(tot / np.maximum(act, 1)) * scale
-                dur = np.maximum(tot * flops_row / (cl.peak_flops * eff), act * w_bytes / cl.hbm_bw) + cl.kernel_launch
+        dur = self.gemm_seconds(rows, tkey, space, which, overlapped)
         keys = np.unique(tkey)
         if splits > 1:
             return self.column_split_tasks(keys, dur[keys], prio_of_cls(keys // R), ncls, splits, label)
@@ -187,6 +172,34 @@ class LayerBuilder:
         table[keys] = self.g.add_fixed(keys % R, dur[keys], kind="gemm", stream="compute",
                                        prio=prio_of_cls(keys // R), label=label)
         return table.reshape(ncls, R)
+
+    def gemm_seconds(self, rows: np.ndarray, tkey: np.ndarray, space: int, which: int, overlapped: bool) -> np.ndarray:
+        """``[space]`` seconds of each GEMM task from ``rows [m]`` per (task ``tkey [m]``, slot):
+        the measured ``gemm_cost`` where given, else the roofline of one grouped GEMM (or one per
+        slot, ``per_expert_gemm``): FLOPs at the efficiency of its rows per active expert (times
+        the SMs the communication kernels leave when ``overlapped``) or its weights streamed at
+        ``weight_read_eff`` of the HBM rate, whichever is longer, plus a launch; with
+        ``Mechanics.hbm_passes`` also its rows gathered in (GEMM 1) or scattered out (GEMM 2)."""
+        spec, cl, mech = self.spec, self.cl, self.mech
+        tot = np.bincount(tkey, weights=rows, minlength=space)
+        act = np.bincount(tkey, minlength=space).astype(float)
+        if self.gemm_cost is not None:
+            if mech.per_expert_gemm:
+                return np.bincount(tkey, weights=self.gemm_cost(which, rows, np.ones(rows.size)), minlength=space)
+            return self.gemm_cost(which, tot, act)
+        flops_row = 2.0 * spec.hidden * spec.ffn  # one of the two GEMMs
+        w_read = spec.hidden * spec.ffn * spec.dtype_bytes / (cl.hbm_bw * cl.weight_read_eff)
+        scale = mech.gemm_eff_scale * (1.0 - mech.comm_sms / cl.sms if overlapped else 1.0)
+        if mech.per_expert_gemm:
+            t = np.maximum(rows * flops_row / (cl.peak_flops * cl.gemm_efficiency(rows) * scale), w_read)
+            dur = np.bincount(tkey, weights=t + cl.kernel_launch, minlength=space)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                eff = cl.gemm_efficiency(tot / np.maximum(act, 1)) * scale
+                dur = np.maximum(tot * flops_row / (cl.peak_flops * eff), act * w_read) + cl.kernel_launch
+        if mech.hbm_passes:  # the rows' gather (GEMM 1) or scatter (GEMM 2): one read and one write each
+            dur = dur + np.where(tot > 0, 2.0 * tot * spec.row_bytes / cl.hbm_bw + cl.kernel_launch, 0.0)
+        return dur
 
     def column_split_tasks(self, keys: np.ndarray, dur: np.ndarray, prio, ncls: int, splits: int,
                            label: str) -> np.ndarray:

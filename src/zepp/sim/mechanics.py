@@ -23,7 +23,8 @@ Sources (PAPER.md section 7, "How the baselines were run"):
   GEMM 2 in ``L`` column splits (``columns``: "GEMM 2 publishes per column-split barriers"; each
   split reads its slice of w2 once). Its dense all-gather and its in-node ring combine with
   put-with-signal and flag polls are the ``comet-allgather`` and ``comet-ring-combine`` phases
-  (``zepp.sim.phases``).
+  (``zepp.sim.phases``); the puts-with-signal are fenced (``fenced_signals``: NVSHMEM's proxy on
+  Slingshot serves them one after another, each a blocking put).
 - ``fast``: synchronous host-driven rounds (the ``fast-rounds`` phase), nothing overlaps.
 
 DeepEP's kernels (today's clusters; figures in ``DEEPEP_NET``, PAPER.md sections 5 and 6):
@@ -142,6 +143,20 @@ class Mechanics:
     - ``predispatch``: rows no plan can reroute (straight to the single copy of an expert in the
       owner's node) leave after the gather, during planning, in one more kernel call
       (``zepp.sim.predispatch``).
+    - ``comm_sms``: streaming multiprocessors the communication kernels hold while a phase's
+      transfers overlap its GEMMs (forwarding, pre-reducing, signalling); a GEMM that runs beside
+      them (a phase with more than one GEMM) gets the other ``sms - comm_sms`` (0: nothing taken).
+    - ``hbm_passes``: rows are packed and unpacked by separate memory-bound kernels: each rank
+      gathers the rows it sends into its send buffers before its first dispatch message leaves,
+      a GEMM's input rows are gathered into expert order before it and its output rows scattered
+      into the combine's buffers after it, each pass reading and writing every row once at the
+      GPU's HBM rate (``False``: kernels that read and write the rows in place as they move them,
+      DeepEP's and COMET's fused ones).
+    - ``fenced_signals``: a put-with-signal through the host proxy runs as put, fence, signal, and
+      the fence is a quiet (NVSHMEM's libfabric transport, Slingshot's): the proxy thread waits
+      for every put it has outstanding before it takes the next request, so one rank's
+      puts-with-signal go one after another, each a blocking put (``Net.put``, as ``a2av``'s),
+      in ring order of their destinations (COMET's combine; ``zepp.sim.phases.comet``).
     - ``sim_cost``: CPU time of simulating a layer with these mechanics relative to
       ``serial-barrier``'s (16 nodes, K2, 4 MB; measured once): only ``zepp bench``'s progress
       estimate and the order of its units of work read it, never a simulated figure.
@@ -169,6 +184,9 @@ class Mechanics:
     chunked: bool = False
     ordered_sends: bool = False
     predispatch: bool = False
+    comm_sms: int = 0
+    hbm_passes: bool = False
+    fenced_signals: bool = False
     sim_cost: float = 1.0
 
 
@@ -195,44 +213,55 @@ DEEPEP_FP8 = 1.0 + 4.0 / 128
 COMET_FUSED_EFF = 62.5 / 132.5  # fused tile-gated vs unfused grouped GEMM TFLOP/s (PAPER.md section 7)
 # EPIC's serial relay stages: "about 0.34-0.45 ms per proxy put per round" (PAPER.md section 7, epic); midpoint.
 EPIC_RELAY_PUT = 0.5 * (0.34e-3 + 0.45e-3)
+# The communication kernels that run beside an overlapped GEMM: DeepEP's normal kernels hold 20 SMs
+# by default (Buffer.num_sms = 20, "20 of 132 SMs on H100"; TODAY.md, issue 26); the same figure is
+# taken for Zepp's forward / pre-reduce kernels on the paper's testbeds (no published figure of theirs).
+COMM_SMS = 20
+# PAPER.md section 7's stacks move rows with NVSHMEM puts from packed symmetric buffers: packing and
+# unpacking are kernels of their own (hbm_passes); DeepEP's and COMET's kernels read rows in place.
+_NVSHMEM = dict(hbm_passes=True)
 _CONCURRENT = dict(dispatch_puts="concurrent", combine_puts="concurrent", dispatch_barrier=None, combine_barrier=None)
 _DEEPEP = dict(_CONCURRENT, proxy=False, dispatch_value_bytes=DEEPEP_FP8)
 
 MECHANICS: dict[str, Mechanics] = {
     # PAPER.md section 7, a2av: "one blocking put per destination rank, in ring order (W-1 puts in
     # series per rank), then a world barrier"; unfused grouped GEMM after the barrier.
-    "serial-barrier": Mechanics(),
-    "signals": Mechanics(**_CONCURRENT, sim_cost=0.8),
-    "zepp-overlap": Mechanics(**_CONCURRENT, gemm1="arrival", gemm2="waves"),
+    "serial-barrier": Mechanics(**_NVSHMEM),
+    "signals": Mechanics(**_CONCURRENT, **_NVSHMEM, sim_cost=0.8),
+    "zepp-overlap": Mechanics(**_CONCURRENT, **_NVSHMEM, gemm1="arrival", gemm2="waves", comm_sms=COMM_SMS),
     # PAPER.md section 7, eplb: "a staged all-to-all (one non-blocking put per destination, two
     # team barriers per call; hidden rows and fp32 route weights as separate calls), per-expert
     # GEMM, combine as the mirror image". The team barrier is Net.barrier (ceil(log2 W) rounds at
     # the a2av-fitted put), dearer than EPLB's measured phase times allow at 64 ranks
     # (benchmarks/results/baseline_mechanics.md); its planner is the eplb-torch planning model.
-    "eplb-staged": Mechanics(**_CONCURRENT, calls=2, per_expert_gemm=True, sim_cost=2.7),
+    "eplb-staged": Mechanics(**_CONCURRENT, **_NVSHMEM, calls=2, per_expert_gemm=True, sim_cost=2.7),
     # PAPER.md section 7, epic: relay dispatch whose NIC stage (stage 1) is a round of blocking
     # proxy puts, one per remote node, at EPIC_RELAY_PUT each; "hierarchical combine with one round
     # of N-1 puts after GEMM 2" (reduce-direct's stage 1), the same serial proxy puts; no barrier.
     "epic-relay": Mechanics(dispatch_puts="serial", serial_stages=(1,), combine_puts="serial",
-                            dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT, sim_cost=0.55),
+                            dispatch_barrier=None, combine_barrier=None, serial_put=EPIC_RELAY_PUT, sim_cost=0.55,
+                            **_NVSHMEM),
     # PAPER.md section 7, moonep: "segments padded to 128 rows", "two all-to-all calls (rows, then
     # fp32 weights), two barriers each"; the pulls from the hot home ranks are moonep-pulls.
-    "moonep": Mechanics(**_CONCURRENT, calls=2, pad_rows=128, sim_cost=1.6),
+    "moonep": Mechanics(**_CONCURRENT, **_NVSHMEM, calls=2, pad_rows=128, sim_cost=1.6),
     # PAPER.md section 7, comet: GEMM tiles wait on per-source flags, "so only the intra-node part
     # overlaps compute" (GEMM 1 in two groups: own node, remote); GEMM 2 is split by columns, not
     # by destination ("GEMM 2 publishes per column-split barriers"; each split reads its slice of
     # w2 once: one GEMM 2 of weight reads);
     # the fused tile-gated kernel at COMET_FUSED_EFF. Its dense all-gather and ring combine are the
-    # comet-allgather and comet-ring-combine phases (zepp.sim.phases).
+    # comet-allgather and comet-ring-combine phases (zepp.sim.phases). Its combine's puts-with-signal
+    # are fenced (one after another per GPU, each a blocking put): NVSHMEM's put-with-signal through the
+    # host proxy is put + fence + signal and its libfabric transport's fence is a quiet
+    # (transport_common.cpp nvshmemt_put_signal, libfabric.cpp nvshmemt_libfabric_fence, commit 2d820ea).
     "comet": Mechanics(**_CONCURRENT, gemm1="local-remote", gemm2="columns", gemm_eff_scale=COMET_FUSED_EFF,
-                       sim_cost=0.95),
+                       fenced_signals=True, sim_cost=0.95),
     # PAPER.md section 7, fast: "rounds are synchronous and host-driven; nothing overlaps" (the
     # rounds, each ending in a world barrier, are the fast-rounds phase; one GEMM after them).
-    "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35),
+    "fast": Mechanics(dispatch_barrier=None, combine_barrier=None, sim_cost=0.35, **_NVSHMEM),
     "deepep-normal": Mechanics(**_DEEPEP, kernel_calls=(2, 1), chunked=True, sim_cost=0.8),
     "deepep-ll": Mechanics(**_DEEPEP, kernel_calls=(1, 1), sim_cost=0.8),
     "deepep-overlap": Mechanics(**_DEEPEP, kernel_calls=(2, 1), gemm1="arrival", gemm2="waves", chunked=True,
-                                ordered_sends=True, predispatch=True),
+                                ordered_sends=True, predispatch=True, comm_sms=COMM_SMS),
     "deepep-ll-relay": Mechanics(**_DEEPEP, kernel_calls=(1, 1), chunked=True, sim_cost=0.8),
     "deepep-ll-cols": Mechanics(**_DEEPEP, kernel_calls=(1, 1), gemm2="column-sends", gemm2_splits=0,
                                 sim_cost=1.0),

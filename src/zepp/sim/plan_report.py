@@ -13,6 +13,7 @@ from zepp import registry
 from zepp.model import MoESpec
 from zepp.planner.batch import plan_batch
 from zepp.planner.placement import make_placement
+from zepp.planner.routing import demand_per_gpu
 from zepp.traces import Trace, node_demand, sample_batches
 
 __all__ = ["plan_table", "format_table", "COLUMNS", "simulated_ms"]
@@ -32,11 +33,11 @@ def simulated_ms(cluster, spec: MoESpec, system: str, plan) -> float | None:
     return tl.latency * 1e3
 
 
-def _timed_plan(system, batch, placement, row_bytes: int, relaxation: float):
+def _timed_plan(system, batch, placement, row_bytes: int, relaxation: float, table=None):
     """``(FlowPlan, routing s, flows s)`` of one batch (``zepp.planner.plan_batch`` times its two
-    steps apart: the table's two columns)."""
+    steps apart: the table's two columns); ``table``: a table routing's table."""
     t: dict = {}
-    plan = plan_batch(batch, placement, system, row_bytes, relaxation, timings=t)
+    plan = plan_batch(batch, placement, system, row_bytes, relaxation, timings=t, table=table)
     return plan, t["routing"], t["flows"]
 
 
@@ -67,25 +68,36 @@ def plan_table(spec: MoESpec, nodes: int, gpus_per_node: int, budget_mb: float, 
         system = registry.system(name)
         t0 = time.perf_counter()
         placement = make_placement(system.placement, hist, spec.num_experts, ranks, gpus_per_node, extra=extra)
+        table = None
+        if system.routing_choice.needs_table:  # built once per placement from the history, as the simulator does
+            table = system.routing_choice.build_table(placement, demand_per_gpu(hist, gpus_per_node), relaxation,
+                                                      gpus_per_node)
         place_s = time.perf_counter() - t0
         per_iter, sim_first = [], None
         for it, batch in enumerate(batches):
-            plan, routing_s, flows_s = _timed_plan(system, batch, placement, spec.row_bytes, relaxation)
+            plan, routing_s, flows_s = _timed_plan(system, batch, placement, spec.row_bytes, relaxation, table)
             if validate is True or (validate == "first" and it == 0):
                 plan.validate()
             if it == 0 and cluster is not None:
                 sim_first = simulated_ms(cluster, spec, name, plan)
             per_iter.append(_figures(plan, routing_s, flows_s))
             if dump is not None:
-                dump.mkdir(parents=True, exist_ok=True)
-                np.savez_compressed(dump / f"{name}_iter{it}.npz", topk_ids=batch, slot=plan.routing.slot,
-                                    slot_expert=placement.slot_expert)
+                _dump(dump / f"{name}_iter{it}.npz", batch, plan, placement)
         row = {key: float(np.mean([d[key] for d in per_iter])) for key in per_iter[0]}
         row["sim_ms"] = sim_first
         row.update(system=name, placement=system.placement, routing=system.routing, dispatch=system.dispatch,
                    combine=system.combine, placement_s=place_s, entries=int(batches[0].size))
         rows.append(row)
     return rows
+
+
+def _dump(path: Path, batch: np.ndarray, plan, placement) -> None:
+    """One plan of ``zepp plan --dump``: the batch's ids, the routing's slots, the placement."""
+    from zepp.outputs import replacing
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, "--dump") as tmp:
+        np.savez_compressed(tmp, topk_ids=batch, slot=plan.routing.slot, slot_expert=placement.slot_expert)
 
 
 COLUMNS = (

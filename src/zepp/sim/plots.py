@@ -22,6 +22,17 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: str) -> None:
+    """The figure at ``path``, written whole or not at all (``zepp.outputs.replacing``)."""
+    from zepp.outputs import replacing
+
+    try:
+        with replacing(path, "the figure") as tmp:
+            fig.savefig(tmp, dpi=110)  # the temporary name keeps the suffix: the format
+    finally:
+        plt.close(fig)
+
+
 def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> None:
     """One panel per model; per configuration a group of bars, each system's latency divided by
     the row's fastest baseline (1.0 = that baseline; lower is faster), Zepp's bar outlined and
@@ -65,8 +76,7 @@ def bars(rows: list[dict], systems: list[str], path: str, title: str = "") -> No
         ax.set_title(f"{model}" + (f": {title}" if title else ""), fontsize=11)
         ax.legend(fontsize=8, ncol=min(len(systems), 8), loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def ablation_bars(result: dict, path: str, title: str = "") -> None:
@@ -94,8 +104,7 @@ def ablation_bars(result: dict, path: str, title: str = "") -> None:
     ax.set_title("ablation" + (f": {title}" if title else "") + " (labels: speedup over comet)", fontsize=11)
     ax.legend(fontsize=8, ncol=len(arms), loc="upper center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def rank_of(resource: str) -> int:
@@ -156,6 +165,5 @@ def gantt(timelines, path: str, title: str = "", ranks: list[int] | None = None,
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return [p[3] for p in panels]

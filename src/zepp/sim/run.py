@@ -31,13 +31,15 @@ from zepp.planner.overlap.granularity import Figures, Granularity, column_splits
 from zepp.model import MoESpec
 from zepp.planner.placement import make_placement
 from zepp.planner.types import FlowPlan, Placement
-from zepp.planner.routing import ROUTINGS, RoutingTable, build_routing_table, default_relaxation, demand_per_gpu, route
+from zepp.planner.routing import ROUTINGS, default_relaxation, demand_per_gpu, route
 from zepp.sim import phases
 from zepp.sim.calibrate import on_network
 from zepp.sim.cell_flows import CellFlows
 from zepp.sim.cell_links import counted as plan_counted
+from zepp.sim.critical_path import critical_path
 from zepp.sim.engine import Timeline, simulate
-from zepp.sim.layer import SIM_OPTS, LayerWork, build_layer
+from zepp.sim.layer import SIM_OPTS, build_layer
+from zepp.sim.layer_work import LayerWork
 from zepp.sim.layer_builder import dispatch_row_bytes
 from zepp.sim.mechanics import Mechanics, Net, mechanics
 from zepp.sim.planning_cost import planning_seconds
@@ -63,6 +65,7 @@ class Config:
     relaxation: float | None = None
     extra: int = 2
     sim_opts: dict | None = None  # engine coarsening (default zepp.sim.layer.SIM_OPTS)
+    paths: bool = False  # record every timed batch's critical path (zepp.sim.critical_path)
 
     @property
     def C(self) -> float:
@@ -83,6 +86,7 @@ class SystemResult:
     timeline: Timeline | None = None
     variant: str | None = None
     granularity: list = field(default_factory=list)  # per timed iteration: (groups, waves) or None
+    paths: list = field(default_factory=list)  # per timed iteration with Config.paths: critical-path seconds
 
     @property
     def median(self) -> float:
@@ -97,7 +101,7 @@ class Shared:
     def __init__(self):
         self.placements: dict[str, Placement] = {}
         self.routings: dict[tuple, object] = {}
-        self.tables: dict[tuple, RoutingTable] = {}
+        self.tables: dict[tuple, object] = {}
 
     def placement(self, kind: str, cfg: Config) -> Placement:
         if kind not in self.placements:
@@ -106,15 +110,14 @@ class Shared:
                                                    extra=cfg.extra)
         return self.placements[kind]
 
-    def table(self, kind: str, routing: str, cfg: Config) -> RoutingTable:
-        """The routing table (``zepp-table`` / ``zepp-table-lean``) of placement ``kind``, built once
-        from the same history as the placement: each GPU of node ``n`` expects ``hist[n] / L`` of
-        its node's demand."""
+    def table(self, kind: str, routing: str, cfg: Config):
+        """The table of a table routing (``ROUTINGS[routing].build_table``: Zepp's routing table, or
+        Zepp's table in an engine's form) of placement ``kind``, built once from the same history as
+        the placement: each GPU of node ``n`` expects ``hist[n] / L`` of its node's demand."""
         if (kind, routing) not in self.tables:
             L = cfg.cluster.gpus_per_node
             demand = demand_per_gpu(cfg.hist, L)  # [R, E]
-            self.tables[kind, routing] = build_routing_table(self.placement(kind, cfg), demand, cfg.C, L,
-                                                             lean=ROUTINGS[routing].lean_table)
+            self.tables[kind, routing] = ROUTINGS[routing].build_table(self.placement(kind, cfg), demand, cfg.C, L)
         return self.tables[kind, routing]
 
     def plan(self, s: registry.System, cfg: Config, it: int) -> FlowPlan:
@@ -162,12 +165,15 @@ def own_floor(cfg: Config, lp: LayerWork, extra_nic=None, dispatch_row_bytes: fl
 def plan_granularity(cfg: Config, s: registry.System, plan: FlowPlan) -> Granularity | None:
     """The granularity system ``s`` runs ``plan`` with: chosen per batch by
     ``zepp.planner.overlap.granularity.choose`` for the ``zepp-auto`` overlap (with the simulated network's
-    calibrated NIC rate and put cost), else ``None`` (the mechanics' fixed groups / waves)."""
+    calibrated NIC rate and put cost, and the GPU share a GEMM of a split phase keeps beside the
+    mechanics' communication kernels), else ``None`` (the mechanics' fixed groups / waves)."""
     choose = s.overlap_choice.function
     if choose is None:
         return None
     cl = cfg.cluster
-    return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks)))
+    share = 1.0 - mechanics(s.mechanics).comm_sms / cl.sms
+    return choose(plan, cfg.spec, Figures.of(cl, nic_bw=cl.nic_bw * cfg.net.nic_eff, nic_msg=cfg.net.put(cl.ranks),
+                                             split_share=share))
 
 
 def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = False,
@@ -206,7 +212,16 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
                 ctx.custom_dispatch, ctx.custom_combine, planning=np.full(cfg.cluster.ranks, planning))
     tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, nvlink_bw=cfg.cluster.nvlink_bw * cfg.net.nvlink_eff,
                   labels=keep, **(cfg.sim_opts or SIM_OPTS))
+    if keep or cfg.paths:
+        tl.path = path_of(g, tl)
     return tl, planning, floor
+
+
+def path_of(g: TaskGraph, tl: Timeline) -> dict[str, float]:
+    """``zepp.sim.critical_path.critical_path`` of a simulated run."""
+    c = g.columns()
+    src, dst, L = c["src"].astype(np.int64), c["dst"].astype(np.int64), g.cluster.gpus_per_node
+    return critical_path(g, tl.start, tl.end, (src >= 0) & (src // L != dst // L))
 
 
 def simulate_flowplan(plan: FlowPlan, cluster: Cluster, spec: MoESpec, system: str | registry.System,
@@ -240,7 +255,7 @@ def run_system(name: str | registry.System, cfg: Config, keep_timeline: bool = F
         results = {v: run_system(v, cfg, keep_timeline, shared) for v in names}
         best = results[registry.pick_variant(name, T, {v: r.median for v, r in results.items()})]
         return SystemResult(name, best.latencies, best.planning, best.lower_bound, best.swapped_slots, best.timeline,
-                            variant=best.name, granularity=best.granularity)
+                            variant=best.name, granularity=best.granularity, paths=best.paths)
     res = SystemResult(name)
     iters = cfg.batches.shape[0]
     if s.swaps:
@@ -261,6 +276,8 @@ def _record(res: SystemResult, tl: Timeline, planning: float, floor: float, keep
     res.planning.append(planning)
     res.lower_bound.append(floor)
     res.swapped_slots.append(swapped)
+    if tl.path is not None:
+        res.paths.append(tl.path)
     if keep:
         res.timeline = tl
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
+from zepp.files import read_json
 from zepp.traces.trace import Trace
 
 __all__ = ["SynthParams", "synthetic_traces", "load_params", "save_params", "sample_window",
@@ -157,7 +158,7 @@ def load_params(model: str, path=None) -> SynthParams:
             )
         text, source = f.read_text(), f"zepp/data/synth_{model}.json"
     else:
-        text, source = Path(path).read_text(), str(path)
+        return SynthParams.from_json(read_json(path, "skew profile"), str(path))
     return SynthParams.from_json(json.loads(text), source)
 
 

@@ -172,23 +172,29 @@ class Figures:
     eff_max: float
     rows_half: float
     overlap: float = 1.0  # fraction of transfer time a rank can compute through (1: GPUs, NICs apart)
+    weight_eff: float = 1.0  # fraction of hbm_bw a grouped GEMM streams its weights at
+    split_share: float = 1.0  # fraction of the GPU a GEMM gets in a phase of several (communication beside it)
 
     @classmethod
-    def of(cls, cluster, nic_bw: float | None = None, nic_msg: float | None = None, overlap: float = 1.0) -> "Figures":
+    def of(cls, cluster, nic_bw: float | None = None, nic_msg: float | None = None, overlap: float = 1.0,
+           split_share: float = 1.0) -> "Figures":
         return cls(nic_bw=cluster.nic_bw if nic_bw is None else nic_bw, nvlink_bw=cluster.nvlink_bw,
                    nic_msg=cluster.nic_msg_cost if nic_msg is None else nic_msg, nvlink_msg=cluster.nvlink_msg_cost,
                    peak_flops=cluster.peak_flops, hbm_bw=cluster.hbm_bw, launch=cluster.kernel_launch,
-                   eff_max=cluster.gemm_eff_max, rows_half=cluster.gemm_rows_half, overlap=overlap)
+                   eff_max=cluster.gemm_eff_max, rows_half=cluster.gemm_rows_half, overlap=overlap,
+                   weight_eff=cluster.weight_read_eff, split_share=split_share)
 
-    def gemm(self, rows: np.ndarray, active: np.ndarray, hidden: int, ffn: int, dtype_bytes: int) -> np.ndarray:
+    def gemm(self, rows: np.ndarray, active: np.ndarray, hidden: int, ffn: int, dtype_bytes: int,
+             split: bool = False) -> np.ndarray:
         """Seconds of one grouped GEMM (``H -> F`` or ``F -> H``) per cell of ``rows`` / ``active``
-        (same shape); 0 where ``rows == 0``."""
+        (same shape); 0 where ``rows == 0``. ``split``: one of several GEMMs of its phase, which
+        run beside the phase's communication kernels (``split_share`` of the GPU)."""
         rows = np.asarray(rows, float)
         act = np.maximum(np.asarray(active, float), 1.0)
-        eff = self.eff_max * (rows / act) / (rows / act + self.rows_half)
+        eff = self.eff_max * (rows / act) / (rows / act + self.rows_half) * (self.split_share if split else 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             flops_t = np.where(rows > 0, rows * 2.0 * hidden * ffn / (self.peak_flops * np.maximum(eff, 1e-30)), 0.0)
-        t = np.maximum(flops_t, act * hidden * ffn * dtype_bytes / self.hbm_bw) + self.launch
+        t = np.maximum(flops_t, act * hidden * ffn * dtype_bytes / (self.hbm_bw * self.weight_eff)) + self.launch
         return np.where(rows > 0, t, 0.0)
 
 
@@ -232,7 +238,8 @@ class _LayerModel:
         self.node_of = self.ranks // L
         self.cross_pair = self.node_of[:, None] != self.node_of[None, :]  # [dst, src]
         self._count_entries(plan.routing, S)
-        self.gemm = lambda rows, act: fig.gemm(rows, act, spec.hidden, spec.ffn, spec.dtype_bytes)  # noqa: E731
+        self.gemm = lambda rows, act, split: fig.gemm(rows, act, spec.hidden, spec.ffn, spec.dtype_bytes,  # noqa: E731
+                                                      split)
         self.A = self._arrivals(plan.volumes.dispatch)
         self._combine_sends(plan.volumes.combine)
 
@@ -324,7 +331,7 @@ class _LayerModel:
             Rc = self.rows1 @ M
             Ac = (np.einsum("rfs,fc->rcs", self.pres1, M) > 0).sum(axis=2)
             Tc = (A[:, :, None] * M[None]).max(axis=1)
-            d1 = self.gemm(Rc, Ac)
+            d1 = self.gemm(Rc, Ac, M.shape[1] > 1)
             c1[gi] = d1.sum(axis=1)
             t = np.zeros(R)
             for ci in range(M.shape[1]):
@@ -338,7 +345,7 @@ class _LayerModel:
         a = e1.shape[0]
         M2 = _onehot(wave_map(waves, N))  # [N, W]
         Aw = (np.einsum("rfs,fw->rws", self.pres2, M2) > 0).sum(axis=2)
-        d2 = self.gemm(self.rows2 @ M2, Aw)
+        d2 = self.gemm(self.rows2 @ M2, Aw, M2.shape[1] > 1)
         f2 = e1[:, :, None] + np.cumsum(d2, axis=1)[None]  # [G, R, W] end of each GEMM 2
         node_f2 = np.repeat(f2.reshape(a, N, L, -1).max(axis=2), L, axis=1) + fig.nvlink_msg
         Bw = self.cbytes @ M2

@@ -109,6 +109,12 @@ def build_routing_table(placement: Placement, demand: np.ndarray, relaxation: fl
                         full)
 
 
+def build_lean_routing_table(placement: Placement, demand: np.ndarray, relaxation: float,
+                             gpus_per_node: int) -> RoutingTable:
+    """``build_routing_table(..., lean=True)`` (``zepp-table-lean``'s table)."""
+    return build_routing_table(placement, demand, relaxation, gpus_per_node, lean=True)
+
+
 def demand_per_gpu(node_hist: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """The expected demand ``[N * L, E]`` float of a history's node histogram ``node_hist [N, E]``
     (``zepp.traces.node_demand``): each GPU of node ``n`` expects ``node_hist[n] / L``."""

@@ -11,16 +11,24 @@
   into ``L`` column chunks (one per GPU of a node, as a ring reduce-scatter splits them); per
   node and chunk a node barrier after the node's GEMM 2, then ``L-1`` NVLink ring steps that
   sum the node's partials of the chunk (every token with an entry on the node) onto the chunk's
-  GPU, which puts the chunk to every owner rank with a signal (concurrent proxy puts); each
-  owner polls one flag per (node, chunk) it receives (2 us each, "a signal wait on the receiver
-  costs about 2 us"). Replaces the combine; its NIC bytes replace the hop table's in the
-  physical floor. With ``gemm2 = "columns"`` chunk ``c``'s barrier waits for GEMM 2's column
+  GPU, which puts the chunk to every owner rank with a signal; each owner polls one flag per
+  (node, chunk) it receives (2 us each, "a signal wait on the receiver costs about 2 us"). The
+  cross-node puts-with-signal are fenced (``Mechanics.fenced_signals``): through NVSHMEM's host
+  proxy a put-with-signal is a put, a fence and a signal, and on the libfabric transport
+  (Slingshot) the fence is a quiet that holds the proxy thread until all its puts have
+  completed, so a GPU's puts-with-signal go one after another, each a blocking put (sources:
+  NVSHMEM's ``transport_common.cpp`` ``nvshmemt_put_signal`` and ``libfabric.cpp``
+  ``nvshmemt_libfabric_fence``; its commit 2d820ea: "fence() takes 1 RTT to complete ... This
+  was causing nvshmemx_putmem_signal_nbi() to block for 1 RTT"; PAPER.md section 7: "one proxy
+  per rank serves its puts one after another"). Replaces the combine; its NIC bytes replace the
+  hop table's in the physical floor. With ``gemm2 = "columns"`` chunk ``c``'s barrier waits for GEMM 2's column
   split ``c`` only, so the ring overlaps the later splits.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -202,7 +210,8 @@ class CometRingCombine:
 
     def _puts_and_polls(self, b, prev: np.ndarray) -> int:
         """Put-with-signal of each reduced chunk to every owner rank that has rows in it; owners
-        poll one flag per incoming (node, chunk)."""
+        poll one flag per incoming (node, chunk). With ``Mechanics.fenced_signals`` a chunk GPU's
+        cross-node puts-with-signal are blocking puts, one after another in ring order."""
         g, R, L, rows_no = b.g, self.R, self.L, self.rows_no
         nn, oo = np.nonzero(rows_no)
         cc = np.tile(np.arange(L), nn.size)
@@ -210,7 +219,14 @@ class CometRingCombine:
         src = nn * L + cc
         keep = src != oo
         src, nn, oo, cc = src[keep], nn[keep], oo[keep], cc[keep]
-        e, x = b.transfers(src, oo, rows_no[nn, oo] * self.rb / L, "concurrent", "combine", "put-with-signal")
+        fenced = b.mech.fenced_signals & ((src // L) != (oo // L))  # Mechanics.fenced_signals: cross-node ones
+        e, x = np.zeros(src.size, np.int64), np.zeros(src.size, np.int64)
+        for mode, sel in (("serial", np.flatnonzero(fenced)), ("concurrent", np.flatnonzero(~fenced))):
+            if sel.size:
+                e[sel], x[sel] = b.transfers(src[sel], oo[sel], rows_no[nn[sel], oo[sel]] * self.rb / L, mode,
+                                             "combine", "put-with-signal")
+        b.chain_serial(SimpleNamespace(src=src, dst=oo, stage=np.zeros(src.size, np.int64), entry_task=e, exit_task=x),
+                       np.flatnonzero(fenced))  # one after another per GPU, ring order
         g.after(prev[nn * L + cc], e)
         flags = np.bincount(oo, minlength=R)
         poll = g.add_fixed(np.arange(R), flags * b.net.signal, kind="barrier", stream=None, label="flag polls")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import describe_keys
+from zepp.files import describe_keys, read_npz, read_torch
 from zepp.traces.trace import MAX_INFERRED_EXPERTS, check_id_range, check_no_repeats, check_weights
 
 __all__ = ["to_numpy", "int_array", "weights_array", "torch_load", "npz_load", "check_ids", "pick_layer",
@@ -23,39 +23,13 @@ _INT32_MAX = (1 << 31) - 1
 
 
 def torch_load(p: Path):
-    """``torch.load`` (weights only, CPU) with every failure as one clear line."""
-    import torch  # deferred: reading text traces must not pay for importing torch
-
-    try:
-        return torch.load(p, map_location="cpu", weights_only=True)
-    except PermissionError:
-        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
-    except Exception as exc:  # torch raises many types for corrupt or unsafe files
-        first = (str(exc).splitlines() or [""])[0][:200]
-        raise ZeppInputError(f"{p}: cannot read it as a torch.save file ({type(exc).__name__}: {first})") from None
+    """``torch.load`` (weights only, CPU, ``zepp.files`` limits) with every failure as one clear line."""
+    return read_torch(p)
 
 
 def npz_load(p: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` archive; object arrays (pickles) are refused by name."""
-    try:
-        z = np.load(p, allow_pickle=False)
-    except PermissionError:
-        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
-    except Exception as exc:
-        raise ZeppInputError(f"{p}: cannot read it as an .npz archive ({type(exc).__name__})") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise ZeppInputError(f"{p}: is a single .npy array, not an .npz archive; save it with np.savez")
-    out = {}
-    with z:
-        for name in z.files:
-            try:
-                out[name] = z[name]
-            except ValueError:
-                raise ZeppInputError(
-                    f"{p}: array {name!r} holds Python objects (pickled); save plain numeric arrays") from None
-            except Exception as exc:
-                raise ZeppInputError(f"{p}: array {name!r} cannot be read ({type(exc).__name__})") from None
-    return out
+    """Every array of an ``.npz`` archive (``zepp.files.read_npz``: no pickles, headers checked first)."""
+    return read_npz(p)
 
 
 def to_numpy(x, where: str) -> np.ndarray:
@@ -130,6 +104,10 @@ def whole_counts(x, where: str, what: str = "counts") -> np.ndarray:
     numbers, float tensors) are exact and accepted, any fraction is refused."""
     a = to_numpy(x, where)
     if a.dtype.kind == "f" and a.size and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+        if float(np.abs(a).max()) >= 2.0**62:
+            idx = _first(np.abs(a) >= 2.0**62)
+            raise ZeppInputError(f"{where}: {what}: value {a[idx].item():.3g} at index {list(idx)} is beyond 2**62; "
+                                 f"give the recorded counts")
         a = a.astype(np.int64)
     out = int_array(a, where, what, lo=0, hi=2**62)
     total = float(out.sum(dtype=np.float64))

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import check_fits
+from zepp.files import check_fits, open_regular
 from zepp.traces.trace import MAX_INFERRED_EXPERTS, check_id_range, check_no_repeats
 
 __all__ = ["read_text_ids", "CHUNK_BYTES", "MAX_INFERRED_EXPERTS", "PEAK_FACTOR"]
@@ -189,7 +189,7 @@ def read_text_ids(p: Path, top_k: int | None, num_experts: int | None, allow_dup
     line_base = 0
     carry = b""
     try:
-        with open(p, "rb") as f:
+        with open_regular(p, "trace file", ".txt") as f:  # a path swapped for a pipe is refused, not waited on
             while True:
                 data = f.read(chunk_bytes)
                 at_end = not data

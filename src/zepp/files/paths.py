@@ -1,21 +1,21 @@
-"""Opening input files safely: regular files only, readable, within memory.
+"""Opening input files safely: regular files only, readable, within a size and memory bound.
 
-Every reader (traces, engine histories and placement files, cluster files) goes through
-:func:`input_file` before touching a byte, so a named pipe, a device, a folder, a missing or
-unreadable file is one clear :class:`~zepp.errors.ZeppInputError` naming the path (never a
-hang, never a traceback).
+Every reader goes through :func:`input_file` (or :func:`open_regular`, which checks the file it
+has opened, so a path swapped for a named pipe after the check cannot block it) before reading
+a byte: a named pipe, a device, a folder, a missing or unreadable file is one clear
+:class:`~zepp.errors.ZeppInputError` naming the path (never a hang, never a traceback).
 """
 
 from __future__ import annotations
 
-import json
+import fcntl
 import os
 import stat
 from pathlib import Path
 
 from zepp.errors import ZeppInputError
 
-__all__ = ["input_file", "read_bytes", "read_json", "available_memory", "check_fits", "describe_keys"]
+__all__ = ["input_file", "open_regular", "read_bytes", "available_memory", "check_fits", "describe_keys"]
 
 
 def _kind(mode: int) -> str:
@@ -30,6 +30,13 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _check_mode(p: Path, mode: int, what: str, expect: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise ZeppInputError(f"{p}: is a directory, expected a {what} ({expect})")
+    if not stat.S_ISREG(mode):
+        raise ZeppInputError(f"{p}: is {_kind(mode)}, not a regular file; save the data to a file first")
+
+
 def input_file(path, what: str = "trace file", expect: str = ".txt, .npz or .pt") -> Path:
     """``path`` as a :class:`Path` after checking it is an existing, readable regular file."""
     p = Path(path)
@@ -39,71 +46,47 @@ def input_file(path, what: str = "trace file", expect: str = ".txt, .npz or .pt"
         raise ZeppInputError(f"{what} {str(p)!r} does not exist; check the path") from None
     except PermissionError:
         raise ZeppInputError(f"{p}: permission denied while looking it up; check the folder's permissions") from None
-    except OSError as exc:
-        raise ZeppInputError(f"{p}: cannot look it up ({exc.strerror or type(exc).__name__})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ZeppInputError(f"{p}: is a directory, expected a {what} ({expect})")
-    if not stat.S_ISREG(st.st_mode):
-        raise ZeppInputError(f"{p}: is {_kind(st.st_mode)}, not a regular file; save the data to a file first")
+    except (OSError, ValueError) as exc:
+        raise ZeppInputError(f"{p}: cannot look it up ({getattr(exc, 'strerror', None) or type(exc).__name__})") \
+            from None
+    _check_mode(p, st.st_mode, what, expect)
     if not os.access(p, os.R_OK):
         raise ZeppInputError(f"{p}: permission denied (the file is not readable by this user); fix its permissions")
     return p
 
 
-def read_bytes(p: Path) -> bytes:
-    """The whole file; OS errors become one clear line."""
+def open_regular(path, what: str = "file", expect: str = "a regular file", max_bytes: int | None = None):
+    """``path`` opened for binary reading once the opened file is known to be a regular file of at
+    most ``max_bytes`` (opened without blocking, so a named pipe is refused, not waited on)."""
+    p = input_file(path, what, expect)
     try:
-        with open(p, "rb") as f:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
+    except OSError as exc:
+        raise ZeppInputError(f"{p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    try:
+        st = os.fstat(fd)
+        _check_mode(p, st.st_mode, what, expect)
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise ZeppInputError(f"{p}: {st.st_size:,} bytes, more than a {what} may hold ({max_bytes:,}, "
+                                 f"README 'Reading limits'); check that this is the right file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(p, what: str = "file", max_bytes: int | None = None) -> bytes:
+    """The whole file (a regular file of at most ``max_bytes``); OS errors become one clear line."""
+    try:
+        with open_regular(p, what, max_bytes=max_bytes) as f:
             return f.read()
     except PermissionError:
         raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None
     except OSError as exc:
         raise ZeppInputError(f"{p}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-
-
-class DuplicateKey(ValueError):
-    """A mapping in a JSON or YAML text names one key twice (``args[0]``: the key)."""
-
-
-def _unique_pairs(pairs: list) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def json_unique(raw: bytes | str):
-    """``json.loads`` that raises :class:`DuplicateKey` where a mapping names a key twice (JSON
-    and YAML parsers otherwise keep the last value without a word)."""
-    return json.loads(raw, object_pairs_hook=_unique_pairs)
-
-
-def yaml_unique(raw: bytes | str):
-    """``yaml.safe_load`` that raises :class:`DuplicateKey` where a mapping names a key twice."""
-    import yaml
-
-    nodes = [yaml.compose(raw, Loader=yaml.SafeLoader)]
-    while nodes:
-        node = nodes.pop()
-        if isinstance(node, yaml.MappingNode):
-            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
-            if len(set(keys)) != len(keys):
-                raise DuplicateKey(next(k for i, k in enumerate(keys) if k in keys[:i]))
-            nodes.extend(v for _, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            nodes.extend(node.value)
-    return yaml.safe_load(raw)
-
-
-def read_json(path, what: str, expect: str = ".json"):
-    """The parsed content of a JSON file, opened through :func:`input_file` (``what``, ``expect``
-    name it in messages); a file that cannot be read or parsed is one line ``PATH: not valid JSON (...)``."""
-    try:
-        return json.loads(read_bytes(input_file(path, what, expect)))
-    except (ValueError, UnicodeDecodeError) as exc:  # ZeppInputError is a ValueError too
-        raise ZeppInputError(f"{path}: not valid JSON ({exc})") from None
 
 
 def available_memory() -> int | None:
@@ -135,5 +118,5 @@ def describe_keys(obj) -> str:
     """The keys of a dict for a message, whatever their types (mixed key types cannot be sorted)."""
     if not isinstance(obj, dict):
         return type(obj).__name__
-    keys = [repr(k) for k in obj]
+    keys = [repr(k)[:40] for k in obj]
     return "[" + ", ".join(sorted(keys)[:12]) + (", ..." if len(keys) > 12 else "") + "]"
