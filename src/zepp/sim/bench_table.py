@@ -11,7 +11,6 @@ settings (``RUN_KEYS``; each stored row checked by ``zepp.sim.resume_rows``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from zepp.errors import ZeppInputError

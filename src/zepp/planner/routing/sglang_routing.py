@@ -159,15 +159,20 @@ def route_sglang_dynamic(topk_ids: np.ndarray, placement: Placement, relaxation:
 
 def route_sglang_lp(topk_ids: np.ndarray, placement: Placement, relaxation: float, vacate_rounds: int) -> Routing:
     """SGLang's lp: the LP's shares over every copy, each entry drawing among its rank's candidates
-    (uniformly where their shares are all 0)."""
+    (uniformly where their shares are all 0). The draw's table is per (rank, expert): ``[R, E, C]``
+    cumulative shares, read by each entry one candidate column at a time (memory per entry, not per
+    entry and candidate)."""
     from zepp.planner.routing.lp_routing import lp_shares
 
     share, _ = lp_shares(topk_ids, placement)
-    lists, _ = candidate_lists(placement)
+    lists, _ = candidate_lists(placement)  # [R, E, C]
+    p = np.where(lists >= 0, share[np.maximum(lists, 0)], 0.0)
+    p = np.where(p.sum(-1, keepdims=True) > 0, p, (lists >= 0).astype(float))
+    total, cum, last = p.sum(-1), np.cumsum(p, -1), (lists >= 0).sum(-1) - 1
     e, src = _sources(topk_ids)
-    cand = lists[src, e]  # [n, C]
-    p = np.where(cand >= 0, share[np.maximum(cand, 0)], 0.0)
-    p = np.where(p.sum(1, keepdims=True) > 0, p, (cand >= 0).astype(float))
-    u = entry_hash(np.arange(e.size, dtype=np.int64)) / HASH_MOD * p.sum(1)
-    col = np.minimum((np.cumsum(p, 1) <= u[:, None]).sum(1), (cand >= 0).sum(1) - 1)
-    return slot_routing(topk_ids, cand[np.arange(e.size), col].reshape(topk_ids.shape), placement)
+    u = entry_hash(np.arange(e.size, dtype=np.int64)) / HASH_MOD * total[src, e]
+    col = np.zeros(e.size, np.int64)
+    for c in range(lists.shape[-1]):  # candidate columns (at most the copies of one expert)
+        col += cum[src, e, c] <= u
+    col = np.minimum(col, last[src, e])
+    return slot_routing(topk_ids, lists[src, e, col].reshape(topk_ids.shape), placement)
