@@ -256,6 +256,7 @@ def device_main(args, spec, nodes, L, pool, batch, relaxation) -> None:
     import torch
 
     import zepp.planner.torch as tp
+    from plan_speed_torch import captured, cuda_ms  # the same CUDA-event timing and capture
 
     dev = torch.device(args.device)
     pl = make_placement("zepp", node_demand(pool, nodes, L), spec.num_experts, nodes * L, L)
@@ -269,36 +270,18 @@ def device_main(args, spec, nodes, L, pool, batch, relaxation) -> None:
         p.volumes
         return p
 
-    def event_ms(fn, n):
-        out = []
-        for _ in range(n):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        return statistics.median(out)
-
     n = max(args.repeats, 10)
     row = dict(device=torch.cuda.get_device_name(dev), entries=int(batch.size), torch=torch.__version__)
     for label, sync in (("eager_ms", True), ("capture_safe_ms", False)):
         run(sync)
-        row[label] = event_ms(lambda: run(sync), n)
+        row[label] = cuda_ms(lambda: run(sync), n)
         row[label.replace("_ms", "_equal")] = _same_plan(run(sync), want)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run(False)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run(False)
+    graph, graphed = captured(lambda: run(False))
     graph.replay()
     torch.cuda.synchronize()
-    row["graph_ms"] = event_ms(graph.replay, n)
-    row["graph_unplaced"] = int(captured.routing.unplaced)
-    row["graph_equal"] = row["graph_unplaced"] == 0 and _same_plan(captured, want)
+    row["graph_ms"] = cuda_ms(graph.replay, n)
+    row["graph_unplaced"] = int(graphed.routing.unplaced)
+    row["graph_equal"] = row["graph_unplaced"] == 0 and _same_plan(graphed, want)
     Path(args.out + "_cuda.json").write_text(json.dumps(row, indent=1))
     text = ["# Device planning times (zepp.planner.torch, routing + volumes)", "",
             "| device | entries | eager ms | capture-safe ms | graph ms | equal (eager / capture-safe / graph) |",

@@ -255,7 +255,7 @@ def main() -> None:
         raise SystemExit("torch and numpy plans differ")
 
 
-def _cuda_ms(fn, repeats: int) -> float:
+def cuda_ms(fn, repeats: int) -> float:
     """Median milliseconds of ``fn()`` between CUDA events."""
     times = []
     for _ in range(repeats):
@@ -268,7 +268,7 @@ def _cuda_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _captured(fn):
+def captured(fn):
     """``(graph, output)`` of ``fn`` captured in a CUDA graph (after a warm-up on a side stream)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -285,13 +285,13 @@ def _graph_parts(ids, placement, relaxation, row_bytes, repeats) -> dict:
     """Graph-replay milliseconds per part, named as in ``zepp/data/planner_cost.json``: the routing
     (``sweeps=1``) in one graph, the flows of each transport pair in one graph each (fed by the
     captured routing's output)."""
-    g_route, routing = _captured(lambda: t_route("zepp", ids, placement, relaxation, sweeps=1))
-    parts = {"route:zepp": _cuda_ms(g_route.replay, repeats)}
+    g_route, routing = captured(lambda: t_route("zepp", ids, placement, relaxation, sweeps=1))
+    parts = {"route:zepp": cuda_ms(g_route.replay, repeats)}
     for d, c in (("zepp", "reduce"),) + OTHER_PAIRS:  # the plan's volumes, and the hop tables an executor runs
-        g, _ = _captured(lambda: t_build_flows(routing, d, row_bytes, c).volumes)
-        parts[f"flows:{d}/{c}"] = _cuda_ms(g.replay, repeats)
-        g, _ = _captured(lambda: t_build_flows(routing, d, row_bytes, c).hop_tables)
-        parts[f"hops:{d}/{c}"] = _cuda_ms(g.replay, repeats)
+        g, _ = captured(lambda: t_build_flows(routing, d, row_bytes, c).volumes)
+        parts[f"flows:{d}/{c}"] = cuda_ms(g.replay, repeats)
+        g, _ = captured(lambda: t_build_flows(routing, d, row_bytes, c).hop_tables)
+        parts[f"hops:{d}/{c}"] = cuda_ms(g.replay, repeats)
     return parts
 
 
@@ -335,13 +335,13 @@ def device_main(args) -> None:
 
                 for label, fn in (("eager_ms", lambda: eager(True)), ("capture_safe_ms", lambda: eager(False, 1))):
                     fn()
-                    row[label] = _cuda_ms(fn, repeats)
+                    row[label] = cuda_ms(fn, repeats)
                 row["eager_equal"] = _same(ref, eager(True))
                 try:
-                    graph, out = _captured(lambda: eager(None, 1))  # inside capture the default is sync=False
+                    graph, out = captured(lambda: eager(None, 1))  # inside capture the default is sync=False
                     graph.replay()
                     torch.cuda.synchronize()
-                    row["graph_ms"] = _cuda_ms(graph.replay, repeats)
+                    row["graph_ms"] = cuda_ms(graph.replay, repeats)
                     row["graph_unplaced"] = int(out.routing.unplaced)
                     row["graph_equal"] = row["graph_unplaced"] == 0 and _same(ref, out)
                     row["parts_ms"] = _graph_parts(ids, placement, relaxation, spec.row_bytes, repeats)
