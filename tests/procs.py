@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 
@@ -18,3 +19,10 @@ def wait_until(cond, poll_s: float = 0.05) -> None:
     """Poll ``cond`` until true (the test's pytest timeout bounds it: no wall-clock limit here)."""
     while not cond():
         time.sleep(poll_s)
+
+
+def default_sigint() -> None:
+    """In a child before exec: SIGINT back to its default. A shell starts background jobs with
+    SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt
+    handler: a test that sends SIGINT must not depend on how the suite was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

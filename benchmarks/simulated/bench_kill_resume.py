@@ -46,7 +46,14 @@ MARK = "ZEPP_KILL_TRIAL"  # in the environment of every process of a trial (the 
 def _run(bench: list[str], json_path: Path, token: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zepp.cli", *bench, "--json", str(json_path), *extra],
                             env=dict(os.environ, **{MARK: token}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT at its default, as for a command typed at a terminal (a
+    background job, a CI runner or nohup start children with SIGINT ignored, and Python then turns
+    no Ctrl-C into KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _marked(token: str) -> list[int]:

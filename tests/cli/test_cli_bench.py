@@ -143,11 +143,12 @@ def _start_bench(tmp_path, *extra):
     import subprocess
     import sys
 
-    from procs import wait_until
+    from procs import default_sigint, wait_until
 
     proc = subprocess.Popen([sys.executable, "-m", "zepp.cli", "bench", "--nodes", "16", "--models", "k2",
                              "--budgets", "16", "--jobs", "2", "--json", str(tmp_path / "x.json"), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_sigint)
     workers = []
 
     def started():  # both children run the worker (forked and executed)

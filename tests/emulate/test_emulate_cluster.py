@@ -21,17 +21,11 @@ from zepp.emulate import inventory as inv
 from zepp.emulate.topology import EmulatedCluster
 from zepp.errors import EmulationUnavailable
 from procs import alive as _alive
+from procs import default_sigint
 
 OK, REASON = host_check.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
 pytestmark = pytest.mark.netns
-
-
-def _default_sigint() -> None:
-    """In the child before exec: SIGINT back to its default. A shell starts background jobs with
-    SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt
-    handler: a test that sends SIGINT must not depend on how the suite was started."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_unavailable_is_one_clear_message(monkeypatch):
@@ -121,7 +115,7 @@ def test_signal_tears_down(sig, netns_prefix):
     code = ("import time; from zepp.emulate import EmulatedCluster; "
             f"cl = EmulatedCluster(1, 2, prefix={prefix!r}).up(); print('up', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_default_sigint)
+                         preexec_fn=default_sigint)
     try:
         assert p.stdout.readline().strip() == "up"
         assert len(inv.list_namespaces(prefix)) == 3

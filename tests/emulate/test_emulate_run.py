@@ -18,6 +18,7 @@ import pytest
 from zepp.emulate import inventory as inv
 from zepp.emulate import host_check
 from procs import alive as _alive
+from procs import default_sigint
 
 OK, REASON = host_check.availability()
 needs_netns = pytest.mark.skipif(not OK, reason=REASON or "emulated cluster available")
@@ -123,7 +124,7 @@ def test_ctrl_c_tears_the_cluster_down(netns_prefix):
                           "--emulate", "--emulate-prefix", prefix], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True,
                          # SIGINT may be ignored in a background job's children; the test needs it
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=default_sigint)
     try:
         while len(inv.list_namespaces(prefix)) < 3:  # 2 ranks + the switch
             assert p.poll() is None, p.stderr.read()
