@@ -104,9 +104,7 @@ def _path_of(g):
     from zepp.sim.engine import simulate
 
     tl = simulate(g, labels=False)
-    c = g.columns()
-    cross = (c["src"] >= 0) & (c["src"] // g.cluster.gpus_per_node != c["dst"] // g.cluster.gpus_per_node)
-    return tl, critical_path(g, tl.start, tl.end, cross)
+    return tl, critical_path(g, tl.start, tl.end)
 
 
 def test_critical_path_counts_every_second_once():

@@ -117,9 +117,7 @@ class CellFlows:
         """``zepp.sim.layer_builder.column_slices`` on cells: every cell repeated as ``splits``
         slices, slice ``c`` in message ``msg * splits + c``."""
         rep = {c: np.repeat(getattr(self, c), splits) for c in _COLUMNS}
-        part = np.tile(np.arange(splits, dtype=np.int64), self.size)
-        span = int(part.max(initial=0)) + 1 if self.size else 1
-        rep["msg"] = rep["msg"] * span + part
+        rep["msg"] = rep["msg"] * splits + np.tile(np.arange(splits, dtype=np.int64), self.size)
         return CellFlows(**rep, rows=np.repeat(self.rows, splits), links=self.links, gpus_per_node=self.gpus_per_node)
 
 

@@ -28,12 +28,11 @@ _OF_KIND = {"gemm": "gemm", "plan": "planning", "allgather": "gather", "barrier"
             "reduce": "reduce", "copy": "copy", "other": "other", "dispatch": "sync", "combine": "sync"}
 
 
-def _predecessors(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _predecessors(graph: TaskGraph, c: dict, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CSR of each task's candidate predecessors: its dependencies, plus the task that ran just
-    before it on its stream (streams run one task at a time)."""
+    before it on its stream (streams run one task at a time); ``c``: the graph's columns."""
     n = len(graph)
     pre, post = graph.deps()
-    c = graph.columns()
     stream = c["stream"].astype(np.int64)
     key = np.where(stream >= 0, c["rank"].astype(np.int64) * len(STREAMS) + stream, -1)
     on = np.flatnonzero(key >= 0)
@@ -46,19 +45,21 @@ def _predecessors(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> tuple
     return ptr, pre[srt]
 
 
-def critical_path(graph: TaskGraph, start: np.ndarray, end: np.ndarray, cross: np.ndarray) -> dict[str, float]:
+def critical_path(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> dict[str, float]:
     """Seconds per category (``CATEGORIES``) along the critical path of a simulated run.
 
-    ``start``, ``end`` ``[n]``: the tasks' times (``Timeline``); ``cross [n]``: whether a task is a
-    transfer over a cross-node link. The categories sum to the latest end."""
+    ``start``, ``end`` ``[n]``: the tasks' times (``Timeline``); a transfer's bytes count as ``nic``
+    where its link crosses nodes, else ``nvlink``. The categories sum to the latest end."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     if len(graph) == 0:
         return out
-    ptr, pred = _predecessors(graph, start, end)
     c = graph.columns()
+    ptr, pred = _predecessors(graph, c, start)
+    src, dst, L = c["src"].astype(np.int64), c["dst"].astype(np.int64), graph.cluster.gpus_per_node
+    cross = (src >= 0) & (src // L != dst // L)
     kind = c["kind"].astype(np.int64)
     fixed = c["fixed"].astype(float)
-    is_xfer = c["src"].astype(np.int64) >= 0
+    is_xfer = src >= 0
     t = int(np.nanargmax(end))
     while True:
         dur = end[t] - start[t]

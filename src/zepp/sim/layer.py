@@ -277,6 +277,8 @@ class _LayerTasks:
         b, g, mech, R, N = self.b, self.g, self.mech, self.R, self.N
         h, splits = self.work.combine, 1
         if mech.gemm2 == "column-sends":  # each GEMM 2 column split sends its slice of every partial
+            if h.num_stages > 1:
+                raise SimulationError("column-sends mechanics need a one-stage combine (a2av or dedup)")
             splits = mech.gemm2_splits
             h = h.column_slices(splits) if isinstance(h, CellFlows) else column_slices(h, splits)
         cm = self.cm = b.phase_messages(h, mech.combine_puts, "combine", float(b.spec.row_bytes) / splits)

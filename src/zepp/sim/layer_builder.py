@@ -27,7 +27,7 @@ from zepp.sim.cell_flows import CellFlows
 from zepp.sim.chunks import add_pieces, chunk_tokens, link_pieces, order_sends, piece_counts, send_classes
 from zepp.sim.joins import stage_message_pairs
 from zepp.sim.mechanics import Mechanics, Net
-from zepp.sim.task_graph import SimulationError, TaskGraph
+from zepp.sim.task_graph import TaskGraph
 
 
 class LayerBuilder:
@@ -219,11 +219,9 @@ class LayerBuilder:
 
 
 def column_slices(h: Hops, splits: int) -> Hops:
-    """A one-stage combine's hops, each repeated ``splits`` times as its column slices: slice ``c``
-    of a message is message ``msg * splits + c`` (``msg % splits`` names the slice), carrying
-    ``1 / splits`` of each row (the caller's row bytes)."""
-    if h.num_stages > 1:
-        raise SimulationError("column-sends mechanics need a one-stage combine (a2av or dedup)")
+    """A one-stage combine's hops (the caller checks it has one stage), each repeated ``splits``
+    times as its column slices: slice ``c`` of a message is message ``msg * splits + c``
+    (``msg % splits`` names the slice), carrying ``1 / splits`` of each row (the caller's row bytes)."""
     rep = Hops(**{f: np.repeat(getattr(h, f), splits) for f in Hops._fields()})
     return split_by_key(rep, np.tile(np.arange(splits, dtype=np.int64), h.size))
 

@@ -213,15 +213,10 @@ def simulate_plan(cfg: Config, s: registry.System, plan: FlowPlan, keep: bool = 
     tl = simulate(g, nic_bw=cfg.cluster.nic_bw * cfg.net.nic_eff, nvlink_bw=cfg.cluster.nvlink_bw * cfg.net.nvlink_eff,
                   labels=keep, **(cfg.sim_opts or SIM_OPTS))
     if keep or cfg.paths:
-        tl.path = path_of(g, tl)
+        tl.path = critical_path(g, tl.start, tl.end)
     return tl, planning, floor
 
 
-def path_of(g: TaskGraph, tl: Timeline) -> dict[str, float]:
-    """``zepp.sim.critical_path.critical_path`` of a simulated run."""
-    c = g.columns()
-    src, dst, L = c["src"].astype(np.int64), c["dst"].astype(np.int64), g.cluster.gpus_per_node
-    return critical_path(g, tl.start, tl.end, (src >= 0) & (src // L != dst // L))
 
 
 def simulate_flowplan(plan: FlowPlan, cluster: Cluster, spec: MoESpec, system: str | registry.System,
