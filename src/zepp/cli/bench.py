@@ -170,12 +170,13 @@ def _outputs(json_path, plot_path) -> list:
 
     out = []
     if json_path is not None:
-        check_output_file(json_path, "--json")
-        out += [Place("--json", json_path), Place("--json (its .detail.json)", str(detail_path(Path(json_path))))]
+        check_output_file(json_path, "--json")  # before its .detail.json's name is derived from it
+        detail = Place("--json (its .detail.json)", str(detail_path(Path(json_path))))
+        check_output_file(detail.path, detail.option)
+        out += [Place("--json", json_path), detail]
     if plot_path is not None:
         out.append(Place("--plot", plot_path, suffixes=plot_suffixes()))
-    for o in out:
-        check_output_file(o.path, o.option, o.suffixes)
+        check_output_file(plot_path, "--plot", plot_suffixes())
     return out
 
 

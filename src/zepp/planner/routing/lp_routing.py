@@ -99,20 +99,24 @@ def lp_shares(topk_ids: np.ndarray, placement: Placement, iters: int = IPM_ITERS
     return share, ok
 
 
+def share_draw(share: np.ndarray, cands: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Per entry, a copy drawn with the copies' shares: ``cands [K, C]`` global slots (-1 padded)
+    of ``K`` candidate lists, ``row [n]`` each entry's list (uniform over a list whose shares are
+    all 0). The draw's weights are laid out once per list (each copy's share, their running sums
+    and total) and entry ``i`` draws with the integer hash of ``i``. Returns ``slot [n]``."""
+    p = np.where(cands >= 0, share[np.maximum(cands, 0)], 0.0)
+    p = np.where(p.sum(1, keepdims=True) > 0, p, (cands >= 0).astype(float))
+    total, ends, last = p.sum(1), np.cumsum(p, 1), (cands >= 0).sum(1) - 1
+    u = entry_hash(np.arange(row.size, dtype=np.int64)) / HASH_MOD * total[row]
+    col = np.zeros(row.size, np.int64)
+    for c in range(cands.shape[1]):  # copies whose running share the draw has passed
+        col += ends[:, c][row] <= u
+    return cands[row, np.minimum(col, last[row])]
+
+
 def route_lp(topk_ids: np.ndarray, placement: Placement, relaxation: float, vacate_rounds: int) -> Routing:
-    """SGLang's ``lp`` dispatch: per entry, a copy drawn with the LP's shares (``lp_shares``).
-    The draw's weights depend on the expert only, so they are laid out once per expert
-    (``[E, C]``: each copy's share, their running sums and total) and each entry reads its own."""
+    """SGLang's ``lp`` dispatch: per entry, a copy drawn with the LP's shares (``lp_shares``)
+    over its expert's copies (``share_draw``, one candidate list per expert)."""
     share, _ = lp_shares(topk_ids, placement)
-    reps = placement.replicas  # [E, C] global slots, -1 padded
-    p = np.where(reps >= 0, share[np.maximum(reps, 0)], 0.0)
-    row = p.sum(1, keepdims=True)
-    p = np.where(row > 0, p, (reps >= 0).astype(float))
-    total, ends = p.sum(1), np.cumsum(p, 1)
     e = np.maximum(topk_ids.ravel(), 0).astype(np.int64)
-    u = entry_hash(np.arange(e.size, dtype=np.int64)) / HASH_MOD * total[e]
-    col = np.zeros(e.size, np.int64)
-    for c in range(reps.shape[1]):  # copies whose running share the draw has passed
-        col += ends[:, c][e] <= u
-    col = np.minimum(col, placement.replica_count[e].astype(np.int64) - 1)
-    return slot_routing(topk_ids, reps[e, col].reshape(topk_ids.shape), placement)
+    return slot_routing(topk_ids, share_draw(share, placement.replicas, e).reshape(topk_ids.shape), placement)

@@ -33,7 +33,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from zepp.planner.routing.base_routing import HASH_MOD, entry_hash, slot_routing
+from zepp.planner.routing.base_routing import entry_hash, slot_routing
 from zepp.planner.types import Placement, Routing
 
 __all__ = ["candidate_lists", "nearest_copy", "static_dispatch_map", "fair_choices", "dynamic_pick",
@@ -159,20 +159,11 @@ def route_sglang_dynamic(topk_ids: np.ndarray, placement: Placement, relaxation:
 
 def route_sglang_lp(topk_ids: np.ndarray, placement: Placement, relaxation: float, vacate_rounds: int) -> Routing:
     """SGLang's lp: the LP's shares over every copy, each entry drawing among its rank's candidates
-    (uniformly where their shares are all 0). The draw's table is per (rank, expert): ``[R, E, C]``
-    cumulative shares, read by each entry one candidate column at a time (memory per entry, not per
-    entry and candidate)."""
-    from zepp.planner.routing.lp_routing import lp_shares
+    (``zepp.planner.routing.lp_routing.share_draw``, one candidate list per (rank, expert))."""
+    from zepp.planner.routing.lp_routing import lp_shares, share_draw
 
     share, _ = lp_shares(topk_ids, placement)
     lists, _ = candidate_lists(placement)  # [R, E, C]
-    p = np.where(lists >= 0, share[np.maximum(lists, 0)], 0.0)
-    p = np.where(p.sum(-1, keepdims=True) > 0, p, (lists >= 0).astype(float))
-    total, cum, last = p.sum(-1), np.cumsum(p, -1), (lists >= 0).sum(-1) - 1
     e, src = _sources(topk_ids)
-    u = entry_hash(np.arange(e.size, dtype=np.int64)) / HASH_MOD * total[src, e]
-    col = np.zeros(e.size, np.int64)
-    for c in range(lists.shape[-1]):  # candidate columns (at most the copies of one expert)
-        col += cum[src, e, c] <= u
-    col = np.minimum(col, last[src, e])
-    return slot_routing(topk_ids, lists[src, e, col].reshape(topk_ids.shape), placement)
+    slot = share_draw(share, lists.reshape(-1, lists.shape[-1]), src * placement.num_experts + e)
+    return slot_routing(topk_ids, slot.reshape(topk_ids.shape), placement)

@@ -17,7 +17,7 @@ import numpy as np
 
 from zepp.planner.routing.base_routing import position_in_group
 from zepp.planner.routing.zepp_tables import zepp_tables
-from zepp.planner.types import Placement, expert_load_bounds
+from zepp.planner.types import Placement, replica_bounds
 
 _ONE = np.uint64(1)
 
@@ -67,7 +67,7 @@ class _Vacate:
         self.n_slots = placement.slot_expert.size
         if slot_counts is None:
             s = self.slot[self.slot >= 0]
-            slot_counts = (np.bincount(s, minlength=self.n_slots), *_slot_bounds(self.expert, placement, relaxation))
+            slot_counts = (np.bincount(s, minlength=self.n_slots), *replica_bounds(self.expert, placement, relaxation))
         load, self.lo, self.hi = (np.asarray(a, np.int64) for a in slot_counts)
         self.load = load.copy()
         # every token: one without an entry of a several-replica expert proposes only infeasible
@@ -138,15 +138,6 @@ class _Vacate:
                 there = np.where(better, rep, there)
             feasible = best < N
         return np.where(feasible, there, src).astype(np.int32), feasible
-
-
-def _slot_bounds(ids: np.ndarray, placement: Placement, relaxation: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per global slot ``[R*S]``, its expert's replica-load bounds (0 for an empty slot), from the
-    entries' experts ``ids [n]``."""
-    demand = np.bincount(ids[ids >= 0], minlength=placement.num_experts).astype(np.int64)
-    lo_e, hi_e = expert_load_bounds(demand, placement.replica_count.astype(np.int64), relaxation)
-    se = placement.slot_expert.ravel()
-    return np.where(se >= 0, lo_e[np.maximum(se, 0)], 0), np.where(se >= 0, hi_e[np.maximum(se, 0)], 0)
 
 
 def _fits_in_order(key: np.ndarray, room: np.ndarray, n_keys: int) -> np.ndarray:

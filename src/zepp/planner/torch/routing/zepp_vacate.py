@@ -157,7 +157,7 @@ class _Vacate:
 
 
 def _slot_bounds(ids: torch.Tensor, dp: DevicePlacement, relaxation: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per global slot, its expert's replica-load bounds (``zepp_vacate._slot_bounds``)."""
+    """Per global slot, its expert's replica-load bounds (``zepp.planner.types.replica_bounds``)."""
     demand = counts(torch.where(ids >= 0, ids, dp.E), dp.E)
     lo_e, hi_e = expert_load_bounds(demand, dp.count, relaxation)
     se = torch.as_tensor(dp.placement.slot_expert.reshape(-1), device=ids.device).to(I64)
