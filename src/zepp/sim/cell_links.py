@@ -73,10 +73,6 @@ def _concat_links(parts) -> tuple[dict, dict]:
     return tuple({c: np.concatenate([p[i][c] for p in parts]) for c in parts[0][0]} for i in (0, 1))
 
 
-def _msg(gw, owner):
-    return owner % gw.carried.shape[2] if gw.by_owner_local else np.zeros_like(owner)
-
-
 def _moved(tc, gw, single):
     """The handed rows: ``(owner, token, node, carrier_local, free)``, ``free`` the token has a
     single-copy entry on its carrier (``None`` without ``single``)."""
@@ -110,7 +106,7 @@ def _cross_to_fan(rel, gw, L: int):
     ok = c != gateway
     r, cl, c, gateway = r[ok], cl[ok], c[ok], gateway[ok]
     o = r // L
-    return _end(1, o * L + cl, gateway, _msg(gw, r), o), _end(2, gateway, c, 0, o)
+    return _end(1, o * L + cl, gateway, gw.msg_of(r), o), _end(2, gateway, c, 0, o)
 
 
 def _gather_to_back(rel, gw, L: int, via_carrier: bool):
@@ -119,7 +115,7 @@ def _gather_to_back(rel, gw, L: int, via_carrier: bool):
     ok = c != gateway
     r, cl, c, gateway = r[ok], cl[ok], c[ok], gateway[ok]
     o = r // L
-    back = _end(1, gateway, o * L + cl, _msg(gw, r), o) if via_carrier else _end(1, gateway, r, 0, o)
+    back = _end(1, gateway, o * L + cl, gw.msg_of(r), o) if via_carrier else _end(1, gateway, r, 0, o)
     return _end(0, c, gateway, 0, o), back
 
 
@@ -133,8 +129,8 @@ def _into_carriers(tc, moved, gw):
     o = owner // L
     carrier = o * L + cl
     f = np.zeros(owner.size, np.int64) if free is None else free.astype(np.int64)
-    cross = _end(1, carrier, node * L + cl, _msg(gw, owner), o)
-    handoff = (_end(0, owner, carrier, _msg(gw, owner), o, f), cross)
+    cross = _end(1, carrier, node * L + cl, gw.msg_of(owner), o)
+    handoff = (_end(0, owner, carrier, gw.msg_of(owner), o, f), cross)
     on = (tc.gpus_on(owner, token, o) == carrier[:, None]).any(1)  # the token computes on its carrier
     near = ({c: v[on] for c, v in _end(0, owner, carrier, 0, o, f).items()}, {c: v[on] for c, v in cross.items()})
     return [handoff, near]
@@ -144,7 +140,7 @@ def _back_to_forward(moved, gw, L: int):
     owner, token, node, cl, _ = moved
     o = owner // L
     carrier = o * L + cl
-    return _end(1, node * L + cl, carrier, _msg(gw, owner), o), _end(2, carrier, owner, 0, o)
+    return _end(1, node * L + cl, carrier, gw.msg_of(owner), o), _end(2, carrier, owner, 0, o)
 
 
 def _free_rows(tc, moved, gw, single) -> Volumes:
@@ -158,6 +154,6 @@ def _free_rows(tc, moved, gw, single) -> Volumes:
     h = free.astype(bool) if owner.size else np.zeros(0, bool)
     o = owner[h] // L
     return Volumes.of_cells(0, np.concatenate([r, owner[h]]), np.concatenate([c, o * L + cl[h]]),
-                            np.concatenate([np.zeros(r.size, np.int64), _msg(gw, owner[h])]),
+                            np.concatenate([np.zeros(r.size, np.int64), gw.msg_of(owner[h])]),
                             np.concatenate([r // L, o]), np.concatenate([near[r, c], np.ones(int(h.sum()), np.int64)]),
                             R, N)

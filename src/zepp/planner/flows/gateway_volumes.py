@@ -43,6 +43,11 @@ class Gateways:
     near: np.ndarray | None = None
     fan: tuple | None = None
 
+    def msg_of(self, owner: np.ndarray) -> np.ndarray:
+        """The message key of owners' rows (``owner``'s shape): the owner's local GPU where messages
+        are keyed by it (``by_owner_local``), else 0."""
+        return owner % self.carried.shape[2] if self.by_owner_local else np.zeros_like(owner)
+
 
 def relay_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[Volumes, Gateways]:
     R, L, N = tc.R, tc.L, tc.N
@@ -62,7 +67,7 @@ def zepp_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[Volumes, Gateways]:
 def reduce_combine(tc: TokenCounts, gw: Gateways) -> Volumes:
     L = tc.L
     r, n, cl = np.nonzero(gw.carried)
-    back = (1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried[r, n, cl])
+    back = (1, n * L + cl, (r // L) * L + cl, gw.msg_of(r), r // L, gw.carried[r, n, cl])
     # One forward per (token, landing GPU) other than the owner: pieces from several nodes
     # landing on one GPU are summed there first.
     key = np.unique((gw.owner * tc.T + gw.token) * L + gw.carrier_local)
@@ -111,10 +116,6 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
     return Gateways(carried, by_owner_local, owner, token, node, carrier_local)
 
 
-def _msg(gw: Gateways, owner: np.ndarray):
-    return owner % gw.carried.shape[2] if gw.by_owner_local else 0
-
-
 # --------------------------------------------------------------------------- cells
 
 
@@ -139,7 +140,7 @@ def _pair_part(counts: np.ndarray, stage: int, L: int, back: bool = False) -> tu
 def _gatewayed_dispatch(tc: TokenCounts, gw: Gateways) -> Volumes:
     L = tc.L
     r, n, cl = np.nonzero(gw.carried)
-    rows, msg, home = gw.carried[r, n, cl], _msg(gw, r), (r // L) * L
+    rows, msg, home = gw.carried[r, n, cl], gw.msg_of(r), (r // L) * L
     handoff = (0, r, home + cl, msg, r // L, np.where(cl != r % L, rows, 0))
     cross = (1, home + cl, n * L + cl, msg, r // L, rows)
     near, fan = _near_and_fan(tc, gw)
