@@ -60,11 +60,11 @@ def test_cells_give_the_hop_tables_messages_and_stage_pairs():
         for coalesce in (True, False):
             plan = build_flows(r, dispatch, 8, combine, coalesce)
             for cells, h in zip(plan_cells(plan), (plan.dispatch, plan.combine)):
-                m, keys = cells.message_table(R)
+                m = messages(cells, R, cells.rows)
                 want = messages(h, R)
                 for f in ("stage", "src", "dst", "rows"):
                     np.testing.assert_array_equal(getattr(m, f), getattr(want, f), err_msg=f"{plan.transport} {f}")
-                got_pairs = cells.stage_pairs(keys, R)
+                got_pairs = cells.stage_pairs(m.keys, R)
                 want_pairs = stage_message_pairs(h, want.hop_msg, R, T)
                 for g, w in zip(got_pairs, want_pairs):
                     np.testing.assert_array_equal(g, w, err_msg=f"{plan.transport} coalesce={coalesce}")

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from zepp.planner.overlap.grouping import Messages, group_keys
 from zepp.planner.volumes import Volumes
 
 _COLUMNS = ("stage", "src", "dst", "msg", "owner_node", "free")
@@ -85,19 +84,9 @@ class CellFlows:
         out = split(cols)
         return replace(self, msg=out["msg"], links=(split(a), split(b)))
 
-    def message_table(self, ranks: int) -> tuple[Messages, np.ndarray]:
-        """``(Messages, key [M])``: one message per distinct ``(stage, src, dst, msg)``, ascending
-        (``hop_msg``: each cell's message), and the messages' keys."""
-        key = self._key(self.__dict__, ranks)
-        uniq, inv, _ = group_keys(key)
-        rows = np.bincount(inv, weights=self.rows, minlength=uniq.size).astype(np.int64)
-        R, span = ranks, self._span()
-        sd = uniq // span
-        return Messages(hop_msg=inv, stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=rows), uniq
-
     def stage_pairs(self, msg_keys: np.ndarray, ranks: int) -> tuple[np.ndarray, np.ndarray]:
-        """The message pairs ``(a, b)`` (sorted, distinct) of the links (``msg_keys``: the keys of
-        ``message_table``)."""
+        """The message pairs ``(a, b)`` (sorted, distinct) of the links (``msg_keys``: the messages'
+        keys, ``zepp.planner.overlap.grouping.Messages.keys`` of ``messages(cells, R, cells.rows)``)."""
         a, b = self.links
         if a["stage"].size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)

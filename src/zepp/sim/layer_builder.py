@@ -81,7 +81,7 @@ class LayerBuilder:
 
     def phase_messages(self, h, mode: str, kind: str, row_bytes: float) -> Messages:
         """The messages of a phase's hops (or cells, ``zepp.sim.cell_flows.CellFlows``) as transfers."""
-        m = h.message_table(self.R)[0] if isinstance(h, CellFlows) else messages(h, self.R)
+        m = messages(h, self.R, h.rows if isinstance(h, CellFlows) else None)
         if self.mech.chunked:
             return self.chunked_messages(h, m, kind, row_bytes)
         m.entry_task = np.zeros(m.rows.size, np.int64)
@@ -121,7 +121,7 @@ class LayerBuilder:
         """``(pre, post)`` message pairs: ``post`` (stage ``s``, from ``x``) carries a row that
         ``pre`` (an earlier stage) delivers to ``x`` (cells: from their links)."""
         if isinstance(h, CellFlows):
-            return h.stage_pairs(h.message_table(self.R)[1], self.R)
+            return h.stage_pairs(m.keys, self.R)
         return stage_message_pairs(h, m.hop_msg, self.R, self.T)
 
     def stage_deps(self, h: Hops, m: Messages) -> None:

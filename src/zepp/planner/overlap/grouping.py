@@ -91,7 +91,8 @@ class Messages:
     ``stage``, ``src``, ``dst``, ``rows`` (``[m]`` each). ``entry_task`` / ``exit_task`` are
     filled by the simulator (the task that receives the message's dependencies, the transfer);
     so are ``pieces`` and ``pairs`` where it cuts messages into pieces (``zepp.sim.chunks``:
-    pieces per message, and the stage dependencies ``(pre, post)`` between messages)."""
+    pieces per message, and the stage dependencies ``(pre, post)`` between messages). ``keys [m]``:
+    each message's ``(stage, src, dst, msg)`` key, ascending (``messages``)."""
 
     hop_msg: np.ndarray
     stage: np.ndarray
@@ -102,16 +103,20 @@ class Messages:
     exit_task: np.ndarray = field(default=None)
     pieces: np.ndarray = field(default=None)
     pairs: tuple = field(default=None)
+    keys: np.ndarray = field(default=None)
 
 
-def messages(h: Hops, ranks: int) -> Messages:
-    """Group the hops of one phase into messages (see the module notes)."""
+def messages(h: Hops, ranks: int, weights: np.ndarray | None = None) -> Messages:
+    """Group the hops of one phase into messages (see the module notes); ``weights [n]``: the rows
+    each element stands for where it is not one row (the simulator's cells), else one each."""
     R = ranks
     mmax = int(h.msg.max(initial=0)) + 1
     key = ((h.stage.astype(np.int64) * R + h.src) * R + h.dst) * mmax + h.msg
     uniq, inv, cnt = group_keys(key)
+    if weights is not None:
+        cnt = np.bincount(inv, weights=weights, minlength=uniq.size).astype(np.int64)
     sd = uniq // mmax
-    return Messages(hop_msg=inv, stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt)
+    return Messages(hop_msg=inv, stage=sd // (R * R), src=(sd // R) % R, dst=sd % R, rows=cnt, keys=uniq)
 
 
 def group_keys(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
