@@ -264,12 +264,14 @@ def _write_table(job: PlaceJob, plan_hist, ep):
         return None
     from zepp.engines import launch_lines
     from zepp.interop.engine_tables import ENGINE_ROWS, plan_tables, table_routing, write_tables
+    from zepp.outputs import replacing
     from zepp.registry import SYSTEMS
 
     o = job.opts
     tokens = job.spec.tokens_for_budget(o.budget_mb)
     tables = plan_tables(o.fmt, plan_hist, ep, job.relaxation, tokens)
-    write_tables(job.table_out, o.fmt, ep, tables)
+    with replacing(job.table_out, "the table file beside --out") as tmp:  # whole or not at all, as --out
+        write_tables(tmp, o.fmt, ep, tables)
     click.echo(f"wrote {job.table_out} ({table_routing(o.fmt, tokens)}: Zepp's table per MoE layer for batches of "
                f"{tokens} tokens per GPU (--budget-mb), read back identical)")
     decode = tokens <= SYSTEMS[ENGINE_ROWS[o.fmt][1]].switch_tokens

