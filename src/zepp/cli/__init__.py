@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     own usage errors and for an output that could not be written); Ctrl-C and SIGTERM with one
     line, exit code 130 and 143, after every ``finally`` of the command ran (workers and ranks
     ended, temporary files and folders removed, the outputs' locks released)."""
-    from zepp.launch.processes import Terminated, launcher_signals
+    from zepp.launch.signals import Terminated, launcher_signals
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -40,7 +40,7 @@ def _sigterm(signum, frame):  # noqa: ARG001
     """SIGTERM in a process that did not choose its own handler: remove this process's clusters,
     then die of the signal as it would have (a host such as pytest must not survive it by
     catching a SystemExit); its watchdog removes its temp folders. Launchers that want their
-    ``finally`` blocks to run install ``zepp.launch.processes.launcher_signals`` instead."""
+    ``finally`` blocks to run install ``zepp.launch.signals.launcher_signals`` instead."""
     _teardown_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

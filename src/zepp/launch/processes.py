@@ -9,7 +9,7 @@ loop, ``RankGroup.wait``, and one way a failure is reported, ``RunResult.failure
 What is guaranteed, by exit path of the launcher (the process that calls ``RankGroup``):
 
 - normal return, an exception, Ctrl-C (``KeyboardInterrupt``), SIGTERM (turned into
-  ``Terminated(143)``, a ``SystemExit``, by ``launcher_signals``): ``with RankGroup(...)`` kills every rank that
+  ``Terminated(143)``, a ``SystemExit``, by ``zepp.launch.signals.launcher_signals``): ``with RankGroup(...)`` kills every rank that
   is still running, and ``temp_folder`` removes its folder, before the launcher exits;
 - ``kill -9`` of the launcher, or a crash of the interpreter: every rank gets SIGKILL from the
   kernel at once (``PR_SET_PDEATHSIG``, set in the child before it executes the command; a rank
@@ -123,30 +123,6 @@ def temp_folder(prefix: str):
     finally:
         shutil.rmtree(path, ignore_errors=True)
         WATCHDOG.remove("dir", path)
-
-
-class Terminated(SystemExit):
-    """SIGTERM, raised in the main thread (exit code 143) so that ``finally`` and ``with`` blocks
-    run; ``zepp.cli.main`` reports it as one line."""
-
-
-@contextlib.contextmanager
-def launcher_signals():
-    """While inside: SIGTERM raises ``Terminated(143)`` in the main thread, so ``finally`` and
-    ``with`` blocks (which end ranks, workers, clusters, temp folders and temporary files) run.
-    No-op off the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise Terminated(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 # ---------------------------------------------------------------------------------------------

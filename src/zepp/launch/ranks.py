@@ -27,7 +27,8 @@ import sys
 from typing import Callable, Mapping, Sequence
 
 from zepp.errors import EmulationError, EmulationUnavailable, RankFailure, ZeppInputError
-from zepp.launch.processes import RankGroup, launcher_signals, temp_folder
+from zepp.launch.processes import RankGroup, temp_folder
+from zepp.launch.signals import launcher_signals
 
 # variables a spawned rank must not inherit from a launcher that torchrun started
 DROPPED_ENV = ("MASTER_PORT", "TORCHELASTIC_RUN_ID")

@@ -122,10 +122,10 @@ class _Rows:
 def run_bench(jobs: list[dict], workers: int = 1, progress: bool = True, on_row=None) -> list[dict]:
     """Simulate every configuration of ``jobs``; ``on_row(row)`` is called as each completes.
     Returns the rows in ``jobs`` order. SIGTERM ends the run (and its workers) like Ctrl-C
-    (``zepp.launch.processes.launcher_signals``)."""
+    (``zepp.launch.signals.launcher_signals``)."""
     from tqdm import tqdm
 
-    from zepp.launch.processes import launcher_signals
+    from zepp.launch.signals import launcher_signals
 
     units = all_units(jobs)
     bar = tqdm(total=round(sum(u["weight"] for u in units)), desc="zepp bench", unit="work", disable=not progress,
