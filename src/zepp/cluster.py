@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppInputError
-from zepp.files import input_file, read_structured
+from zepp.files import read_structured
 
 # figures that must be positive (a zero bandwidth or peak would divide by zero)
 _POSITIVE_FIELDS = ("nvlink_bw", "nic_bw", "peak_flops", "hbm_bw", "gemm_eff_max", "weight_read_eff", "sms")
@@ -183,7 +183,7 @@ def load_cluster_file(path, nodes: int | None = None, gpus_per_node: int | None 
     ``default_nodes``: the node count when neither gives one. An unknown field, a wrong type or
     a value outside its range (``FIELD_RANGES``) is one error naming the field.
     """
-    p = input_file(Path(path), "cluster file", ".yaml, .yml or .json")
+    p = Path(path)  # read_structured checks it is a regular file (zepp.files)
     obj = _read_mapping(p)
     base = obj.get("base")
     fields = _base_fields(p, base)

@@ -78,10 +78,11 @@ def open_regular(path, what: str = "file", expect: str = "a regular file", max_b
         raise
 
 
-def read_bytes(p, what: str = "file", max_bytes: int | None = None) -> bytes:
-    """The whole file (a regular file of at most ``max_bytes``); OS errors become one clear line."""
+def read_bytes(p, what: str = "file", max_bytes: int | None = None, expect: str = "a regular file") -> bytes:
+    """The whole file (a regular file of at most ``max_bytes``; ``what`` / ``expect`` name it in
+    messages, ``open_regular``); OS errors become one clear line."""
     try:
-        with open_regular(p, what, max_bytes=max_bytes) as f:
+        with open_regular(p, what, expect, max_bytes) as f:
             return f.read()
     except PermissionError:
         raise ZeppInputError(f"{p}: permission denied; fix the file's permissions") from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -109,10 +110,8 @@ def read_json(path, what: str = "JSON file", expect: str = ".json", allow_nan: b
               max_bytes: int = MAX_JSON_BYTES):
     """The value of the JSON file ``path`` (a regular file of at most ``max_bytes``), under the
     module's rules; ``what`` / ``expect`` name it in messages."""
-    from zepp.files.paths import input_file
-
-    p = input_file(path, what, expect)
-    return parse_json(read_bytes(p, what, max_bytes), p, allow_nan)
+    p = Path(path)
+    return parse_json(read_bytes(p, what, max_bytes, expect), p, allow_nan)
 
 
 def _yaml():
@@ -238,16 +237,12 @@ def parse_yaml(raw: bytes | str, source):
 
 def read_yaml(path, what: str = "YAML file", expect: str = ".yaml or .yml", max_bytes: int = MAX_YAML_BYTES):
     """The value of the YAML file ``path`` (a regular file of at most ``max_bytes``), under the module's rules."""
-    from zepp.files.paths import input_file
-
-    p = input_file(path, what, expect)
-    return parse_yaml(read_bytes(p, what, max_bytes), p)
+    p = Path(path)
+    return parse_yaml(read_bytes(p, what, max_bytes, expect), p)
 
 
 def read_structured(path, what: str, expect: str):
     """A JSON (by its ``.json`` suffix) or YAML file's value, under the module's rules."""
-    from pathlib import Path
-
     if Path(path).suffix.lower() == ".json":
         return read_json(path, what, expect)
     return read_yaml(path, what, expect)
