@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -116,13 +117,15 @@ def _entry(p, name: str, entry, data_bytes: int) -> tuple[str, tuple[int, ...]]:
     return entry["dtype"], tuple(entry["shape"])
 
 
-def read_safetensors_header(path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def read_safetensors_header(path, what: str = "safetensors file",
+                            max_bytes: int | None = None) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{tensor name: (dtype, shape)}`` from a safetensors file's header (never the tensors),
-    every entry checked against the file's size (a truncated file is named here). ``__metadata__``,
-    when present, must map strings to strings."""
+    every entry checked against the file's size (a truncated file is named here; ``what`` names the
+    file in ``open_regular``'s messages, ``max_bytes`` caps its size). ``__metadata__``, when
+    present, must map strings to strings."""
     p = Path(path)
-    with open_regular(p, "safetensors file", ".safetensors") as f:
-        size = p.stat().st_size
+    with open_regular(p, what, ".safetensors", max_bytes) as f:
+        size = os.fstat(f.fileno()).st_size
         if size < 8:
             raise ZeppInputError(f"{p}: {'empty' if size == 0 else 'truncated'} safetensors file ({size} bytes); "
                                  f"re-export the checkpoint")

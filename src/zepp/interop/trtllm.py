@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from zepp.errors import ZeppFileError, ZeppInputError
-from zepp.files import describe_keys, open_regular, read_json, read_safetensors_header
+from zepp.files import describe_keys, read_json, read_safetensors_header
 from zepp.files.limits import MAX_TENSOR_FILE_BYTES
 from zepp.interop.base_history import HistoryRequest
 from zepp.interop.common import check_rows, load_obj
@@ -198,8 +198,7 @@ def _safetensors(p: Path) -> dict[str, np.ndarray]:
     except ImportError:
         raise ZeppInputError("reading TensorRT-LLM statistics needs the safetensors package (pip install safetensors)") \
             from None
-    with open_regular(p, "TensorRT-LLM statistics file", ".safetensors", MAX_TENSOR_FILE_BYTES):
-        read_safetensors_header(p)
+    read_safetensors_header(p, "TensorRT-LLM statistics file", MAX_TENSOR_FILE_BYTES)
     try:
         return load_file(str(p))
     except PermissionError:
