@@ -109,6 +109,25 @@ def test_experts_that_stay_on_a_gpu_keep_their_old_slot(ranks, slots, old, new):
             assert post[0, seg][list(old[0, seg]).index(e)] == e
 
 
+def test_the_policy_keeps_one_table_per_layer_and_rebuilds_a_returning_placement_alike(table_file):
+    """A long run re-balances often: the policy holds only the latest placement's table per layer,
+    and a placement that comes back gets the rows a fresh policy gives it."""
+    state = _policy(table_file)
+    R, E, L = NODES * GPN, state.file["num_logical_experts"], len(state.file["layers"])
+    P, rng = E + REDUNDANT, np.random.default_rng(1)
+    first = state.rebalance(np.ones((L, E), np.int64), P, NODES, R, None)
+    seen = state.rows(0, first[0], 0, R, 1024)
+    for _ in range(3):
+        other = state.rebalance(rng.integers(1, 99, (L, E)), P, NODES, R, first)
+        assert not np.array_equal(other[0], first[0])
+        state.rows(0, other[0], 0, R, 1024)
+        assert len(state._tables) == 1
+    again = state.rows(0, first[0], 0, R, 1024)
+    fresh = _policy(table_file).rows(0, first[0], 0, R, 1024)
+    for a, b, c in zip(seen, again, fresh):
+        assert np.array_equal(a, b) and np.array_equal(b, c)
+
+
 def _entry_point(monkeypatch, tmp_path):
     """The ``zepp`` entry point of ``vllm.general_plugins`` as ``importlib.metadata`` finds it. Where
     the installed zepp's metadata predates this checkout (an editable install of another tree),

@@ -58,7 +58,9 @@ class PolicyState:
         self.applied = False
         self.gpus_per_node = table["gpus_per_node"]
         self.load: dict[int, np.ndarray] = {}  # MoE layer -> the load [E] of the latest re-plan
-        self._tables: dict[tuple[int, bytes], object] = {}
+        # MoE layer -> (its placement's bytes, its hash table): one table per layer, the latest
+        # placement's, so a long run that re-balances often holds no table of a retired placement
+        self._tables: dict[int, tuple[bytes, object]] = {}
 
     def rebalance(self, weight: np.ndarray, num_replicas: int, num_nodes: int, num_ranks: int,
                   old: np.ndarray | None) -> np.ndarray:
@@ -97,21 +99,20 @@ class PolicyState:
 
         p2l = np.asarray(p2l, np.int64)
         E, gpn = self.file["num_logical_experts"], self.gpus_per_node
-        key = (layer, p2l.tobytes())
+        key = p2l.tobytes()
         W = 1 << (min(width, 1 << 30).bit_length() - 1)  # the widest power of two vLLM's row holds
-        if key not in self._tables:
+        if self._tables.get(layer, (None,))[0] != key:
             fp = self.file["physical_to_logical_map"]  # row i: the i-th MoE layer, as vLLM counts them
             placement = Placement(p2l.reshape(ranks, -1), E, gpn)
             if layer < fp.shape[0] and np.array_equal(fp[layer], p2l) and self.file["width"] <= W:
-                self._tables[key] = HashTable(self.file["choices"][layer], self.file["counts"][layer],
-                                              self.file["width"], self.file["relaxation"], placement,
-                                              self.file["objective"])
+                table = HashTable(self.file["choices"][layer], self.file["counts"][layer],
+                                  self.file["width"], self.file["relaxation"], placement, self.file["objective"])
             else:
                 load = self.load.get(layer, np.ones(E, np.int64)).astype(float) + 1e-9
                 demand = demand_per_gpu(np.tile(load, (ranks // gpn, 1)) / (ranks // gpn), gpn)
-                self._tables[key] = build_hash_table(placement, demand, self.file["relaxation"], gpn, W,
-                                                     self.file["objective"])
-        l2p, count = hash_rows(self._tables[key], rank)
+                table = build_hash_table(placement, demand, self.file["relaxation"], gpn, W, self.file["objective"])
+            self._tables[layer] = (key, table)
+        l2p, count = hash_rows(self._tables[layer][1], rank)
         full = np.full((E, width), -1, np.int64)
         full[:, :l2p.shape[1]] = l2p
         return full, count
