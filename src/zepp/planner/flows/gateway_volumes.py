@@ -41,7 +41,7 @@ class Gateways:
     node: np.ndarray
     carrier_local: np.ndarray
     near: np.ndarray | None = None
-    fan: tuple | None = None
+    fan: list | None = None
 
     def msg_of(self, owner: np.ndarray) -> np.ndarray:
         """The message key of owners' rows (``owner``'s shape): the owner's local GPU where messages
@@ -122,12 +122,7 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
 def _cells(tc: TokenCounts, *parts) -> Volumes:
     """One phase's ``Volumes`` from parts ``(stage, src, dst, msg, owner_node, rows)`` (arrays or
     scalars, broadcast within a part)."""
-    cols = [[] for _ in range(6)]
-    for part in parts:
-        shape = np.broadcast_shapes(*(np.shape(v) for v in part))
-        for col, v in zip(cols, part):
-            col.append(np.broadcast_to(v, shape).ravel())
-    return Volumes.of_cells(*(np.concatenate(c) for c in cols), ranks=tc.R, nodes=tc.N)
+    return Volumes.of_parts(parts, tc.R, tc.N)
 
 
 def _pair_part(counts: np.ndarray, stage: int, L: int, back: bool = False) -> tuple:
@@ -144,21 +139,21 @@ def _gatewayed_dispatch(tc: TokenCounts, gw: Gateways) -> Volumes:
     handoff = (0, r, home + cl, msg, r // L, np.where(cl != r % L, rows, 0))
     cross = (1, home + cl, n * L + cl, msg, r // L, rows)
     near, fan = _near_and_fan(tc, gw)
-    src, dst, owner_node, rows = fan
-    return _cells(tc, _pair_part(near, 0, L), handoff, cross, (2, src, dst, 0, owner_node, rows))
+    forwards = ((2, src, dst, 0, on, rows) for src, dst, on, rows in fan)
+    return _cells(tc, _pair_part(near, 0, L), handoff, cross, *forwards)
 
 
-def _reduce_on_gateways(tc: TokenCounts, gw: Gateways) -> tuple[tuple, tuple]:
-    """Stage 0 of both reducing combines: same-node partials to the owner, remote ones to the
-    gateway that received their token (the dispatch's forwards, reversed)."""
-    near, (src, dst, owner_node, rows) = _near_and_fan(tc, gw)
-    return _pair_part(near, 0, tc.L, back=True), (0, dst, src, 0, owner_node, rows)
+def _reduce_on_gateways(tc: TokenCounts, gw: Gateways) -> tuple[tuple, ...]:
+    """Stage 0 of both reducing combines, as parts: same-node partials to the owner, remote ones to
+    the gateway that received their token (the dispatch's forwards, reversed)."""
+    near, fan = _near_and_fan(tc, gw)
+    return _pair_part(near, 0, tc.L, back=True), *((0, dst, src, 0, on, rows) for src, dst, on, rows in fan)
 
 
-def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, tuple]:
+def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, list]:
     """``near [R, R]``: token-GPU pairs on the owner's node, other than the owner; ``fan``: the
-    stage-2 forwards ``(src, dst, owner node, rows)``, one per token-GPU pair on another node,
-    from the gateway that received the token there (unless the GPU is that gateway)."""
+    stage-2 forwards as parts ``(src, dst, owner node, rows)``, one row per token-GPU pair on
+    another node, from the gateway that received the token there (unless the GPU is that gateway)."""
     if gw.near is None:
         R, L = tc.R, tc.L
         rank = np.arange(R)
@@ -170,11 +165,11 @@ def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, tuple]:
         if gw.owner.size:
             gpus = tc.gpus_on(gw.owner, gw.token, gw.node)  # [d, k]
             old = (gw.node * L + gw.owner % L)[:, None]
+            valid = gpus >= 0
+            gpus = np.where(valid, gpus, old)  # no GPU: a cell of no rows, keyed in range
             new = (gw.node * L + gw.carrier_local)[:, None]
             onode = (gw.owner // L)[:, None]
-            parts.append((old, gpus, onode, -((gpus >= 0) & (gpus != old)).astype(np.int64)))
-            parts.append((new, gpus, onode, ((gpus >= 0) & (gpus != new)).astype(np.int64)))
-        shapes = [np.broadcast_shapes(*(np.shape(v) for v in p)) for p in parts]
-        gw.fan = tuple(np.concatenate([np.broadcast_to(p[i], sh).ravel() for p, sh in zip(parts, shapes)])
-                       for i in range(4))
+            parts.append((old, gpus, onode, -(gpus != old).astype(np.int64)))
+            parts.append((new, gpus, onode, (valid & (gpus != new)).astype(np.int64)))
+        gw.fan = parts
     return gw.near, gw.fan

@@ -106,13 +106,15 @@ class TokenCounts:
 
 class _Block:
     """Ranks ``r0 .. r1`` of a ``TokenCounts``: per entry column ``comp`` and ``node [k, g]``
-    (``-1`` where missing; ``g = (r1 - r0) T``), ``first_c`` / ``first_n [k, g]`` (the entry is its
-    token's first on that rank / node), ``owner [g]`` (global rank of each token)."""
+    (``-1`` where missing; ``g = (r1 - r0) T``; the smallest integer type that holds them),
+    ``first_c`` / ``first_n [k, g]`` (the entry is its token's first on that rank / node),
+    ``owner [g]`` (global rank of each token)."""
 
     def __init__(self, tc: TokenCounts, r0: int):
         self.tc, self.r0 = tc, r0
         self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
-        self.comp = np.floor_divide(tc.slot[r0:r1].reshape(-1, tc.k).T, tc.S, order="C")  # [k, g] int32
+        comp = tc.slot[r0:r1].reshape(-1, tc.k) // tc.S  # [g, k] int32
+        self.comp = comp.T.astype(_small_int(tc.R), order="C")  # [k, g]
         self.node = self.comp // tc.L
         self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
         self.first_c = _first_of_token(self.comp)
@@ -120,33 +122,50 @@ class _Block:
 
     def key(self) -> np.ndarray:
         """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
-        key = self.owner * (self.tc.R + 1) + 1 + self.comp
-        key *= 4
+        R = self.tc.R
+        dtype = _small_int(4 * R * (R + 1))
+        key = np.multiply(self.comp, 4, dtype=dtype)
+        key += ((np.arange(self.r0, self.r1) * (R + 1) + 1) * 4).astype(dtype).repeat(self.tc.T)
         key += self.first_c
-        key += 2 * self.first_n
+        key += self.first_n
+        key += self.first_n
         return key
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
         """``TokenCounts.rows_beyond`` for this block's ranks (``kept``, ``over [rb, N]``: the
         segments with rows past ``kept``): the segments' tokens marked ``[D, T]``, counted along
         the tokens."""
-        tc = self.tc
-        T, N = tc.T, tc.N
+        T, N = self.tc.T, self.tc.N
         which = np.flatnonzero(over.ravel())  # segments (r - r0) * N + n with rows beyond
-        D = which.size
-        seg = np.full(over.size + 1, D, np.int32)  # the last index: no segment
-        seg[which] = np.arange(D)
-        owner_n = (self.owner - self.r0) * N
-        token = np.arange(self.owner.size, dtype=np.int32) % T
-        present = np.zeros((D + 1) * T, np.int16)
-        for node, first in zip(self.node, self.first_n):
-            present[seg.take(np.where(first, owner_n + node, over.size)) * T + token] = 1
-        present = present[:D * T].reshape(D, T)
+        rb, n = which // N, which % N
+        if N < 64:  # each token's nodes as bits
+            mask = self.node_mask().reshape(-1, T)
+            present = ((mask[rb] >> n[:, None].astype(mask.dtype)) & 1).astype(bool)
+        else:
+            node = self.node.reshape(self.tc.k, -1, T)
+            present = np.zeros((which.size, T), bool)
+            for col in node:
+                present |= col[rb] == n[:, None]
         place = np.cumsum(present, axis=1, dtype=np.int32)  # 1-based place of each present token
-        flat = np.flatnonzero((place > kept.ravel()[which][:, None]) & (present > 0))
+        flat = np.flatnonzero((place > kept.ravel()[which][:, None]) & present)
         d, t = flat // T, flat % T
         rn = which[d]
         return rn // N + self.r0, t, rn % N, place.ravel()[flat] - 1
+
+    def node_mask(self) -> np.ndarray:
+        """``[g]`` unsigned (``N < 64``): bit ``n`` set where the token has an entry on node ``n``
+        (a missing entry, node ``-1``, sets the top bit, past ``N``)."""
+        bits = next(b for b in (8, 16, 32, 64) if self.tc.N < b)
+        u = np.dtype(f"uint{bits}").type
+        mask = np.zeros(self.node.shape[1], u)
+        for col in self.node:
+            mask |= u(1) << (col.astype(u) & u(bits - 1))
+        return mask
+
+
+def _small_int(hi: int) -> type:
+    """The smallest signed integer type holding ``[-1, hi]``."""
+    return np.int8 if hi < 1 << 7 else np.int16 if hi < 1 << 15 else np.int32 if hi < 1 << 31 else np.int64
 
 
 def _first_of_token(col: np.ndarray) -> np.ndarray:
