@@ -92,7 +92,7 @@ def _sum_by_key(key: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     hi = int(key.max()) + 1
     if hi <= max(1 << 22, 8 * key.size):
         total = np.bincount(key, weights=rows, minlength=hi)
-        uniq = np.flatnonzero(total)
+        uniq = np.flatnonzero(total != 0)  # (a bool array: numpy's nonzero of floats is slow)
         return uniq, total[uniq].astype(np.int64)
     nz = rows != 0
     key, rows = key[nz], rows[nz]

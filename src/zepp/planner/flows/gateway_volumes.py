@@ -22,6 +22,7 @@ import numpy as np
 
 from zepp.planner.flows.gateway_flows import nic_split
 from zepp.planner.flows.token_counts import TokenCounts
+from zepp.planner.intsort import sorted_unique
 from zepp.planner.volumes import Volumes
 
 
@@ -70,7 +71,7 @@ def reduce_combine(tc: TokenCounts, gw: Gateways) -> Volumes:
     back = (1, n * L + cl, (r // L) * L + cl, gw.msg_of(r), r // L, gw.carried[r, n, cl])
     # One forward per (token, landing GPU) other than the owner: pieces from several nodes
     # landing on one GPU are summed there first.
-    key = np.unique((gw.owner * tc.T + gw.token) * L + gw.carrier_local)
+    key = sorted_unique((gw.owner * tc.T + gw.token) * L + gw.carrier_local)
     owner, local = key // L // tc.T, key % L
     forward = (2, (owner // L) * L + local, owner, 0, owner // L, 1)
     return _cells(tc, *_reduce_on_gateways(tc, gw), back, forward)
@@ -164,12 +165,11 @@ def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, list]:
         parts = [(gateway, c, r // L, np.where(c != gateway, tc.pairs[r, c], 0))]
         if gw.owner.size:
             gpus = tc.gpus_on(gw.owner, gw.token, gw.node)  # [d, k]
-            old = (gw.node * L + gw.owner % L)[:, None]
-            valid = gpus >= 0
-            gpus = np.where(valid, gpus, old)  # no GPU: a cell of no rows, keyed in range
-            new = (gw.node * L + gw.carrier_local)[:, None]
-            onode = (gw.owner // L)[:, None]
+            row, col = np.nonzero(gpus >= 0)  # each handed row's GPUs there
+            gpus = gpus[row, col]
+            old, new = gw.node[row] * L + gw.owner[row] % L, gw.node[row] * L + gw.carrier_local[row]
+            onode = gw.owner[row] // L
             parts.append((old, gpus, onode, -(gpus != old).astype(np.int64)))
-            parts.append((new, gpus, onode, (valid & (gpus != new)).astype(np.int64)))
+            parts.append((new, gpus, onode, (gpus != new).astype(np.int64)))
         gw.fan = parts
     return gw.near, gw.fan
