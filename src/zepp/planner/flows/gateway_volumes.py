@@ -164,9 +164,7 @@ def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, list]:
         gateway = (c // L) * L + r % L  # the owner's own NIC, unless the row was handed (below)
         parts = [(gateway, c, r // L, np.where(c != gateway, tc.pairs[r, c], 0))]
         if gw.owner.size:
-            gpus = tc.gpus_on(gw.owner, gw.token, gw.node)  # [d, k]
-            row, col = np.nonzero(gpus >= 0)  # each handed row's GPUs there
-            gpus = gpus[row, col]
+            row, gpus = tc.gpus_on_listed(gw.owner, gw.token, gw.node)  # each handed row's GPUs there
             old, new = gw.node[row] * L + gw.owner[row] % L, gw.node[row] * L + gw.carrier_local[row]
             onode = gw.owner[row] // L
             parts.append((old, gpus, onode, -(gpus != old).astype(np.int64)))

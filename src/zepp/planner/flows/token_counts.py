@@ -104,6 +104,18 @@ class TokenCounts:
         return np.where(keep, comp, -1).astype(np.int64)
 
 
+    def gpus_on_listed(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on
+        its node (no sort: each entry kept where no earlier entry of the row has its rank)."""
+        comp = self.slot[owner, token] // self.S  # [d, k]
+        keep = (comp // self.L == node[:, None]) & (comp >= 0)
+        for j in range(1, self.k):
+            for i in range(j):
+                keep[:, j] &= comp[:, j] != comp[:, i]
+        row, col = np.nonzero(keep)
+        return row, comp[row, col]
+
+
 class _Block:
     """Ranks ``r0 .. r1`` of a ``TokenCounts``: per entry column ``comp`` and ``node [k, g]``
     (``-1`` where missing; ``g = (r1 - r0) T``; the smallest integer type that holds them),
@@ -133,34 +145,41 @@ class _Block:
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
         """``TokenCounts.rows_beyond`` for this block's ranks (``kept``, ``over [rb, N]``: the
-        segments with rows past ``kept``): the segments' tokens marked ``[D, T]``, counted along
-        the tokens."""
+        segments with rows past ``kept``). The rows past ``kept`` are a segment's last ones, so each
+        segment is read in a window of its last tokens, widened (doubled) until it holds them all:
+        about the excess rows' tokens per segment, not all ``T``."""
         T, N = self.tc.T, self.tc.N
         which = np.flatnonzero(over.ravel())  # segments (r - r0) * N + n with rows beyond
         rb, n = which // N, which % N
-        if N < 64:  # each token's nodes as bits
-            mask = self.node_mask().reshape(-1, T)
-            present = ((mask[rb] >> n[:, None].astype(mask.dtype)) & 1).astype(bool)
-        else:
-            node = self.node.reshape(self.tc.k, -1, T)
-            present = np.zeros((which.size, T), bool)
-            for col in node:
-                present |= col[rb] == n[:, None]
-        place = np.cumsum(present, axis=1, dtype=np.int32)  # 1-based place of each present token
-        flat = np.flatnonzero((place > kept.ravel()[which][:, None]) & present)
-        d, t = flat // T, flat % T
-        rn = which[d]
-        return rn // N + self.r0, t, rn % N, place.ravel()[flat] - 1
+        union = self.tc.union[self.r0:self.r1].ravel()[which]
+        kept = kept.ravel()[which]
+        width = np.minimum(T, 5 * (union - kept) * T // (4 * union) + 16)  # tokens read from each segment's end
+        while True:
+            seg, start, t, present = self._window(rb, n, width)
+            csum = np.concatenate(([0], np.cumsum(present)))
+            seen = csum[start + width] - csum[start]  # rows in each window
+            short = (union - seen > kept) & (width < T)
+            if not short.any():
+                break
+            width = np.where(short, np.minimum(T, 2 * width), width)
+        place = (union - seen - csum[start])[seg] + csum[1:] - 1  # 0-based place in the segment
+        at = np.flatnonzero(present & (place >= kept[seg]))
+        return rb[seg[at]] + self.r0, t[at], n[seg[at]], place[at].astype(np.int32)
 
-    def node_mask(self) -> np.ndarray:
-        """``[g]`` unsigned (``N < 64``): bit ``n`` set where the token has an entry on node ``n``
-        (a missing entry, node ``-1``, sets the top bit, past ``N``)."""
-        bits = next(b for b in (8, 16, 32, 64) if self.tc.N < b)
-        u = np.dtype(f"uint{bits}").type
-        mask = np.zeros(self.node.shape[1], u)
+    def _window(self, rb: np.ndarray, n: np.ndarray, width: np.ndarray):
+        """The last ``width [D]`` tokens of segments (block rank ``rb``, node ``n``) ``[D]``, one
+        after another: ``(seg, start [D], token, present)``, ``present`` where the token has an
+        entry on the segment's node."""
+        T = self.tc.T
+        start = np.cumsum(width) - width
+        seg = np.repeat(np.arange(width.size), width)
+        t = np.arange(seg.size) - (start - (T - width))[seg]
+        g = rb[seg] * T + t
+        node = n.astype(self.node.dtype)[seg]
+        present = np.zeros(g.size, bool)
         for col in self.node:
-            mask |= u(1) << (col.astype(u) & u(bits - 1))
-        return mask
+            present |= col.take(g) == node
+        return seg, start, t, present
 
 
 def _small_int(hi: int) -> type:
