@@ -83,7 +83,7 @@ class _Vacate:
         g = cand.size
         if g == 0:
             return False
-        node = self.node if g == self.node.shape[1] else self.node[:, cand]  # [k, g]
+        node = self.node if g == self.node.shape[1] else self.node.take(cand, axis=1)  # [k, g], C order
         home = self.home[cand]
         gi, ki, least, has_remote = _least_touched_entries(node, home, self.N)
         if gi.size == 0:
