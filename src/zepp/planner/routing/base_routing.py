@@ -40,7 +40,10 @@ def slot_routing(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement,
                  relaxation: float | None = None) -> Routing:
     """The ``Routing`` of ``slot [R, T, k]`` (any value where an entry is missing: it becomes ``-1``).
     ``relaxation``: the C whose replica-load bounds the routing promises (``validate`` checks them)."""
-    slot = np.where(topk_ids < 0, -1, slot).astype(np.int32)
+    slot = np.array(np.broadcast_to(slot, topk_ids.shape), np.int32)
+    missing = topk_ids < 0
+    if missing.any():  # (a where() over every entry costs more than this check when none is missing)
+        slot[missing] = -1
     return Routing(topk_ids, slot, placement, relaxation=relaxation)
 
 
