@@ -63,7 +63,7 @@ class _Vacate:
         if self.tables.node_mask is not None:
             bits = next(b for b in (8, 16, 32, 64) if self.N < b)
             self.node_mask = self.tables.node_mask.astype(f"uint{bits}")
-        self.home = (np.arange(G, dtype=np.int64) // (T * placement.gpus_per_node)).astype(self.tables.node_of.dtype)
+        self.home = np.repeat(np.arange(self.N, dtype=self.tables.node_of.dtype), T * placement.gpus_per_node)
         if node is None:
             node = np.where(self.slot >= 0, self.slot // self.SL, np.repeat(self.home, k))
         self.node = np.ascontiguousarray(np.asarray(node, self.home.dtype).reshape(G, k).T)  # [k, G]
