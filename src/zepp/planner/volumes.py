@@ -88,7 +88,8 @@ def _sum_by_key(key: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     if int(key.min()) < 0:  # cells of no rows may carry any key
         nz = rows != 0
         key, rows = key[nz], rows[nz]
-        return _sum_by_key(key, rows) if key.size else (key, rows)
+        if key.size == 0:
+            return key, rows
     hi = int(key.max()) + 1
     if hi <= max(1 << 22, 8 * key.size):
         total = np.bincount(key, weights=rows, minlength=hi)

@@ -131,7 +131,6 @@ class TokenCounts:
         keep[:, 1:] &= comp[:, 1:] != comp[:, :-1]
         return np.where(keep, comp, -1).astype(np.int64)
 
-
     def gpus_on_listed(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on
         its node (no sort: each entry kept where no earlier entry of the row has its rank)."""
