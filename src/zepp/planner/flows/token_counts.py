@@ -17,8 +17,6 @@ GPUs and nodes are ``k(k-1)/2`` comparisons of two columns, and memory stays bou
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from zepp.planner.types import Routing
@@ -35,46 +33,20 @@ class TokenCounts:
         self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
         self.slot = routing.slot
         self.ranks_per_block = max(1, (block_entries or BLOCK_ENTRIES) // max(1, self.T * self.k))
-        self._blocks: list[_Block | None] = [None] * -(-self.R // self.ranks_per_block)
-        self._entries = self._pairs = self._union = None
-
-    @property
-    def entries(self) -> np.ndarray:
-        if self._entries is None:  # counted alone (one key per entry) where nothing asked for pairs first
-            self._entries = self._count(full=False).reshape(self.R, self.R + 1)[:, 1:]
-        return self._entries
-
-    @property
-    def pairs(self) -> np.ndarray:
-        if self._pairs is None:
-            self._count_all()
-        return self._pairs
-
-    @property
-    def union(self) -> np.ndarray:
-        if self._union is None:
-            self._count_all()
-        return self._union
-
-    def _count_all(self) -> None:
-        R = self.R
-        counts = self._count(full=True).reshape(R, R + 1, 4)[:, 1:]  # comp + 1 = 0: missing entries
-        self._entries = counts.sum(2)
-        self._pairs = counts[:, :, 1] + counts[:, :, 3]
-        self._union = (counts[:, :, 2] + counts[:, :, 3]).reshape(R, self.N, self.L).sum(2)
-
-    def _count(self, full: bool) -> np.ndarray:
-        """The blocks' keys (``_Block.key``) counted: ``[R (R+1) 4]`` (``full``) or ``[R (R+1)]``."""
-        counts = np.zeros(self.R * (self.R + 1) * (4 if full else 1), np.int64)
-        for i in range(len(self._blocks)):
-            counts += np.bincount(self._block(i).key(full).ravel(), minlength=counts.size)
-        return counts
+        R, N, L = self.R, self.N, self.L
+        counts = np.zeros(R * (R + 1) * 4, np.int64)  # [owner, comp + 1, first on its rank + 2 first on its node]
+        self._blocks: list[_Block | None] = []
+        for r0 in range(0, R, self.ranks_per_block):
+            b = _Block(self, r0)
+            counts += np.bincount(b.key().ravel(), minlength=counts.size)
+            self._blocks.append(b if R <= self.ranks_per_block else None)  # kept when there is one block
+        counts = counts.reshape(R, R + 1, 4)[:, 1:]  # comp + 1 = 0: missing entries
+        self.entries = counts.sum(2)
+        self.pairs = counts[:, :, 1] + counts[:, :, 3]
+        self.union = (counts[:, :, 2] + counts[:, :, 3]).reshape(R, N, L).sum(2)
 
     def _block(self, i: int) -> "_Block":
-        b = self._blocks[i] or _Block(self, i * self.ranks_per_block)
-        if len(self._blocks) == 1:  # kept when there is one block
-            self._blocks[0] = b
-        return b
+        return self._blocks[i] or _Block(self, i * self.ranks_per_block)
 
     def rows_beyond(self, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The token-node pairs of each segment (owner ``r``, node ``n``) past its first
@@ -156,21 +128,18 @@ class _Block:
         self.comp = comp.T.astype(_small_int(tc.R), order="C")  # [k, g]
         self.node = self.comp // tc.L
         self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
+        self.first_c = _first_of_token(self.comp)
+        self.first_n = _first_of_token(self.node)
 
-    first_c = functools.cached_property(lambda self: _first_of_token(self.comp))
-    first_n = functools.cached_property(lambda self: _first_of_token(self.node))
-
-    def key(self, full: bool = True) -> np.ndarray:
-        """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``:
-        missing); without ``full``, ``owner (R+1) + comp + 1``."""
-        R, m = self.tc.R, 4 if full else 1
-        dtype = _small_int(m * R * (R + 1))
-        key = np.multiply(self.comp, m, dtype=dtype)
-        key += ((np.arange(self.r0, self.r1) * (R + 1) + 1) * m).astype(dtype).repeat(self.tc.T)
-        if full:
-            key += self.first_c
-            key += self.first_n
-            key += self.first_n
+    def key(self) -> np.ndarray:
+        """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
+        R = self.tc.R
+        dtype = _small_int(4 * R * (R + 1))
+        key = np.multiply(self.comp, 4, dtype=dtype)
+        key += ((np.arange(self.r0, self.r1) * (R + 1) + 1) * 4).astype(dtype).repeat(self.tc.T)
+        key += self.first_c
+        key += self.first_n
+        key += self.first_n
         return key
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
