@@ -11,13 +11,15 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from planner_cases import SETTINGS
-from zepp.planner.intsort import _packable, sorted_with_order, stable_argsort
+from zepp.planner.intsort import _packable, sorted_unique, sorted_with_order, stable_argsort
 
 INT_DTYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
 
 
 def check_same(key) -> None:
     key = np.asarray(key)
+    if key.dtype != bool:
+        np.testing.assert_array_equal(sorted_unique(key), np.unique(key), strict=True)
     want = np.argsort(key, kind="stable")
     got = stable_argsort(key)
     np.testing.assert_array_equal(got, want)

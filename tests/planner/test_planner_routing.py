@@ -33,6 +33,16 @@ def test_position_in_group_counts_earlier_equal_keys():
     assert position_in_group(key, 3).tolist() == [0, 0, 1, 0, 1, 2]
 
 
+@pytest.mark.parametrize("n, keys", [(0, 4), (40000, 1), (40000, 385), (40000, 1 << 16), (5000, (1 << 16) + 3)])
+def test_position_in_group_over_several_blocks_and_wide_keys(n, keys):
+    # ranked block by block (and in one sort past 2**16 keys): the same places as counting in order
+    key = np.random.default_rng(n + keys).integers(0, keys, n)
+    order = np.argsort(key, kind="stable")
+    want = np.empty(n, np.int64)
+    want[order] = np.arange(n) - np.searchsorted(key[order], key[order])
+    np.testing.assert_array_equal(position_in_group(key, keys), want)
+
+
 def test_replica_rr_deals_an_experts_entries_in_turn():
     se = np.array([[0, 1], [0, 2]])  # expert 0 on slots 0 and 2
     pl = Placement(se, 3, 2)

@@ -85,3 +85,9 @@ def test_cells_of_a_wide_key_space_are_summed_by_sorting():
     uniq, inv = np.unique(key, return_inverse=True)
     np.testing.assert_array_equal(v.rows, np.bincount(inv, weights=rows).astype(np.int64))
     np.testing.assert_array_equal(v.src, (uniq // nodes // 2 // ranks) % ranks)
+
+
+def test_cells_of_no_rows_are_left_out_whatever_their_key():
+    # a cell of 0 rows (a broadcast part's empty slot) may carry any key, even one out of range
+    v = Volumes.of_parts([(0, [1, -1, 2], [0, 5, 3], 0, [0, 0, 1], [2, 0, 0]), (1, 2, 3, 1, 1, [4, -4])], ranks=4, nodes=2)
+    assert (v.stage.tolist(), v.src.tolist(), v.dst.tolist(), v.msg.tolist(), v.rows.tolist()) == ([0], [1], [0], [0], [2])

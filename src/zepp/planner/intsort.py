@@ -44,3 +44,14 @@ def sorted_with_order(key) -> tuple[np.ndarray, np.ndarray]:
     v = (key.astype(np.int64) << b) | np.arange(key.size, dtype=np.int64)
     v.sort()
     return v >> b, v & ((1 << b) - 1)
+
+
+def sorted_unique(a) -> np.ndarray:
+    """``numpy.unique`` of a 1-D integer array (its distinct values, ascending), by one plain sort."""
+    a = np.sort(np.asarray(a).ravel())
+    if a.size < 2:
+        return a
+    keep = np.empty(a.size, bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]

@@ -46,13 +46,22 @@ class Volumes:
         """Volumes from unordered cells (arrays or scalars broadcast to ``rows``): the rows of one
         key summed (a negative count corrects another cell of its key), keys whose sum is 0 dropped."""
         rows = np.asarray(rows, np.int64).ravel()
-        cols = [np.broadcast_to(np.asarray(v, np.int64), rows.shape).ravel() for v in (stage, src, dst, msg, owner_node)]
-        nz = rows != 0
-        if not nz.all():
-            rows, cols = rows[nz], [c[nz] for c in cols]
-        mmax = int(cols[3].max(initial=0)) + 1
-        key = (((cols[0] * ranks + cols[1]) * ranks + cols[2]) * mmax + cols[3]) * nodes + cols[4]
-        uniq, total = _sum_by_key(key, rows)
+        cols = [np.broadcast_to(v, rows.shape) for v in (stage, src, dst, msg, owner_node)]
+        return Volumes.of_parts([(*cols, rows)], ranks, nodes)
+
+    @staticmethod
+    def of_parts(parts, ranks: int, nodes: int) -> "Volumes":
+        """``of_cells`` of several parts ``(stage, src, dst, msg, owner_node, rows)`` together (arrays
+        or scalars, broadcast within a part): each part is keyed on its own, so no column is
+        broadcast or concatenated, only one int64 key and the rows per part."""
+        mmax = max(int(np.max(p[3], initial=0)) for p in parts) + 1 if parts else 1
+        keys, counts = [], []
+        for stage, src, dst, msg, owner_node, rows in parts:
+            key = (((np.asarray(stage, np.int64) * ranks + src) * ranks + dst) * mmax + msg) * nodes + owner_node
+            shape = np.broadcast_shapes(np.shape(key), np.shape(rows))
+            keys.append(np.broadcast_to(key, shape).ravel())
+            counts.append(np.broadcast_to(np.asarray(rows, np.int64), shape).ravel())
+        uniq, total = _sum_by_key(np.concatenate(keys), np.concatenate(counts))
         if (total < 0).any():
             raise PlanInvariantError("a flow cell ended with a negative row count")
         uniq, total = uniq[total > 0], total[total > 0]
@@ -71,15 +80,25 @@ class Volumes:
 
 
 def _sum_by_key(key: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(uniq, total)``: the distinct non-negative ``key`` values, ascending, and the sum of
-    ``rows`` per key (through a table where the keys fit one, else a sort)."""
+    """``(uniq, total)``: the distinct non-negative ``key`` values of non-zero sums, ascending, and
+    the sum of ``rows`` per key (through a table where the keys fit one, else a sort; keys whose
+    rows sum to 0 may be left out)."""
     if key.size == 0:
         return key, rows
+    if int(key.min()) < 0:  # cells of no rows may carry any key
+        nz = rows != 0
+        key, rows = key[nz], rows[nz]
+        if key.size == 0:
+            return key, rows
     hi = int(key.max()) + 1
     if hi <= max(1 << 22, 8 * key.size):
         total = np.bincount(key, weights=rows, minlength=hi)
-        uniq = np.flatnonzero(np.bincount(key, minlength=hi))
+        uniq = np.flatnonzero(total != 0)  # (a bool array: numpy's nonzero of floats is slow)
         return uniq, total[uniq].astype(np.int64)
+    nz = rows != 0
+    key, rows = key[nz], rows[nz]
+    if key.size == 0:
+        return key, rows
     ks, order = sorted_with_order(key)
     first = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
     return ks[first], np.add.reduceat(rows[order], first).astype(np.int64)

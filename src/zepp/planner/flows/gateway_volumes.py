@@ -22,6 +22,7 @@ import numpy as np
 
 from zepp.planner.flows.gateway_flows import nic_split
 from zepp.planner.flows.token_counts import TokenCounts
+from zepp.planner.intsort import sorted_unique
 from zepp.planner.volumes import Volumes
 
 
@@ -41,7 +42,7 @@ class Gateways:
     node: np.ndarray
     carrier_local: np.ndarray
     near: np.ndarray | None = None
-    fan: tuple | None = None
+    fan: list | None = None
 
     def msg_of(self, owner: np.ndarray) -> np.ndarray:
         """The message key of owners' rows (``owner``'s shape): the owner's local GPU where messages
@@ -70,7 +71,7 @@ def reduce_combine(tc: TokenCounts, gw: Gateways) -> Volumes:
     back = (1, n * L + cl, (r // L) * L + cl, gw.msg_of(r), r // L, gw.carried[r, n, cl])
     # One forward per (token, landing GPU) other than the owner: pieces from several nodes
     # landing on one GPU are summed there first.
-    key = np.unique((gw.owner * tc.T + gw.token) * L + gw.carrier_local)
+    key = sorted_unique((gw.owner * tc.T + gw.token) * L + gw.carrier_local)
     owner, local = key // L // tc.T, key % L
     forward = (2, (owner // L) * L + local, owner, 0, owner // L, 1)
     return _cells(tc, *_reduce_on_gateways(tc, gw), back, forward)
@@ -122,12 +123,7 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
 def _cells(tc: TokenCounts, *parts) -> Volumes:
     """One phase's ``Volumes`` from parts ``(stage, src, dst, msg, owner_node, rows)`` (arrays or
     scalars, broadcast within a part)."""
-    cols = [[] for _ in range(6)]
-    for part in parts:
-        shape = np.broadcast_shapes(*(np.shape(v) for v in part))
-        for col, v in zip(cols, part):
-            col.append(np.broadcast_to(v, shape).ravel())
-    return Volumes.of_cells(*(np.concatenate(c) for c in cols), ranks=tc.R, nodes=tc.N)
+    return Volumes.of_parts(parts, tc.R, tc.N)
 
 
 def _pair_part(counts: np.ndarray, stage: int, L: int, back: bool = False) -> tuple:
@@ -144,21 +140,21 @@ def _gatewayed_dispatch(tc: TokenCounts, gw: Gateways) -> Volumes:
     handoff = (0, r, home + cl, msg, r // L, np.where(cl != r % L, rows, 0))
     cross = (1, home + cl, n * L + cl, msg, r // L, rows)
     near, fan = _near_and_fan(tc, gw)
-    src, dst, owner_node, rows = fan
-    return _cells(tc, _pair_part(near, 0, L), handoff, cross, (2, src, dst, 0, owner_node, rows))
+    forwards = ((2, src, dst, 0, on, rows) for src, dst, on, rows in fan)
+    return _cells(tc, _pair_part(near, 0, L), handoff, cross, *forwards)
 
 
-def _reduce_on_gateways(tc: TokenCounts, gw: Gateways) -> tuple[tuple, tuple]:
-    """Stage 0 of both reducing combines: same-node partials to the owner, remote ones to the
-    gateway that received their token (the dispatch's forwards, reversed)."""
-    near, (src, dst, owner_node, rows) = _near_and_fan(tc, gw)
-    return _pair_part(near, 0, tc.L, back=True), (0, dst, src, 0, owner_node, rows)
+def _reduce_on_gateways(tc: TokenCounts, gw: Gateways) -> tuple[tuple, ...]:
+    """Stage 0 of both reducing combines, as parts: same-node partials to the owner, remote ones to
+    the gateway that received their token (the dispatch's forwards, reversed)."""
+    near, fan = _near_and_fan(tc, gw)
+    return _pair_part(near, 0, tc.L, back=True), *((0, dst, src, 0, on, rows) for src, dst, on, rows in fan)
 
 
-def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, tuple]:
+def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, list]:
     """``near [R, R]``: token-GPU pairs on the owner's node, other than the owner; ``fan``: the
-    stage-2 forwards ``(src, dst, owner node, rows)``, one per token-GPU pair on another node,
-    from the gateway that received the token there (unless the GPU is that gateway)."""
+    stage-2 forwards as parts ``(src, dst, owner node, rows)``, one row per token-GPU pair on
+    another node, from the gateway that received the token there (unless the GPU is that gateway)."""
     if gw.near is None:
         R, L = tc.R, tc.L
         rank = np.arange(R)
@@ -168,13 +164,10 @@ def _near_and_fan(tc: TokenCounts, gw: Gateways) -> tuple[np.ndarray, tuple]:
         gateway = (c // L) * L + r % L  # the owner's own NIC, unless the row was handed (below)
         parts = [(gateway, c, r // L, np.where(c != gateway, tc.pairs[r, c], 0))]
         if gw.owner.size:
-            gpus = tc.gpus_on(gw.owner, gw.token, gw.node)  # [d, k]
-            old = (gw.node * L + gw.owner % L)[:, None]
-            new = (gw.node * L + gw.carrier_local)[:, None]
-            onode = (gw.owner // L)[:, None]
-            parts.append((old, gpus, onode, -((gpus >= 0) & (gpus != old)).astype(np.int64)))
-            parts.append((new, gpus, onode, ((gpus >= 0) & (gpus != new)).astype(np.int64)))
-        shapes = [np.broadcast_shapes(*(np.shape(v) for v in p)) for p in parts]
-        gw.fan = tuple(np.concatenate([np.broadcast_to(p[i], sh).ravel() for p, sh in zip(parts, shapes)])
-                       for i in range(4))
+            row, gpus = tc.gpus_on_listed(gw.owner, gw.token, gw.node)  # each handed row's GPUs there
+            old, new = gw.node[row] * L + gw.owner[row] % L, gw.node[row] * L + gw.carrier_local[row]
+            onode = gw.owner[row] // L
+            parts.append((old, gpus, onode, -(gpus != old).astype(np.int64)))
+            parts.append((new, gpus, onode, (gpus != new).astype(np.int64)))
+        gw.fan = parts
     return gw.near, gw.fan

@@ -103,16 +103,29 @@ class TokenCounts:
         keep[:, 1:] &= comp[:, 1:] != comp[:, :-1]
         return np.where(keep, comp, -1).astype(np.int64)
 
+    def gpus_on_listed(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on
+        its node (no sort: each entry kept where no earlier entry of the row has its rank)."""
+        comp = self.slot[owner, token] // self.S  # [d, k]
+        keep = (comp // self.L == node[:, None]) & (comp >= 0)
+        for j in range(1, self.k):
+            for i in range(j):
+                keep[:, j] &= comp[:, j] != comp[:, i]
+        row, col = np.nonzero(keep)
+        return row, comp[row, col]
+
 
 class _Block:
     """Ranks ``r0 .. r1`` of a ``TokenCounts``: per entry column ``comp`` and ``node [k, g]``
-    (``-1`` where missing; ``g = (r1 - r0) T``), ``first_c`` / ``first_n [k, g]`` (the entry is its
-    token's first on that rank / node), ``owner [g]`` (global rank of each token)."""
+    (``-1`` where missing; ``g = (r1 - r0) T``; the smallest integer type that holds them),
+    ``first_c`` / ``first_n [k, g]`` (the entry is its token's first on that rank / node),
+    ``owner [g]`` (global rank of each token)."""
 
     def __init__(self, tc: TokenCounts, r0: int):
         self.tc, self.r0 = tc, r0
         self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
-        self.comp = np.floor_divide(tc.slot[r0:r1].reshape(-1, tc.k).T, tc.S, order="C")  # [k, g] int32
+        comp = tc.slot[r0:r1].reshape(-1, tc.k) // tc.S  # [g, k] int32
+        self.comp = comp.T.astype(_small_int(tc.R), order="C")  # [k, g]
         self.node = self.comp // tc.L
         self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
         self.first_c = _first_of_token(self.comp)
@@ -120,33 +133,57 @@ class _Block:
 
     def key(self) -> np.ndarray:
         """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
-        key = self.owner * (self.tc.R + 1) + 1 + self.comp
-        key *= 4
+        R = self.tc.R
+        dtype = _small_int(4 * R * (R + 1))
+        key = np.multiply(self.comp, 4, dtype=dtype)
+        key += ((np.arange(self.r0, self.r1) * (R + 1) + 1) * 4).astype(dtype).repeat(self.tc.T)
         key += self.first_c
-        key += 2 * self.first_n
+        key += self.first_n
+        key += self.first_n
         return key
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
         """``TokenCounts.rows_beyond`` for this block's ranks (``kept``, ``over [rb, N]``: the
-        segments with rows past ``kept``): the segments' tokens marked ``[D, T]``, counted along
-        the tokens."""
-        tc = self.tc
-        T, N = tc.T, tc.N
+        segments with rows past ``kept``). The rows past ``kept`` are a segment's last ones, so each
+        segment is read in a window of its last tokens, widened (doubled) until it holds them all:
+        about the excess rows' tokens per segment, not all ``T``."""
+        T, N = self.tc.T, self.tc.N
         which = np.flatnonzero(over.ravel())  # segments (r - r0) * N + n with rows beyond
-        D = which.size
-        seg = np.full(over.size + 1, D, np.int32)  # the last index: no segment
-        seg[which] = np.arange(D)
-        owner_n = (self.owner - self.r0) * N
-        token = np.arange(self.owner.size, dtype=np.int32) % T
-        present = np.zeros((D + 1) * T, np.int16)
-        for node, first in zip(self.node, self.first_n):
-            present[seg.take(np.where(first, owner_n + node, over.size)) * T + token] = 1
-        present = present[:D * T].reshape(D, T)
-        place = np.cumsum(present, axis=1, dtype=np.int32)  # 1-based place of each present token
-        flat = np.flatnonzero((place > kept.ravel()[which][:, None]) & (present > 0))
-        d, t = flat // T, flat % T
-        rn = which[d]
-        return rn // N + self.r0, t, rn % N, place.ravel()[flat] - 1
+        rb, n = which // N, which % N
+        union = self.tc.union[self.r0:self.r1].ravel()[which]
+        kept = kept.ravel()[which]
+        width = np.minimum(T, 5 * (union - kept) * T // (4 * union) + 16)  # tokens read from each segment's end
+        while True:
+            seg, start, t, present = self._window(rb, n, width)
+            csum = np.concatenate(([0], np.cumsum(present)))
+            seen = csum[start + width] - csum[start]  # rows in each window
+            short = (union - seen > kept) & (width < T)
+            if not short.any():
+                break
+            width = np.where(short, np.minimum(T, 2 * width), width)
+        place = (union - seen - csum[start])[seg] + csum[1:] - 1  # 0-based place in the segment
+        at = np.flatnonzero(present & (place >= kept[seg]))
+        return rb[seg[at]] + self.r0, t[at], n[seg[at]], place[at].astype(np.int32)
+
+    def _window(self, rb: np.ndarray, n: np.ndarray, width: np.ndarray):
+        """The last ``width [D]`` tokens of segments (block rank ``rb``, node ``n``) ``[D]``, one
+        after another: ``(seg, start [D], token, present)``, ``present`` where the token has an
+        entry on the segment's node."""
+        T = self.tc.T
+        start = np.cumsum(width) - width
+        seg = np.repeat(np.arange(width.size), width)
+        t = np.arange(seg.size) - (start - (T - width))[seg]
+        g = rb[seg] * T + t
+        node = n.astype(self.node.dtype)[seg]
+        present = np.zeros(g.size, bool)
+        for col in self.node:
+            present |= col.take(g) == node
+        return seg, start, t, present
+
+
+def _small_int(hi: int) -> type:
+    """The smallest signed integer type holding ``[-1, hi]``."""
+    return np.int8 if hi < 1 << 7 else np.int16 if hi < 1 << 15 else np.int32 if hi < 1 << 31 else np.int64
 
 
 def _first_of_token(col: np.ndarray) -> np.ndarray:

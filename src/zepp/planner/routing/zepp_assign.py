@@ -25,7 +25,7 @@ _SPLIT = -2  # a table cell whose group is split over several replicas
 
 @dataclass(frozen=True)
 class EntryKeys:
-    """A batch's entries by source rank: ``index [R, n]`` int32 (``n = T*k``, batch order) is
+    """A batch's entries by source rank: ``index [R, n]`` int64 (``n = T*k``, batch order) is
     ``r * (E+1) + e + 1`` for an entry of rank ``r`` and expert ``e`` (``r * (E+1)`` where
     missing); ``demand [R, E]`` int64 entries per (rank, expert)."""
 
@@ -36,7 +36,7 @@ class EntryKeys:
 def entry_keys(topk_ids: np.ndarray, num_experts: int) -> EntryKeys:
     """The keys and the demand of ``topk_ids [R, T, k]`` (one pass, one count)."""
     R = topk_ids.shape[0]
-    index = topk_ids.reshape(R, -1) + (np.arange(R, dtype=np.int32) * (num_experts + 1) + 1)[:, None]
+    index = topk_ids.reshape(R, -1) + (np.arange(R, dtype=np.int64) * (num_experts + 1) + 1)[:, None]  # intp: no casts
     demand = np.bincount(index.ravel(), minlength=R * (num_experts + 1)).reshape(R, num_experts + 1)[:, 1:]
     return EntryKeys(index, demand.astype(np.int64, copy=False))
 

@@ -104,14 +104,13 @@ class _WaterFill:
         self.remaining = np.asarray(remaining, np.int64).copy()  # [R, M]
         total = self.remaining.sum(0)
         self.lower, self.upper = expert_load_bounds(total, placement.replica_count.astype(np.int64)[multi], relaxation)
-        self.valid = placement.replicas[multi] >= 0
+        self.steps = _steps(placement, multi)
+        self.valid, self.visit = self.steps.valid, self.steps.visit
         M, cmax = self.valid.shape
         self.cmax = cmax
-        self.visit = visit_order(placement, multi)
         self.load = np.zeros((M, cmax), np.int64)
         self.unassigned = total.copy()
         self.assigned = np.zeros((placement.ranks, M, cmax), np.int64)
-        self.experts = np.arange(M)[None, :]
 
     def run(self) -> None:
         """Sweeps of ``C`` visit steps until every entry is placed (``4C + 4`` sweeps at most)."""
@@ -121,54 +120,92 @@ class _WaterFill:
             for v in range(self.cmax):
                 if not self.remaining.any():
                     break
-                self.step(self.visit[:, :, v])
+                self.step(self.steps.at(v))
         if self.remaining.any():  # cannot happen while the bounds are consistent; kept as a proof point
             r, m = np.argwhere(self.remaining)[0]
             raise PlanInvariantError(f"water-fill left demand of expert {self.multi[m]} on rank {r} unplaced")
 
-    def step(self, target: np.ndarray) -> None:
-        """Every source assigns what it may to replica ``target [R, M]`` of each expert."""
-        experts, valid, load = self.experts, self.valid, self.load
-        want = np.where(valid[experts, target], self.remaining, 0)
-        held = load[experts, target]
-        deficit = np.where(valid, np.maximum(self.lower[:, None] - load, 0), 0)  # [M, C]
+    def step(self, s: "_Step") -> None:
+        """Every source assigns what it may to its replica of step ``s`` (``target [R, M]``) of
+        each expert; ``[R, M]`` arrays flat, ``[M, C]`` ones flat as ``cell = m C + target``."""
+        load = self.load.ravel()
+        want = np.where(s.valid, self.remaining.ravel(), 0)
+        deficit = np.where(self.steps.valid_flat, np.maximum(self.steps.lower_of(self.lower) - load, 0), 0)  # [M*C]
         # Upper bound: sources reaching one replica are served in rank order.
-        rank_order = _RankOrder(target)
-        take = np.minimum(want, np.maximum(self.upper[None, :] - held - rank_order.before(want), 0))
+        take = np.minimum(want, np.maximum(self.upper[s.expert] - load.take(s.cell) - s.before(want), 0))
         # Filling a lower-bound deficit is always allowed; the rest spends the expert's slack
         # (unassigned - deficits), again in rank order.
-        to_deficit = np.clip(deficit[experts, target] - rank_order.before(take), 0, take)
-        surplus = take - to_deficit
-        slack = self.unassigned - deficit.sum(1)
-        take = to_deficit + np.clip(slack[None, :] - (np.cumsum(surplus, axis=0) - surplus), 0, surplus)
-        placed = np.zeros(self.assigned.shape, np.int64)
-        np.put_along_axis(placed, target[:, :, None], take[:, :, None], axis=2)
-        self.assigned += placed
-        self.load += placed.sum(0)
+        to_deficit = np.clip(deficit.take(s.cell) - s.before(take), 0, take)
+        surplus = (take - to_deficit).reshape(self.remaining.shape)
+        slack = self.unassigned - deficit.reshape(self.load.shape).sum(1)
+        take = to_deficit.reshape(surplus.shape) + np.clip(slack - (np.cumsum(surplus, axis=0) - surplus), 0, surplus)
+        flat = take.ravel()
+        self.assigned.ravel()[s.assigned_at] += flat
+        np.add.at(load, s.cell, flat)
         self.remaining -= take
         self.unassigned -= take.sum(0)
 
 
-class _RankOrder:
-    """Per expert, the sources of a step grouped by the replica they reach, in rank order.
+class _Step:
+    """One visit step of a placement's water-fill, static (``_steps`` caches them), over the
+    ``[R, M]`` (rank, expert) pairs flat: ``cell`` the replica each reaches (``m C + target``),
+    ``valid`` whether that replica exists, ``expert`` = ``m``, ``assigned_at`` the index into
+    ``[R, M, C]``. ``before(amount)`` gives, per pair, the sum of ``amount [R*M]`` over lower ranks
+    reaching the same replica (an exclusive segmented prefix sum, by one stable order of cells)."""
 
-    ``target [R, M]``: replica index each source reaches for each expert. ``before(amount)``
-    gives, per (rank, expert), the sum of ``amount [R, M]`` over lower ranks that reach the same
-    replica of the same expert (an exclusive segmented prefix sum down each expert's column).
-    """
-
-    def __init__(self, target: np.ndarray):
-        self.order = np.argsort(target, axis=0, kind="stable")  # [R, M], grouped by replica, ranks ascending
-        grouped = np.take_along_axis(target, self.order, axis=0)
-        first = np.ones(target.shape, bool)
+    def __init__(self, target: np.ndarray, valid: np.ndarray):
+        R, M = target.shape
+        C = valid.shape[1]
+        self.expert = np.tile(np.arange(M), R)
+        self.cell = (self.expert * C + target.ravel()).astype(np.int64)
+        self.valid = valid.ravel()[self.cell]
+        self.assigned_at = np.arange(R * M) * C + target.ravel()
+        self.order = np.argsort(self.cell, kind="stable")  # grouped by cell, ranks ascending
+        grouped = self.cell[self.order]
+        first = np.ones(R * M, bool)
         first[1:] = grouped[1:] != grouped[:-1]
-        rows = np.arange(target.shape[0])[:, None]
-        self.start = np.maximum.accumulate(np.where(first, rows, 0), axis=0)  # row where each group starts
+        self.start = np.maximum.accumulate(np.where(first, np.arange(R * M), 0))  # where each group starts
 
     def before(self, amount: np.ndarray) -> np.ndarray:
-        grouped = np.take_along_axis(amount, self.order, axis=0)
-        exclusive = np.cumsum(grouped, axis=0) - grouped
-        exclusive -= np.take_along_axis(exclusive, self.start, axis=0)
+        grouped = amount.take(self.order)
+        exclusive = np.cumsum(grouped) - grouped
+        exclusive -= exclusive.take(self.start)
         out = np.empty_like(exclusive)
-        np.put_along_axis(out, self.order, exclusive, axis=0)
+        out[self.order] = exclusive
         return out
+
+
+class _Steps:
+    """A placement's water-fill steps (``_Step`` per visit, built on first use), ``visit [R, M, C]``
+    (``visit_order``), ``valid [M, C]`` and ``valid_flat [M*C]``."""
+
+    def __init__(self, placement: Placement, multi: np.ndarray):
+        self.placement, self.multi = placement, multi
+        self.visit = visit_order(placement, multi)
+        self.valid = placement.replicas[multi] >= 0
+        self.valid_flat = self.valid.ravel()
+        self._steps: dict[int, _Step] = {}
+
+    def at(self, v: int) -> _Step:
+        if v not in self._steps:
+            self._steps[v] = _Step(self.visit[:, :, v], self.valid)
+        return self._steps[v]
+
+    def lower_of(self, lower: np.ndarray) -> np.ndarray:
+        """``[M*C]``: each replica's expert's lower bound."""
+        return np.repeat(lower, self.valid.shape[1])
+
+
+_STEPS: dict[int, _Steps] = {}
+
+
+def _steps(placement: Placement, multi: np.ndarray) -> _Steps:
+    """The cached ``_Steps`` of (``placement``, ``multi``) (8 kept)."""
+    steps = _STEPS.get(id(placement))
+    if steps is not None and steps.placement is placement and np.array_equal(steps.multi, multi):
+        return steps
+    steps = _Steps(placement, multi)
+    if len(_STEPS) >= 8:
+        _STEPS.pop(next(iter(_STEPS)))
+    _STEPS[id(placement)] = steps
+    return steps

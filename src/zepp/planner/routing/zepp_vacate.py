@@ -19,7 +19,6 @@ from zepp.planner.routing.base_routing import position_in_group
 from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.types import Placement, replica_bounds
 
-_ONE = np.uint64(1)
 
 
 def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
@@ -60,7 +59,11 @@ class _Vacate:
         self.expert = topk_ids.reshape(-1)
         self.slot = slot.astype(np.int32).reshape(-1)  # a copy
         self.multi = placement.replica_count > 1
-        self.home = (np.arange(G, dtype=np.int64) // (T * placement.gpus_per_node)).astype(self.tables.node_of.dtype)
+        self.node_mask = None  # node bit masks in the narrowest type wider than N bits (shifts by N stay defined)
+        if self.tables.node_mask is not None:
+            bits = next(b for b in (8, 16, 32, 64) if self.N < b)
+            self.node_mask = self.tables.node_mask.astype(f"uint{bits}")
+        self.home = np.repeat(np.arange(self.N, dtype=self.tables.node_of.dtype), T * placement.gpus_per_node)
         if node is None:
             node = np.where(self.slot >= 0, self.slot // self.SL, np.repeat(self.home, k))
         self.node = np.ascontiguousarray(np.asarray(node, self.home.dtype).reshape(G, k).T)  # [k, G]
@@ -80,17 +83,17 @@ class _Vacate:
         g = cand.size
         if g == 0:
             return False
-        node = self.node if g == self.node.shape[1] else self.node[:, cand]  # [k, g]
+        node = self.node if g == self.node.shape[1] else self.node.take(cand, axis=1)  # [k, g], C order
         home = self.home[cand]
         gi, ki, least, has_remote = _least_touched_entries(node, home, self.N)
         if gi.size == 0:
             return False
         flat = cand[gi] * self.k + ki
-        e_mv = self.expert.take(flat).astype(np.int64)
+        e_mv = self.expert.take(flat)
         # An entry of a single-replica expert on the node cannot move: its token keeps its routing
         # (such moves only touch single-replica slots, so they hold no room of the others).
         single = ~self.multi[e_mv]
-        stuck = np.bincount(gi[single], minlength=g) > 0
+        stuck = _any_of_token(gi[single], g)
         mv = np.flatnonzero(~single)
         gi, ki, flat, e_mv = gi[mv], ki[mv], flat[mv], e_mv[mv]
         src = self.slot.take(flat)
@@ -98,16 +101,17 @@ class _Vacate:
         # Admission in token order; a token moves only if all its entries on that node can move.
         fits = feasible & _fits_in_order(dst, self.hi - self.load, self.n_slots) \
             & _fits_in_order(src, self.load - self.lo, self.n_slots)
-        accept = ~(stuck | (np.bincount(gi[~fits], minlength=g) > 0))[gi]
+        accept = ~(stuck | _any_of_token(gi[~fits], g))[gi]
         if not accept.any():
             return False
-        da, sa = dst[accept], src[accept]
-        self.slot[flat[accept]] = da
-        self.node[ki[accept], cand[gi[accept]]] = da // self.SL
+        at = np.flatnonzero(accept)
+        da, sa = dst[at], src[at]
+        self.slot[flat[at]] = da
+        self.node.ravel()[ki[at] * self.node.shape[1] + cand[gi[at]]] = da // self.SL
         self.load += np.bincount(da, minlength=self.n_slots) - np.bincount(sa, minlength=self.n_slots)
         # Next round: tokens that moved (another node may now drop) and tokens that only lost
         # because rejected moves of other tokens held the room.
-        still = ~stuck & (np.bincount(gi[~feasible], minlength=g) == 0)
+        still = ~(stuck | _any_of_token(gi[~feasible], g))
         self.candidates = cand[still & has_remote]
         return True
 
@@ -116,15 +120,16 @@ class _Vacate:
         the node ``least [m]`` to vacate) could go instead: a replica on the home node or on
         another node the token touches, nearest to home in rotation order (home, home+1, ...).
         Returns ``(dst [m], feasible [m])`` (``dst = src`` where none)."""
-        N, ron, node_mask = self.N, self.tables.replica_on_node.ravel(), self.tables.node_mask
+        N, ron, node_mask = self.N, self.tables.replica_on_node.ravel(), self.node_mask
         if node_mask is not None:
-            touched = np.zeros(node.shape[1], np.uint64)
+            u = node_mask.dtype.type
+            touched = np.zeros(node.shape[1], u)
             for col in node:
-                touched |= _ONE << col.astype(np.uint64)
-            h = home.astype(np.uint64)
-            allowed = (touched[gi] | (_ONE << h)) & ~(_ONE << least.astype(np.uint64)) & node_mask[e_mv]
-            rotated = ((allowed >> h) | (allowed << (np.uint64(N) - h))) & ((_ONE << np.uint64(N)) - _ONE)
-            step = np.bitwise_count((rotated & (~rotated + _ONE)) - _ONE).astype(np.int64)  # lowest set bit
+                touched |= u(1) << col.astype(u)
+            h = home.astype(u)
+            allowed = (touched[gi] | (u(1) << h)) & ~(u(1) << least.astype(u)) & node_mask[e_mv]
+            rotated = ((allowed >> h) | (allowed << (u(N) - h))) & ((u(1) << u(N)) - u(1))
+            step = np.bitwise_count((rotated & (~rotated + u(1))) - u(1))  # lowest set bit
             there = ron[e_mv * N + (home + step) % N]
             feasible = allowed != 0
         else:
@@ -138,6 +143,13 @@ class _Vacate:
                 there = np.where(better, rep, there)
             feasible = best < N
         return np.where(feasible, there, src).astype(np.int32), feasible
+
+
+def _any_of_token(gi: np.ndarray, g: int) -> np.ndarray:
+    """``[g]`` bool: the tokens named in ``gi``."""
+    out = np.zeros(g, bool)
+    out[gi] = True
+    return out
 
 
 def _fits_in_order(key: np.ndarray, room: np.ndarray, n_keys: int) -> np.ndarray:
@@ -156,21 +168,20 @@ def _least_touched_entries(node: np.ndarray, home: np.ndarray, N: int):
     (ties: lowest node id): ``(gi [m], ki [m], least [g], has_remote [g])``, the (token, entry)
     indices of the entries on it, in token order."""
     k, g = node.shape
-    count = np.zeros((k, g), np.int8)  # per entry, how many other entries of its token share its node
+    count = np.zeros((k, g), np.int8 if k < 64 else np.int16)  # per entry, other entries of its token on its node
     same = np.empty(g, bool)
     for i in range(k):
         for j in range(i + 1, k):
             np.equal(node[i], node[j], out=same)
             count[i] += same.view(np.int8)
             count[j] += same.view(np.int8)
-    big = (k + 2) * N
-    dtype = np.int32 if big >= 1 << 15 else np.int16
-    least_key = np.full(g, big, dtype)  # min over remote entries of (count, node)
-    for i in range(k):
-        key = count[i] * dtype(N) + node[i] + (node[i] == home) * dtype(big)
-        np.minimum(least_key, key, out=least_key)
-    has_remote = least_key < big
-    least = np.where(has_remote, least_key % N, -1).astype(node.dtype)
-    flat = np.flatnonzero(np.ascontiguousarray((node == least).T))  # token-major order
+    count += (node == home) * count.dtype.type(k)  # a home entry counts k more: never the least
+    dtype = np.int16 if 2 * k * N < 1 << 15 else np.int32
+    least_key = (count.astype(dtype) * dtype(N) + node).min(0)  # (count, node) of the least touched
+    has_remote = least_key < k * N
+    table = np.full(2 * k * N, -1, node.dtype)
+    table[:k * N] = np.arange(k * N) % N
+    least = table.take(least_key)
+    flat = np.flatnonzero((node == least).T)  # token-major order
     gi = flat // k
     return gi, flat - gi * k, least, has_remote
