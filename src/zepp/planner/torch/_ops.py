@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 I64 = torch.int64
+I32 = torch.int32
 
 
 def arange(n: int, device) -> torch.Tensor:
@@ -17,12 +18,13 @@ def arange(n: int, device) -> torch.Tensor:
 
 
 def counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """``[num_keys]`` int64 histogram of ``key [n]`` (int64 values in ``[0, num_keys]``; the value
-    ``num_keys`` is a drop bin). Fixed output size. On CUDA a ``scatter_add_`` (``torch.bincount``
-    sizes its output from the data's maximum, a host read); on the CPU ``torch.bincount``, which
-    is the faster of the two there and needs no device sync."""
+    """``[num_keys]`` int64 histogram of ``key [n]`` (int32 or int64 values in ``[0, num_keys]``;
+    the value ``num_keys`` is a drop bin). Fixed output size. On CUDA a ``scatter_add_``
+    (``torch.bincount`` sizes its output from the data's maximum, a host read); on the CPU
+    ``torch.bincount``, which is the faster of the two there and needs no device sync."""
     if key.device.type == "cpu":
         return torch.bincount(key, minlength=num_keys + 1)[:num_keys]
+    key = key.to(I64)
     out = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
     out.scatter_add_(0, key, torch.ones_like(key))
     return out[:num_keys]
@@ -43,9 +45,9 @@ def first_in_row(sorted_rows: torch.Tensor) -> torch.Tensor:
 
 
 def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table.reshape(-1)[index]`` (``index`` of any shape) through ``torch.gather``, several
-    times faster on the CPU than advanced indexing with an index of more than one dimension."""
-    return torch.gather(table.reshape(-1), 0, index.reshape(-1)).reshape(index.shape)
+    """``table.reshape(-1)[index]`` (``index`` int32 or int64 of any shape) through
+    ``index_select``, several times faster on the CPU than advanced indexing."""
+    return table.reshape(-1).index_select(0, index.reshape(-1)).reshape(index.shape)
 
 
 def select(mask: torch.Tensor, a, b) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, counts, select
+from zepp.planner.torch._ops import I32, I64, arange, counts, select
 from zepp.planner.torch.flows.direct_volumes import pair_cells
 from zepp.planner.torch.flows.gateway_flows import nic_split
 from zepp.planner.torch.flows.token_counts import TokenCounts
@@ -56,10 +56,10 @@ def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
     r, n, cl = _rnc(tc)
     v.add(1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried)
     if gw.handed is not None:  # one forward per (token, landing GPU) other than the owner
-        g = arange(R * tc.T, tc.device).reshape(R, 1, tc.T)
-        landed = torch.zeros(R * tc.T * L + 1, dtype=I64, device=tc.device)
-        landed[select(gw.handed, g * L + gw.carrier_local, R * tc.T * L).reshape(-1)] = 1
-        per = landed[:-1].reshape(R, tc.T, L).sum(1)  # [R, L]
+        T = tc.T
+        g = arange(R * T, tc.device).reshape(R, 1, T)
+        landed = counts(select(gw.handed, g * L + gw.carrier_local, R * T * L).reshape(-1), R * T * L) > 0
+        per = landed.reshape(R, T, L).sum(1)  # [R, L]
         rr, local = arange(R, tc.device)[:, None], arange(L, tc.device)[None, :]
         v.add(2, (rr // L) * L + local, rr, 0, rr // L, per)
     return v
@@ -98,14 +98,15 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
     kept_rn = kept.reshape(N, N, L).permute(0, 2, 1).reshape(R, N)
     r = arange(R, tc.device)
     kept_rn = torch.where(r[:, None] // L == arange(N, tc.device)[None, :], tc.T, kept_rn)  # home: none handed
-    beyond, place = tc.beyond(kept_rn)
+    beyond, place = tc.beyond(kept_rn.to(I32))
     stream = ((r // L)[:, None] * N + arange(N, tc.device)[None, :])  # [R, N]
     local = (r % L)[:, None].expand(R, N)
-    xi = ((ex_end - excess)[stream, local] - kept[stream, local])[:, :, None] + place  # [R, N, T]
-    big = R * tc.T + 1  # streams laid end to end, each offset past every row index
-    ends = (de_end + arange(N * N, tc.device)[:, None] * big).reshape(-1)
-    carrier_local = torch.searchsorted(ends, (stream[:, :, None] * big + xi).reshape(-1), right=True).reshape(xi.shape)
-    carrier_local = carrier_local - stream[:, :, None] * L
+    xi = ((ex_end - excess)[stream, local] - kept[stream, local]).to(I32)[:, :, None] + place  # [R, N, T]
+    # the carrier of a handed row: how many of its stream's cumulative deficits it has passed
+    ends = de_end[stream].to(I32)  # [R, N, L]
+    carrier_local = torch.zeros_like(xi)
+    for cl in range(L):
+        carrier_local += xi >= ends[:, :, cl:cl + 1]
     return Gateways(carried, by_owner_local, beyond, carrier_local)
 
 
@@ -157,12 +158,12 @@ def _fan_parts(tc: TokenCounts, gw: Gateways) -> list[tuple]:
     gateway = (c // L) * L + (r % L)[:, None]
     gw.fan = [(gateway, c, (r // L)[:, None], torch.where(remote & (c != gateway), tc.pairs, 0))]
     if gw.handed is not None:
-        pair = tc.first_c & (tc.node != (tc.owner // L)[None, :]) & (tc.comp >= 0)  # [k, G] remote token-GPU pairs
-        moved = pair & (tc.pair_grid(gw.handed.to(I64)) > 0)
-        onode = (tc.owner // L)[None, :]
+        onode = tc.onode[None, :]
+        moved = tc.first_c & (tc.node != onode) & tc.pair_grid(gw.handed)  # [k, G] handed remote token-GPU pairs
         cells = R * R * N
-        for sign, local in ((-1, (tc.owner % L)[None, :]), (1, tc.pair_grid(gw.carrier_local))):
-            src = tc.node * L + local
+        base = tc.node * L
+        for sign, local in ((-1, (tc.owner % L)[None, :]), (1, tc.pair_grid(gw.carrier_local).to(I32))):
+            src = base + local
             key = select(moved & (tc.comp != src), (onode * R + src) * R + tc.comp, cells)
             per = counts(key.reshape(-1), cells).reshape(N, R, R)  # [owner node, gateway, GPU]
             gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], sign * per))
