@@ -16,7 +16,7 @@ import torch
 from zepp.errors import ZeppInputError
 from zepp.planner.routing.base_routing import HASH_ADD, HASH_MOD, HASH_MUL
 from zepp.planner.routing.base_routing import check_batch as numpy_check_batch
-from zepp.planner.torch._ops import I64, arange, counts, sort_order
+from zepp.planner.torch._ops import I64, arange, counts, sorted_keys
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.torch.types import TorchRouting
 from zepp.planner.types import Placement
@@ -70,8 +70,7 @@ def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     elements share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions
     are meaningless). A stable sort, as in numpy; no host read."""
     n = key.shape[0]
-    order = sort_order(key, num_keys)
-    sorted_key = key.gather(0, order).to(I64)
+    sorted_key, order = sorted_keys(key, num_keys)
     c = counts(sorted_key, num_keys + 1)
     starts = torch.cumsum(c, 0) - c
     return torch.empty_like(order).scatter_(0, order, arange(n, key.device) - starts.gather(0, sorted_key))

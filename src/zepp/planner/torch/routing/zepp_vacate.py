@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from zepp.planner.torch._ops import I32, I64, arange, counts, select, take
+from zepp.planner.torch._ops import I32, I64, any_of, arange, counts, select, take
 from zepp.planner.torch.routing.base_routing import position_in_group
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.types import expert_load_bounds
@@ -74,33 +74,30 @@ class _Vacate:
 
     def round(self) -> bool:
         """One round; False when the numpy planner would stop here (``sync`` only)."""
+        rows = None
         if self.sync:
             rows = torch.nonzero(self.cand)[:, 0]
             if rows.shape[0] == 0:
                 return False
-            cut = rows.shape[0] < self.G
-            pick = (lambda a: a.index_select(1, rows)) if cut else (lambda a: a)  # noqa: E731
-        else:
-            rows, cut, pick = None, False, (lambda a: a)  # noqa: E731
-        node, slot, several = pick(self.node), pick(self.slot), pick(self.several)
-        home = self.home.index_select(0, rows) if cut else self.home
+        pick = (lambda a: a) if rows is None else (lambda a: a.index_select(-1, rows))  # noqa: E731
+        node, home = pick(self.node), pick(self.home)
         least, has_remote, moves = _proposals(node, home, self.dp.N)  # moves [k, g]
         if not self.sync:
             moves &= self.cand & self.live
-        stuck = (moves & ~several).any(0)  # an entry of a single-replica expert cannot move
-        mv = moves & several
-        dst, dst_node, feasible = self._targets(pick(self.expert), None if self.mask is None else pick(self.mask),
-                                                node, home, least, slot)
-        fits = feasible & self._fits(dst, self.hi - self.load, mv) & self._fits(slot, self.load - self.lo, mv)
-        accept = mv & ~(stuck | (mv & ~fits).any(0))
+        stuck = any_of(moves & ~pick(self.several), 0)  # an entry of a single-replica expert cannot move
+        mv = _Moves(moves & pick(self.several), rows, self.G)
+        src = mv.read(self.slot)
+        dst, dst_node, feasible = self._targets(mv, node, home, least, src)
+        fits = feasible & self._fits(mv, dst, self.hi - self.load) & self._fits(mv, src, self.load - self.lo)
+        accept = mv.valid & ~mv.of_token(stuck | mv.any_of_token(~fits))
         if self.sync:
-            if not bool(accept.any()):
+            if not bool(any_of(accept)):
                 return False
         else:
-            self.live = self.live & moves.any() & accept.any()
+            self.live = self.live & any_of(moves) & any_of(accept)
             accept &= self.live
-        self._apply(rows, cut, accept, slot, node, dst, dst_node)
-        still = ~stuck & ~(mv & ~feasible).any(0) & has_remote
+        self._apply(mv, accept, src, dst, dst_node)
+        still = ~stuck & ~mv.any_of_token(~feasible) & has_remote
         if self.sync:
             self.cand = torch.zeros_like(self.cand)
             self.cand[rows] = still
@@ -108,62 +105,93 @@ class _Vacate:
             self.cand = self.cand & (still | ~self.live)
         return True
 
-    def _apply(self, rows, cut, accept, slot, node, dst, dst_node) -> None:
+    def _apply(self, mv: "_Moves", accept, src, dst, dst_node) -> None:
         """The admitted moves: slots, nodes and loads."""
         n = self.n
-        new_slot, new_node = select(accept, dst, slot), select(accept, dst_node, node)
-        if cut:
-            self.slot.index_copy_(1, rows, new_slot)
-            self.node.index_copy_(1, rows, new_node)
-        else:
-            self.slot, self.node = new_slot, new_node
+        self.slot = mv.write(self.slot, select(accept, dst, src))
+        self.node = mv.write(self.node, select(accept, dst_node, mv.read(self.node)))
         moved = lambda a: select(accept, a, n).reshape(-1)  # noqa: E731
-        self.load = self.load + counts(moved(dst), n) - counts(moved(slot), n)
+        self.load = self.load + counts(moved(dst), n) - counts(moved(src), n)
 
-    def _fits(self, key: torch.Tensor, room: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``zepp_vacate._fits_in_order`` over the moves in ``mask [k, g]``: each one's place among
-        the earlier masked moves (token-major order) with its key is below ``room[key]``."""
+    def _fits(self, mv: "_Moves", key: torch.Tensor, room: torch.Tensor) -> torch.Tensor:
+        """``zepp_vacate._fits_in_order`` over the moves: each one's place among the earlier moves
+        (token-major order) with its key is below ``room[key]``."""
         n = self.n
-        keyed = select(mask, key, n)
-        if self.sync:  # places counted only for keys asked more than their room, as numpy does
-            tight = counts(keyed.reshape(-1), n) > room.clamp_min(0)
-            ranked = mask & take(torch.cat([tight, tight.new_zeros(1)]), keyed)
-            at = torch.nonzero(ranked.t().reshape(-1))[:, 0]  # token-major
-            if at.shape[0] == 0:
-                return torch.ones_like(mask)
-            k_at = keyed.t().reshape(-1).index_select(0, at)
-            ok = torch.ones(mask.numel(), dtype=torch.bool, device=mask.device)
-            ok.index_copy_(0, at, position_in_group(k_at, n) < take(room, k_at))
-            return ok.reshape(mask.shape[1], mask.shape[0]).t()
-        pos = position_in_group(keyed.t().reshape(-1), n).reshape(mask.shape[1], mask.shape[0]).t()
+        if self.sync:  # listed: places counted only for keys asked more than their room, as numpy does
+            tight = counts(key, n) > room.clamp_min(0)
+            at = torch.nonzero(take(tight, key))[:, 0]
+            ok = torch.ones_like(key, dtype=torch.bool)
+            k_at = key.index_select(0, at)
+            return ok.index_copy_(0, at, position_in_group(k_at, n) < take(room, k_at))
+        k, g = key.shape
+        pos = position_in_group(select(mv.valid, key, n).t().reshape(-1), n).reshape(g, k).t()
         return pos < take(room, key.clamp(0, n - 1))
 
-    def _targets(self, expert, mask, node, home, least, src):
-        """``zepp_vacate._Vacate._targets`` on the grid: ``(dst, dst_node, feasible)`` ``[k, g]``."""
+    def _targets(self, mv: "_Moves", node, home, least, src):
+        """``zepp_vacate._Vacate._targets`` on the moves: ``(dst, dst_node, feasible)``."""
         dp, N = self.dp, self.dp.N
         ron = dp.replica_on_node.reshape(-1).to(I32)
-        if mask is not None:
+        expert = mv.read(self.expert)
+        if self.mask is not None:
             touched = torch.zeros_like(home)
             for col in node:
                 touched |= 1 << col
-            allowed = mask & ((touched | (1 << home)) & ~(1 << least.clamp_min(0)))
-            upper = allowed & (-1 << home)  # nodes home, home+1, ... come first in rotation order
+            allowed = mv.read(self.mask) & mv.of_token((touched | (1 << home)) & ~(1 << least.clamp_min(0)))
+            upper = allowed & mv.of_token(-1 << home)  # nodes home, home+1, ... come first in rotation order
             first = select(upper != 0, upper, allowed)
-            there_node = torch.frexp((first & -first).float())[1] - 1  # the lowest set bit
+            there_node = _lowest_bit(first)
             feasible = allowed != 0
             there_node = there_node * feasible  # 0, a valid index, where no node is allowed
         else:
             best = torch.full_like(src, N)
             there_node = torch.zeros_like(src)
-            for col in (home.expand_as(src), *node):  # home, then the token's nodes
-                ok = (take(ron, expert * N + col) >= 0) & (col != least)
-                dist = select(ok, (col - home + N) % N, N)
+            h = mv.of_token(home)
+            for col in (home, *node):  # home, then the token's nodes
+                col = mv.of_token(col)
+                ok = (take(ron, expert * N + col) >= 0) & (col != mv.of_token(least))
+                dist = select(ok, (col - h + N) % N, N)
                 better = dist < best
                 best = select(better, dist, best)
                 there_node = select(better, col, there_node)
             feasible = best < N
         there = take(ron, expert * N + there_node)
         return select(feasible, there, src), select(feasible, there_node, 0), feasible
+
+
+class _Moves:
+    """A round's moves (``mask [k, g]`` over the candidate tokens ``rows [g]`` of ``G``, all when
+    ``rows`` is None): listed in token-major order where ``rows`` is given (``sync``), else the
+    masked grid itself (``valid``). ``read`` takes the moves' values of a ``[k, G]`` state array,
+    ``write`` puts values back, ``of_token`` gives each move its token's value of a ``[g]``
+    array, ``any_of_token`` reduces per token."""
+
+    def __init__(self, mask: torch.Tensor, rows: torch.Tensor | None, G: int):
+        self.listed = rows is not None
+        self.g = mask.shape[1]
+        self.valid = mask
+        if self.listed:
+            gi, ki = torch.nonzero(mask.t()).t()  # token-major
+            self.gi, self.at = gi, ki * G + rows.index_select(0, gi)
+            self.valid = torch.ones_like(gi, dtype=torch.bool)
+
+    def read(self, state: torch.Tensor) -> torch.Tensor:
+        return state.reshape(-1).index_select(0, self.at) if self.listed else state
+
+    def write(self, state: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return state.view(-1).index_copy_(0, self.at, values).view(state.shape) if self.listed else values
+
+    def of_token(self, per_token: torch.Tensor) -> torch.Tensor:
+        return per_token.index_select(0, self.gi) if self.listed else per_token
+
+    def any_of_token(self, x: torch.Tensor) -> torch.Tensor:
+        if self.listed:
+            return counts(select(x, self.gi, self.g), self.g) > 0
+        return any_of(x & self.valid, 0)
+
+
+def _lowest_bit(x: torch.Tensor) -> torch.Tensor:
+    """The index of the lowest set bit of int32 ``x > 0`` (from the exponent of ``x & -x`` as a float)."""
+    return torch.frexp((x & -x).float())[1] - 1
 
 
 def _slot_bounds(ids: torch.Tensor, dp: DevicePlacement, relaxation: float) -> tuple[torch.Tensor, torch.Tensor]:
