@@ -57,7 +57,7 @@ def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
     v.add(1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried)
     if gw.handed is not None:  # one forward per (token, landing GPU) other than the owner
         T = tc.T
-        g = arange(R * T, tc.device).reshape(R, 1, T)
+        g = arange(R * T, tc.device).to(I32).reshape(R, 1, T)
         landed = counts(select(gw.handed, g * L + gw.carrier_local, R * T * L).reshape(-1), R * T * L) > 0
         per = landed.reshape(R, T, L).sum(1)  # [R, L]
         rr, local = arange(R, tc.device)[:, None], arange(L, tc.device)[None, :]
@@ -162,9 +162,10 @@ def _fan_parts(tc: TokenCounts, gw: Gateways) -> list[tuple]:
         moved = tc.first_c & (tc.node != onode) & tc.pair_grid(gw.handed)  # [k, G] handed remote token-GPU pairs
         cells = R * R * N
         base = tc.node * L
+        per = 0
         for sign, local in ((-1, (tc.owner % L)[None, :]), (1, tc.pair_grid(gw.carrier_local).to(I32))):
             src = base + local
             key = select(moved & (tc.comp != src), (onode * R + src) * R + tc.comp, cells)
-            per = counts(key.reshape(-1), cells).reshape(N, R, R)  # [owner node, gateway, GPU]
-            gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], sign * per))
+            per = per + sign * counts(key.reshape(-1), cells).reshape(N, R, R)  # [owner node, gateway, GPU]
+        gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], per))
     return gw.fan
