@@ -21,10 +21,12 @@ class TokenCounts:
     ``k``, ``L``, ``N``; per entry column ``comp`` / ``node [k, G]`` int32 (``-1`` where missing),
     ``first_c`` / ``first_n [k, G]``, ``owner`` / ``onode [G]`` int32; ``entries``, ``pairs [R, R]``,
     ``union [R, N]``; ``at [k, G]`` int32: each entry's cell ``(owner, node, token)`` of the
-    ``[R, N, T]`` grid of token-node pairs (node 0 where missing)."""
+    ``[R, N, T]`` grid of token-node pairs (node 0 where missing); ``sync``: the builders may
+    list data-dependent rows (host reads), as the numpy planner does."""
 
-    def __init__(self, routing: TorchRouting):
+    def __init__(self, routing: TorchRouting, sync: bool = False):
         p = routing.placement
+        self.sync = sync
         self.R, self.T, self.k = routing.slot.shape
         self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
         R, N, L, T, dev = self.R, self.N, self.L, self.T, routing.slot.device
