@@ -42,8 +42,8 @@ def vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxatio
 
 class _Vacate:
     """The pass's state (``zepp_vacate._Vacate``), per entry ``[k, G]`` int32: ``slot``, ``node``,
-    ``expert`` (0 where missing), ``several`` (bool: an entry of a several-replica expert) and
-    ``mask`` (its expert's node bits); ``home [G]``, ``load`` / ``lo`` / ``hi [R*S]``, ``cand [G]``
+    ``expert`` (0 where missing), ``several`` (bool: an entry of a several-replica expert) and,
+    without ``sync``, ``mask`` (its expert's node bits, ``mask_of [E]``); ``home [G]``, ``load`` / ``lo`` / ``hi [R*S]``, ``cand [G]``
     (tokens still worth a round) and, without ``sync``, the device flag ``live``."""
 
     def __init__(self, ids, slot, dp: DevicePlacement, relaxation: float, sync: bool, slot_counts, node):
@@ -59,10 +59,13 @@ class _Vacate:
             s = slot.reshape(-1).to(I64)
             node = torch.where(s >= 0, s // self.SL, self.home.repeat_interleave(k))
         self.node = cols(node)
-        self.expert = cols(expert.clamp_min(0))
-        self.several = take(dp.several, self.expert) & (cols(expert) >= 0)
-        self.use_mask = dp.node_mask is not None and dp.N <= _MASK_NODES
-        self.mask = take(dp.node_mask.to(I32), self.expert) if self.use_mask else None
+        expert_cols = cols(expert)
+        self.expert = expert_cols.clamp_min(0)
+        self.several = take(dp.several, self.expert) & (expert_cols >= 0)
+        use_mask = dp.node_mask is not None and dp.N <= _MASK_NODES
+        self.mask_of = dp.node_mask.to(I32) if use_mask else None
+        # without sync the masks of every entry, read each round (with sync: of the listed moves)
+        self.mask = take(self.mask_of, self.expert) if use_mask and not sync else None
         self.n = R * dp.S
         if slot_counts is None:
             s = slot.reshape(-1)
@@ -84,8 +87,9 @@ class _Vacate:
         least, has_remote, moves = _proposals(node, home, self.dp.N)  # moves [k, g]
         if not self.sync:
             moves &= self.cand & self.live
-        stuck = any_of(moves & ~pick(self.several), 0)  # an entry of a single-replica expert cannot move
-        mv = _Moves(moves & pick(self.several), rows, self.G)
+        several = pick(self.several)
+        stuck = any_of(moves & ~several, 0)  # an entry of a single-replica expert cannot move
+        mv = _Moves(moves & several, rows, self.G)
         src = mv.read(self.slot)
         dst, dst_node, feasible = self._targets(mv, node, home, least, src)
         fits = feasible & self._fits(mv, dst, self.hi - self.load) & self._fits(mv, src, self.load - self.lo)
@@ -132,11 +136,12 @@ class _Vacate:
         dp, N = self.dp, self.dp.N
         ron = dp.replica_on_node.reshape(-1).to(I32)
         expert = mv.read(self.expert)
-        if self.mask is not None:
+        if self.mask_of is not None:
             touched = torch.zeros_like(home)
             for col in node:
                 touched |= 1 << col
-            allowed = mv.read(self.mask) & mv.of_token((touched | (1 << home)) & ~(1 << least.clamp_min(0)))
+            mask = take(self.mask_of, expert) if self.mask is None else mv.read(self.mask)
+            allowed = mask & mv.of_token((touched | (1 << home)) & ~(1 << least.clamp_min(0)))
             upper = allowed & mv.of_token(-1 << home)  # nodes home, home+1, ... come first in rotation order
             first = select(upper != 0, upper, allowed)
             there_node = _lowest_bit(first)
