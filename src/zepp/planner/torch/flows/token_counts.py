@@ -40,7 +40,11 @@ class TokenCounts:
         self.onode = self.owner // L
         self.first_c, self.first_n = _first_of_token(self.comp), _first_of_token(self.node)
         self.at = (self.owner * N + self.node.clamp_min(0)) * T + (g - self.owner * T)
-        key = ((self.owner * (R + 1) + 1 + self.comp) * 4 + self.first_c + 2 * self.first_n).reshape(-1)
+        key = ((self.owner * (R + 1) + 1) * 4)[None, :] + self.comp * 4  # int32 throughout
+        key += self.first_c
+        key += self.first_n
+        key += self.first_n
+        key = key.reshape(-1)
         c = counts(key, R * (R + 1) * 4).reshape(R, R + 1, 4)[:, 1:]
         self.entries = c.sum(2)
         self.pairs = c[:, :, 1] + c[:, :, 3]

@@ -38,21 +38,21 @@ def entry_keys(ids: torch.Tensor, dp: DevicePlacement) -> EntryKeys:
 
 def assign_entries(keys: EntryKeys, assigned: torch.Tensor | None, dp: DevicePlacement,
                    sync: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(slot [R, n], node [R, n])`` int64: every entry's replica (``-1`` where missing) and its
+    """``(slot [R, n], node [R, n])`` int32: every entry's replica (``-1`` where missing) and its
     node (home where missing); ``assigned [R, M*C]`` the water-fill's counts (``None``: no expert
     has several replicas)."""
     R, dev = keys.index.shape[0], keys.index.device
-    slot_tab = dp.slot_of.expand(R, -1).clone()
-    node_tab = dp.node_of.expand(R, -1).clone()
-    node_tab[:, 0] = arange(R, dev) // dp.L  # a missing entry sits at home
+    slot_tab = dp.slot_of.to(I32).expand(R, -1).clone()
+    node_tab = dp.node_of.to(I32).expand(R, -1).clone()
+    node_tab[:, 0] = (arange(R, dev) // dp.L).to(I32)  # a missing entry sits at home
     split = None
     if assigned is not None and dp.M:
         used = assigned.reshape(R, dp.M, dp.C) > 0
         only = used.to(torch.int8).argmax(2)  # the one replica of an unsplit group (the first used)
         split = used.sum(2) > 1  # [R, M]
         m = arange(dp.M, dev)[None, :]
-        slot_tab[:, dp.multi + 1] = torch.where(split, _SPLIT, dp.reps_multi[m, only])
-        node_tab[:, dp.multi + 1] = dp.multi_nodes[m, only]
+        slot_tab[:, dp.multi + 1] = torch.where(split, _SPLIT, dp.reps_multi[m, only]).to(I32)
+        node_tab[:, dp.multi + 1] = dp.multi_nodes[m, only].to(I32)
     slot, node = take(slot_tab, keys.index), take(node_tab, keys.index)
     if split is not None:
         if sync:
@@ -75,8 +75,8 @@ def _assign_split(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement, 
     pos = position_in_group(group, R * M)
     ends = torch.cumsum(assigned.reshape(R * M, C), 1)
     replica = (pos[:, None] >= ends[group]).sum(1)
-    flat_slot[where] = dp.reps_multi[m, replica]
-    flat_node[where] = dp.multi_nodes[m, replica]
+    flat_slot[where] = dp.reps_multi[m, replica].to(I32)
+    flat_node[where] = dp.multi_nodes[m, replica].to(I32)
 
 
 def _assign_sorted(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement, slot: torch.Tensor,
@@ -95,7 +95,7 @@ def _assign_sorted(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement,
     repeats = torch.cat([per_replica, (n - per_replica.sum()).reshape(1)])  # the rest: entries of no group
     out = []
     for value, base in ((dp.reps_multi, slot), (dp.multi_nodes, node)):
-        values = torch.cat([value.expand(R, M, C).reshape(-1), value.new_full((1,), -1)])
+        values = torch.cat([value.expand(R, M, C).reshape(-1), value.new_full((1,), -1)]).to(I32)
         in_order = torch.repeat_interleave(values, repeats, output_size=n)
         mine = torch.empty_like(in_order).scatter_(0, order, in_order).reshape(base.shape)
         out.append(select((group < R * M).reshape(base.shape), mine, base))
