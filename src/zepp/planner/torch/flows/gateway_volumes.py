@@ -54,7 +54,7 @@ def zepp_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[TorchVolumes, Gatewa
 
 
 def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
-    R, L, N = tc.R, tc.L, tc.N
+    R, L = tc.R, tc.L
     v = _reduce_on_gateways(tc, gw)
     r, n, cl = _rnc(tc)
     v.add(1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from zepp.planner.torch._ops import I32, I64, arange, counts, select, sort_order, take
+from zepp.planner.torch._ops import I32, arange, counts, select, sort_order, take
 from zepp.planner.torch.routing.base_routing import position_in_group
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 

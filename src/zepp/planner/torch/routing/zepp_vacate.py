@@ -5,9 +5,10 @@ entry ``j`` of every token contiguous) in int32, so a token's per-node counts ar
 comparisons of two columns and its per-token decisions are reductions down the ``k`` rows. A
 round's moves are a mask on that grid; their order in the numpy planner's lists is the grid's
 token-major order (``[G, k]``), so every place counted in a replica's admission order is the
-same. With ``sync`` the rounds take only the candidate tokens (a few host reads, like the
-numpy planner's own compactions), rank only the moves into (out of) replicas asked more than
-their room, and stop as soon as the numpy planner's would; without, every round runs on every
+same. With ``sync`` the rounds take only the candidate tokens and list their moves in that
+order (``_Moves``; a few host reads, like the numpy planner's own compactions), rank only the
+moves into (out of) replicas asked more than their room, and stop as soon as the numpy
+planner's would; without, the moves stay a mask on the grid, every round runs on every
 token, and a device flag ``live`` turns off the rounds after the one where the numpy planner
 stops. The replica-load bounds are the numpy planner's ``expert_load_bounds``; a move's target
 is read off int32 node bit masks up to ``_MASK_NODES`` nodes, off the candidate nodes in turn
