@@ -35,7 +35,8 @@ What a CUDA graph can capture (``sync=False``; the default while capturing), for
   we tried needs one; ``sweeps=1`` makes the captured graph ``4C+4`` times shorter and reports
   ``unplaced`` (device scalar); ``plan_batch(..., host=True)`` re-plans the rare incomplete batch.
 
-Outside capture (``sync=True``) the loops stop early and tables are built at their exact size,
+Outside capture (``sync=True``) the loops stop early, tables are built at their exact size and
+the vacate pass and the NIC split list their few moves and handed rows instead of masking grids,
 with a few host reads (free on the CPU, tens of microseconds each on a GPU).
 """
 

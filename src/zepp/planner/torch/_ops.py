@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 I64 = torch.int64
+I32 = torch.int32
 
 
 def arange(n: int, device) -> torch.Tensor:
@@ -17,12 +18,13 @@ def arange(n: int, device) -> torch.Tensor:
 
 
 def counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """``[num_keys]`` int64 histogram of ``key [n]`` (int64 values in ``[0, num_keys]``; the value
-    ``num_keys`` is a drop bin). Fixed output size. On CUDA a ``scatter_add_`` (``torch.bincount``
-    sizes its output from the data's maximum, a host read); on the CPU ``torch.bincount``, which
-    is the faster of the two there and needs no device sync."""
+    """``[num_keys]`` int64 histogram of ``key [n]`` (int32 or int64 values in ``[0, num_keys]``;
+    the value ``num_keys`` is a drop bin). Fixed output size. On CUDA a ``scatter_add_``
+    (``torch.bincount`` sizes its output from the data's maximum, a host read); on the CPU
+    ``torch.bincount``, which is the faster of the two there and needs no device sync."""
     if key.device.type == "cpu":
         return torch.bincount(key, minlength=num_keys + 1)[:num_keys]
+    key = key.to(I64)
     out = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
     out.scatter_add_(0, key, torch.ones_like(key))
     return out[:num_keys]
@@ -31,8 +33,14 @@ def counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
 def sort_order(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     """Stable ascending order of ``key [n]`` (values in ``[0, num_keys]``), sorted in the
     narrowest integer type that holds ``num_keys`` (int16 keys sort several times faster)."""
+    return sorted_keys(key, num_keys)[1]
+
+
+def sorted_keys(key: torch.Tensor, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted key [n] int64, order [n])``: ``sort_order`` and the keys in that order."""
     dtype = torch.int16 if num_keys < 1 << 15 else torch.int32 if num_keys < 1 << 31 else I64
-    return torch.sort(key.to(dtype), stable=True).indices
+    values, order = torch.sort(key.to(dtype), stable=True)
+    return values.to(I64), order
 
 
 def first_in_row(sorted_rows: torch.Tensor) -> torch.Tensor:
@@ -43,9 +51,9 @@ def first_in_row(sorted_rows: torch.Tensor) -> torch.Tensor:
 
 
 def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table.reshape(-1)[index]`` (``index`` of any shape) through ``torch.gather``, several
-    times faster on the CPU than advanced indexing with an index of more than one dimension."""
-    return torch.gather(table.reshape(-1), 0, index.reshape(-1)).reshape(index.shape)
+    """``table.reshape(-1)[index]`` (``index`` int32 or int64 of any shape) through
+    ``index_select``, several times faster on the CPU than advanced indexing."""
+    return table.reshape(-1).index_select(0, index.reshape(-1)).reshape(index.shape)
 
 
 def select(mask: torch.Tensor, a, b) -> torch.Tensor:
@@ -54,3 +62,11 @@ def select(mask: torch.Tensor, a, b) -> torch.Tensor:
     if isinstance(b, int) and b == 0:
         return a * mask
     return b + (a - b) * mask
+
+
+def any_of(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """``mask.any(dim)``, along an axis as the maximum of its bytes (the CPU kernel of ``any``
+    along an axis is tens of times slower than ``amax`` over the same bytes)."""
+    if dim is None or mask.numel() == 0:
+        return mask.any() if dim is None else mask.any(dim)
+    return mask.view(torch.uint8).amax(dim).view(torch.bool)

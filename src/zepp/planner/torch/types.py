@@ -108,8 +108,9 @@ class TorchHops:
 class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
     """A FlowPlan on a device (fields: ``zepp.planner.types.FlowPlanFields``): its ``volumes``
     (``PlanVolumes`` of ``zepp.planner.torch.volumes.TorchVolumes``) and ``TorchHops`` tables built
-    on first use; ``exact``: hop tables of exactly ``count`` rows (else fixed-capacity buffers,
-    capturable). ``to_numpy()`` gives the numpy planner's ``zepp.planner.types.FlowPlan``."""
+    on first use; ``exact``: hop tables of exactly ``count`` rows and volumes built with host
+    reads (else fixed-capacity buffers and grids, capturable). ``to_numpy()`` gives the numpy
+    planner's ``zepp.planner.types.FlowPlan``."""
 
     exact: bool = True
 
@@ -121,7 +122,8 @@ class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
     def _build_volumes(self):
         from zepp.planner.torch.flows import build_volumes
 
-        return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce).volumes
+        return build_volumes(self.routing, self.dispatch_transport, self.combine_transport, self.coalesce,
+                             self.exact).volumes
 
     def sizes(self) -> tuple[int, int, int]:
         """``(dispatch hops, combine hops, unplaced entries)`` in one device-to-host read."""

@@ -45,17 +45,20 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
     ``to_numpy()`` to the numpy planner's: its volumes (``build_volumes``) and hop tables
     (``build_hops``) built on first use. ``sync=False`` (default while a CUDA graph is being
     captured): hop tables in fixed-capacity buffers, no host read (capturable); ``sync=True``: tables
-    of exactly ``count`` rows (``nonzero``; its output size is a host read). The volumes read
-    nothing back either way."""
+    of exactly ``count`` rows (``nonzero``; its output size is a host read), and the volumes list
+    the few rows a GPU hands another NIC (one more ``nonzero``) where ``sync=False`` marks them on
+    fixed grids."""
     dispatch, combine = check_transports(dispatch, combine)
     exact = default_sync(routing.slot) if sync is None else bool(sync)
     return TorchFlowPlan(routing, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine, coalesce,
                          exact=exact)
 
 
-def build_volumes(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True) -> VolumeState:
-    """``zepp.planner.flows.build_volumes`` in torch: its ``volumes`` are ``TorchVolumes``."""
-    tc = TokenCounts(routing)
+def build_volumes(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True,
+                  sync: bool = False) -> VolumeState:
+    """``zepp.planner.flows.build_volumes`` in torch: its ``volumes`` are ``TorchVolumes``; with
+    ``sync`` the few rows a GPU hands another NIC are listed (``nonzero``), else marked on grids."""
+    tc = TokenCounts(routing, sync)
     d, gateways = twin_of(DISPATCHES[dispatch].volumes)(tc, coalesce)
     return VolumeState(tc, gateways, PlanVolumes(d, twin_of(COMBINES[combine].volumes)(tc, gateways)))
 

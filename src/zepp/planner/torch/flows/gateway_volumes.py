@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, counts, select
+from zepp.planner.torch._ops import I32, I64, arange, counts, select
 from zepp.planner.torch.flows.direct_volumes import pair_cells
 from zepp.planner.torch.flows.gateway_flows import nic_split
 from zepp.planner.torch.flows.token_counts import TokenCounts
@@ -27,13 +27,16 @@ from zepp.planner.torch.volumes import TorchVolumes
 class Gateways:
     """``zepp.planner.flows.gateway_volumes.Gateways`` on fixed grids: ``carried [R, N, L]``,
     ``by_owner_local``; the handed rows as ``handed [R, N, T]`` bool with ``carrier_local
-    [R, N, T]`` (meaningful where handed); ``fan``: the forwards' parts once built (``_fan_parts``)."""
+    [R, N, T]`` (meaningful where handed), or where the counts are ``sync``, ``listed``: ``(owner,
+    token, node, carrier_local)`` ``[d]`` each, as in numpy; ``fan``: the forwards' parts once
+    built (``_fan_parts``)."""
 
     carried: torch.Tensor
     by_owner_local: bool
     handed: torch.Tensor | None
     carrier_local: torch.Tensor | None
     fan: list | None = None
+    listed: tuple | None = None
 
 
 def relay_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[TorchVolumes, Gateways]:
@@ -51,15 +54,19 @@ def zepp_dispatch(tc: TokenCounts, coalesce: bool) -> tuple[TorchVolumes, Gatewa
 
 
 def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
-    R, L, N = tc.R, tc.L, tc.N
+    R, L = tc.R, tc.L
     v = _reduce_on_gateways(tc, gw)
     r, n, cl = _rnc(tc)
     v.add(1, n * L + cl, (r // L) * L + cl, _msg(gw, r), r // L, gw.carried)
-    if gw.handed is not None:  # one forward per (token, landing GPU) other than the owner
-        g = arange(R * tc.T, tc.device).reshape(R, 1, tc.T)
-        landed = torch.zeros(R * tc.T * L + 1, dtype=I64, device=tc.device)
-        landed[select(gw.handed, g * L + gw.carrier_local, R * tc.T * L).reshape(-1)] = 1
-        per = landed[:-1].reshape(R, tc.T, L).sum(1)  # [R, L]
+    if gw.handed is not None or gw.listed is not None:  # one forward per (token, landing GPU) other than the owner
+        T = tc.T
+        if gw.listed is not None:
+            owner, token, _, carrier = gw.listed
+            landed = counts((owner * T + token) * L + carrier, R * T * L) > 0
+        else:
+            g = arange(R * T, tc.device).to(I32).reshape(R, 1, T)
+            landed = counts(select(gw.handed, g * L + gw.carrier_local, R * T * L).reshape(-1), R * T * L) > 0
+        per = landed.reshape(R, T, L).sum(1)  # [R, L]
         rr, local = arange(R, tc.device)[:, None], arange(L, tc.device)[None, :]
         v.add(2, (rr // L) * L + local, rr, 0, rr // L, per)
     return v
@@ -98,15 +105,29 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
     kept_rn = kept.reshape(N, N, L).permute(0, 2, 1).reshape(R, N)
     r = arange(R, tc.device)
     kept_rn = torch.where(r[:, None] // L == arange(N, tc.device)[None, :], tc.T, kept_rn)  # home: none handed
-    beyond, place = tc.beyond(kept_rn)
+    beyond, place = tc.beyond(kept_rn.to(I32))
     stream = ((r // L)[:, None] * N + arange(N, tc.device)[None, :])  # [R, N]
     local = (r % L)[:, None].expand(R, N)
-    xi = ((ex_end - excess)[stream, local] - kept[stream, local])[:, :, None] + place  # [R, N, T]
-    big = R * tc.T + 1  # streams laid end to end, each offset past every row index
-    ends = (de_end + arange(N * N, tc.device)[:, None] * big).reshape(-1)
-    carrier_local = torch.searchsorted(ends, (stream[:, :, None] * big + xi).reshape(-1), right=True).reshape(xi.shape)
-    carrier_local = carrier_local - stream[:, :, None] * L
+    first = ((ex_end - excess)[stream, local] - kept[stream, local]).to(I32)  # [R, N]: a segment's first excess row
+    ends = de_end[stream].to(I32)  # [R, N, L]
+    if tc.sync:
+        return Gateways(carried, by_owner_local, None, None, listed=_listed(tc, beyond, place, first, ends))
+    xi = first[:, :, None] + place  # [R, N, T]
+    # the carrier of a handed row: how many of its stream's cumulative deficits it has passed
+    carrier_local = torch.zeros_like(xi)
+    for cl in range(L):
+        carrier_local += xi >= ends[:, :, cl:cl + 1]
     return Gateways(carried, by_owner_local, beyond, carrier_local)
+
+
+def _listed(tc: TokenCounts, beyond, place, first, ends) -> tuple:
+    """The handed rows listed (``nonzero``), ``(owner, token, node, carrier_local)`` ``[d]``."""
+    T, N = tc.T, tc.N
+    at = torch.nonzero(beyond.reshape(-1))[:, 0]
+    rn, token = at // T, at % T
+    xi = first.reshape(-1)[rn] + place.reshape(-1)[at]
+    carrier = (xi[:, None] >= ends.reshape(N * tc.R, -1)[rn]).sum(1)
+    return rn // N, token, rn % N, carrier
 
 
 def _msg(gw: Gateways, owner):
@@ -156,14 +177,34 @@ def _fan_parts(tc: TokenCounts, gw: Gateways) -> list[tuple]:
     remote = (r[:, None] // L) != (c // L)
     gateway = (c // L) * L + (r % L)[:, None]
     gw.fan = [(gateway, c, (r // L)[:, None], torch.where(remote & (c != gateway), tc.pairs, 0))]
-    if gw.handed is not None:
-        pair = tc.first_c & (tc.node != (tc.owner // L)[None, :]) & (tc.comp >= 0)  # [k, G] remote token-GPU pairs
-        moved = pair & (tc.pair_grid(gw.handed.to(I64)) > 0)
-        onode = (tc.owner // L)[None, :]
+    if gw.listed is not None:
+        gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], _listed_fan(tc, gw)))
+    elif gw.handed is not None:
+        onode = tc.onode[None, :]
+        moved = tc.first_c & (tc.node != onode) & tc.pair_grid(gw.handed)  # [k, G] handed remote token-GPU pairs
         cells = R * R * N
-        for sign, local in ((-1, (tc.owner % L)[None, :]), (1, tc.pair_grid(gw.carrier_local))):
-            src = tc.node * L + local
+        base = tc.node * L
+        per = 0
+        for sign, local in ((-1, (tc.owner % L)[None, :]), (1, tc.pair_grid(gw.carrier_local).to(I32))):
+            src = base + local
             key = select(moved & (tc.comp != src), (onode * R + src) * R + tc.comp, cells)
-            per = counts(key.reshape(-1), cells).reshape(N, R, R)  # [owner node, gateway, GPU]
-            gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], sign * per))
+            per = per + sign * counts(key.reshape(-1), cells).reshape(N, R, R)  # [owner node, gateway, GPU]
+        gw.fan.append((r[None, :, None], r[None, None, :], arange(N, tc.device)[:, None, None], per))
     return gw.fan
+
+
+def _listed_fan(tc: TokenCounts, gw: Gateways) -> torch.Tensor:
+    """``[N, R, R]``: the forwards' corrections of the listed handed rows (numpy's ``gpus_on``:
+    each row's token's GPUs on its node, from the old gateway and from the new one)."""
+    R, L, N, T = tc.R, tc.L, tc.N, tc.T
+    owner, token, node, carrier = gw.listed
+    g = owner * T + token
+    comp = tc.comp.index_select(1, g)  # [k, d]
+    gpus = tc.first_c.index_select(1, g) & (tc.node.index_select(1, g) == node)
+    onode, cells = owner // L, R * R * N
+    per = 0
+    for sign, local in ((-1, owner % L), (1, carrier)):
+        src = node * L + local
+        key = select(gpus & (comp != src), (onode * R + src) * R + comp, cells)
+        per = per + sign * counts(key.reshape(-1), cells).reshape(N, R, R)
+    return per

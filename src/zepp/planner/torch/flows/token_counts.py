@@ -12,48 +12,56 @@ from __future__ import annotations
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, counts, select, take
+from zepp.planner.torch._ops import I32, arange, counts, select, take
 from zepp.planner.torch.types import TorchRouting
 
 
 class TokenCounts:
     """The counts of ``routing`` (``zepp.planner.flows.token_counts.TokenCounts``): ``R``, ``T``,
-    ``k``, ``L``, ``N``; per entry column ``comp`` / ``node [k, G]`` (``-1`` where missing),
-    ``first_c`` / ``first_n [k, G]``, ``owner [G]``; ``entries``, ``pairs [R, R]``, ``union [R, N]``."""
+    ``k``, ``L``, ``N``; per entry column ``comp`` / ``node [k, G]`` int32 (``-1`` where missing),
+    ``first_c`` / ``first_n [k, G]``, ``owner`` / ``onode [G]`` int32; ``entries``, ``pairs [R, R]``,
+    ``union [R, N]``; ``at [k, G]`` int32: each entry's cell ``(owner, node, token)`` of the
+    ``[R, N, T]`` grid of token-node pairs (node 0 where missing); ``sync``: the builders may
+    list data-dependent rows (host reads), as the numpy planner does."""
 
-    def __init__(self, routing: TorchRouting):
+    def __init__(self, routing: TorchRouting, sync: bool = False):
         p = routing.placement
+        self.sync = sync
         self.R, self.T, self.k = routing.slot.shape
         self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
-        R, N, L, dev = self.R, self.N, self.L, routing.slot.device
+        R, N, L, T, dev = self.R, self.N, self.L, self.T, routing.slot.device
         self.device = dev
-        self.comp = torch.div(routing.slot.to(I64).reshape(-1, self.k).t(), self.S, rounding_mode="floor").contiguous()
-        self.node = torch.div(self.comp, L, rounding_mode="floor")
-        self.owner = arange(R * self.T, dev) // self.T
+        slot = routing.slot.reshape(-1, self.k).t().to(I32) + 1  # [k, G], 0 where missing
+        rank_of = torch.div(arange(R * self.S + 1, dev) - 1, self.S, rounding_mode="floor").to(I32)
+        self.comp = take(rank_of, slot)
+        self.node = take(torch.div(rank_of, L, rounding_mode="floor"), slot)
+        g = arange(R * T, dev).to(I32)
+        self.owner = g // T
+        self.onode = self.owner // L
         self.first_c, self.first_n = _first_of_token(self.comp), _first_of_token(self.node)
-        key = ((self.owner * (R + 1) + 1 + self.comp) * 4 + self.first_c + 2 * self.first_n).reshape(-1)
+        self.at = (self.owner * N + self.node.clamp_min(0)) * T + (g - self.owner * T)
+        key = ((self.owner * (R + 1) + 1) * 4)[None, :] + self.comp * 4  # int32 throughout
+        key += self.first_c
+        key += self.first_n
+        key += self.first_n
+        key = key.reshape(-1)
         c = counts(key, R * (R + 1) * 4).reshape(R, R + 1, 4)[:, 1:]
         self.entries = c.sum(2)
         self.pairs = c[:, :, 1] + c[:, :, 3]
         self.union = (c[:, :, 2] + c[:, :, 3]).reshape(R, N, L).sum(2)
 
     def beyond(self, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(beyond [R, N, T] bool, place [R, N, T])``: the token-node pairs of each segment
+        """``(beyond [R, N, T] bool, place [R, N, T] int32)``: the token-node pairs of each segment
         (owner, node) past its first ``kept [R, N]`` in token order, and every pair's place in
         its segment (``TokenCounts.rows_beyond`` of numpy, marked instead of listed)."""
         R, N, T = self.R, self.N, self.T
-        token = (arange(R * T, self.device) % T)[None, :]
-        cell = select(self.first_n, (self.owner * N + self.node.clamp_min(0)) * T + token, R * N * T)
-        present = counts(cell.reshape(-1), R * N * T).reshape(R, N, T)
-        place = torch.cumsum(present, 2) - 1
+        present = counts(select(self.first_n, self.at, R * N * T).reshape(-1), R * N * T).reshape(R, N, T)
+        place = torch.cumsum(present, 2, dtype=I32) - 1
         return (present > 0) & (place >= kept[:, :, None]), place
 
     def pair_grid(self, grid: torch.Tensor) -> torch.Tensor:
         """``[k, G]``: ``grid [R, N, T]`` read at each entry's (owner, node, token) (0 where missing)."""
-        T = self.T
-        token = (arange(self.R * T, self.device) % T)[None, :]
-        at = (self.owner * self.N + self.node.clamp_min(0)) * T + token
-        return select(self.comp >= 0, take(grid, at), 0)
+        return select(self.comp >= 0, take(grid, self.at), 0)
 
 
 def _first_of_token(col: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from zepp.errors import ZeppInputError
 from zepp.planner.routing.base_routing import HASH_ADD, HASH_MOD, HASH_MUL
 from zepp.planner.routing.base_routing import check_batch as numpy_check_batch
-from zepp.planner.torch._ops import I64, arange, sort_order
+from zepp.planner.torch._ops import I64, arange, counts, sorted_keys
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.torch.types import TorchRouting
 from zepp.planner.types import Placement
@@ -66,18 +66,14 @@ def slot_routing(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, rel
 
 
 def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """For each element of ``key [n]`` (int64 in ``[0, num_keys]``), how many earlier elements
-    share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions are
-    meaningless). A stable sort, as in numpy; no host read."""
+    """For each element of ``key [n]`` (int32 or int64 in ``[0, num_keys]``), how many earlier
+    elements share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions
+    are meaningless). A stable sort, as in numpy; no host read."""
     n = key.shape[0]
-    order = sort_order(key, num_keys)
-    sorted_key = key[order]
-    c = torch.zeros(num_keys + 1, dtype=I64, device=key.device)
-    c.scatter_add_(0, key, torch.ones_like(key))
+    sorted_key, order = sorted_keys(key, num_keys)
+    c = counts(sorted_key, num_keys + 1)
     starts = torch.cumsum(c, 0) - c
-    pos = torch.empty_like(key)
-    pos[order] = arange(n, key.device) - starts[sorted_key]
-    return pos
+    return torch.empty_like(order).scatter_(0, order, arange(n, key.device) - starts.gather(0, sorted_key))
 
 
 def entry_hash(index: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ def route_zepp(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, vacate
 
 def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None = None):
     """Rotation water-fill (``zepp.planner.routing.zepp_routing.water_fill``). Returns ``(slot
-    [R, T, k] int64, unplaced 0-d int64)``. ``(4C+4) * C`` fixed visit steps over ``[R, M]``
+    [R, T, k] int32, unplaced 0-d int64)``. ``(4C+4) * C`` fixed visit steps over ``[R, M]``
     tensors; the segmented prefix sums of the numpy planner (sources reaching one replica, in rank
     order) are exclusive cumulative sums down the rank axis of a ``[R, M*C]`` scatter of the amounts."""
     filled = _Filled(ids, dp, relaxation, sync, sweeps)
