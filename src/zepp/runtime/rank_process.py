@@ -86,8 +86,9 @@ def subgroup(ranks: list[int], backend: str | None = None):
 
 def leave_group() -> None:
     """Leave the process group in order: a barrier (every rank has finished every collective, on
-    every group), then this process lets go of the node, rail and swap groups its Dispatchers
-    cached (``zepp.runtime.collectives.release_groups``; ``gc`` frees those in reference cycles),
+    every group), then this process lets go of the node and rail groups its Dispatchers cached
+    (``zepp.runtime.collectives.release_groups``; ``gc`` frees groups that objects in reference
+    cycles still hold, such as a finished ``SwapChannel``'s),
     then ``destroy_process_group``, which shuts every group down while nothing else holds one.
     Otherwise a subgroup lived on to interpreter exit and gloo's threads were torn down in a
     destructor there: a rare ``terminate called without an active exception`` (SIGABRT) on a
