@@ -67,6 +67,8 @@ def ratios(rep: dict) -> dict:
 
 
 def markdown(runs: list[dict]) -> str:
+    from zepp.runtime.dispatcher import HOST_PARTS
+
     out = ["# zepp generate on the emulated cluster (benchmarks/emulated/generate_bench.py)", "",
            "2x2 ranks, NICs 500 Mbit/s; random Qwen3-MoE (hidden 1024, 32 experts of FFN 64, top-8, 4 layers), "
            "16 requests of 96-160 tokens (4 per rank), 8 new tokens, home placements (no history). "
@@ -79,8 +81,7 @@ def markdown(runs: list[dict]) -> str:
                 "| --- | --- | --- | --- | --- | --- |"]
         for n, x in s.items():
             b = x.get("breakdown_ms_per_layer") or {}
-            host = [sum(b[p].get(k, 0.0) for k in ("metadata", "plan", "compile", "pack")) for p in ("prefill", "decode")
-                    if p in b]
+            host = [sum(b[p].get(k, 0.0) for k in HOST_PARTS) for p in ("prefill", "decode") if p in b]
             paths = ", ".join(f"{p} x{x['paths'].count(p)}" for p in sorted(set(x.get("paths", []))))
             out.append(f"| {n} | {x['prefill_tokens_per_s']:.0f} | {x['decode_ms_per_step']:.1f} | "
                        f"{x['nic_bytes'] / 2**20:.2f} | {paths} | {' / '.join(f'{h:.1f}' for h in host)} |")

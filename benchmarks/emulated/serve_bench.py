@@ -22,7 +22,9 @@
    Times are the slowest rank's; tokens/s counts every rank's prompt tokens.
 
 Reported: prefill tokens/s and decode ms/step per system and batch, NIC payload bytes, expert
-max/mean load of the evaluation run beside the real traces', per-rank memory. Rank mode
+max/mean load of the evaluation run beside the real traces', per-rank memory, and per MoE layer
+the host parts (``zepp.runtime.dispatcher.HOST_PARTS``) with the metadata exchange split into the
+wait for the last rank to enter it (skew between ranks sharing the cores) and the exchange after. Rank mode
 (internal): ``python benchmarks/emulated/serve_bench.py --rank CONFIG``.
 """
 
@@ -40,6 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
 from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+
+from zepp.runtime.dispatcher import HOST_PARTS  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- model and skew
@@ -116,7 +120,7 @@ def fit_skew(folder: str, qwen3: str, prompts: list[list[int]], passes: int = 3,
 
 # ----------------------------------------------------------------------------- rank
 def rank_main(path: str) -> int:
-    from zepp.runtime.rank_process import init_distributed, is_comm_error as _is_comm_error
+    from zepp.runtime.rank_process import init_distributed, is_comm_error as _is_comm_error, leave_group
 
     with open(path) as f:
         cfg = json.load(f)
@@ -127,10 +131,7 @@ def rank_main(path: str) -> int:
         if out is not None:
             with open(cfg["out"], "w") as f:
                 json.dump(out, f)
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_group()  # in order: no subgroup outlives the process group
         return 0
     except Exception as exc:  # noqa: BLE001
         import traceback
@@ -184,6 +185,7 @@ def bench_rank(cfg: dict) -> dict | None:
                 for name in names:
                     model, comm = loaded[name]
                     comm.dispatcher.counter.reset()
+                    comm.dispatcher.metadata_log.clear()
                     dist.barrier()
                     _, _, log = generate_rank(model, comm, prompts, max_new, eos=set())
                     secs = log.seconds[:1] if phase == "prefill" else log.seconds[1:]
@@ -197,6 +199,7 @@ def bench_rank(cfg: dict) -> dict | None:
                     n = len(log.seconds)  # begin_step also ran once more, for the step that found everyone done
                     paths = sorted(set(comm.step_paths[-n - 1:-1][part]))
                     brk = _breakdown(comm.step_breakdown[-n - 1:-1][part], shape["layers"])
+                    brk.update(_metadata_wait(comm.dispatcher, comm.step_paths[-n - 1:-1], part, shape["layers"]))
                     rows.append({"phase": phase, "batch": bs, "rep": rep, "system": name, "seconds": float(t),
                                  "steps": len(secs), "nic_bytes": int(nic), "paths": paths, "breakdown_ms": brk,
                                  "loadavg": os.getloadavg()[0]})
@@ -208,7 +211,7 @@ def bench_rank(cfg: dict) -> dict | None:
     return {"rows": rows, "expert_load": loads, "memory": allmem}
 
 
-BREAKDOWN = ("metadata", "plan", "compile", "pack", "stages", "compute", "moe")
+BREAKDOWN = (*HOST_PARTS, "stages", "compute", "moe")
 
 
 def _breakdown(steps: list[dict], layers: int) -> dict:
@@ -225,6 +228,28 @@ def _breakdown(steps: list[dict], layers: int) -> dict:
                 v[BREAKDOWN.index(key)] += sec
     dist.all_reduce(v, op=dist.ReduceOp.MAX)
     return {k: float(x) * 1e3 / max(len(steps), 1) / layers for k, x in zip(BREAKDOWN, v.tolist())}
+
+
+def _metadata_wait(d, paths: list[str], part: slice, layers: int) -> dict:
+    """Of the metadata all-gather, per layer (ms, mean over the part's steps, slowest rank): the
+    time a rank waited for the last rank to enter it (``metadata_wait``: skew between the ranks,
+    e.g. 8 ranks sharing 2 cores, not host work of the planned path) and the time from that last
+    entry to its end (``metadata_after``: the exchange itself). Wall-clock stamps of
+    ``Dispatcher.metadata_log`` (one clock: the ranks share the machine); each planned step makes
+    ``layers`` calls, in order."""
+    from zepp.runtime.rank_process import gather_json
+
+    logs = gather_json([list(c) for c in d.metadata_log])
+    n = min(len(g) for g in logs)
+    stamps = np.array([g[:n] for g in logs], np.float64).reshape(len(logs), n, 2)  # [R, calls, (in, out)]
+    last = stamps[:, :, 0].max(axis=0)
+    step = np.repeat([i for i, p in enumerate(paths) if p == "planned"], layers)[:n]
+    steps = range(len(paths))[part]
+    sel = np.isin(step, list(steps))
+    wait = (last[None, :] - stamps[:, :, 0])[:, sel].sum(axis=1).max(initial=0.0)
+    after = (stamps[:, :, 1] - last[None, :])[:, sel].sum(axis=1).max(initial=0.0)
+    scale = 1e3 / max(len(steps), 1) / layers
+    return {"metadata_wait": float(wait) * scale, "metadata_after": float(after) * scale}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -288,18 +313,22 @@ def _breakdown_table(t: dict, systems: list[str]) -> list[str]:
     for phase, pick in (("prefill", max), ("decode", min)):
         bs = str(pick(int(b) for b in t[phase]))
         row = t[phase][bs]
-        out += [f"per-layer breakdown, {phase} batch {bs} (ms per layer; host = metadata + plan + compile + pack)",
-                "", "| system | path | metadata | plan | compile | pack | stages | MoE layer | host share of the MoE layer |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"per-layer breakdown, {phase} batch {bs} (ms per layer; host = metadata + plan + hops + compile + pack; "
+                "of the metadata all-gather, the wait for the last rank to enter it and the exchange after; "
+                "host less wait = host without that wait)", "",
+                "| system | path | metadata | (wait) | (after) | plan | hops | compile | pack | stages | MoE layer "
+                "| host share of the MoE layer | host less wait |", "|" + " --- |" * 13]
         for n in systems:
             b = row[n].get("breakdown_ms") or {}
             if not b:
                 continue
-            host = sum(b.get(k, 0.0) for k in ("metadata", "plan", "compile", "pack"))
+            host = sum(b.get(k, 0.0) for k in HOST_PARTS)
+            lean = host - b.get("metadata", 0.0) + b.get("metadata_after", b.get("metadata", 0.0))
             tot = b.get("moe", 0.0)
             out.append(f"| {n} | {', '.join(row[n]['paths'])} | " + " | ".join(
-                f"{b.get(k, 0.0):.1f}" for k in ("metadata", "plan", "compile", "pack", "stages", "moe")) +
-                (f" | {host / tot:.0%} |" if tot else " | - |"))
+                f"{b.get(k, 0.0):.1f}" for k in ("metadata", "metadata_wait", "metadata_after", *HOST_PARTS[1:],
+                                                 "stages", "moe")) +
+                (f" | {host / tot:.0%} | {lean / tot:.0%} |" if tot else " | - | - |"))
         out.append("")
     loads = [x for ph in t.values() for row in ph.values() for c in row.values() for x in c.get("loadavg", [])
              if x is not None]

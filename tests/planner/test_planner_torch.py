@@ -257,6 +257,7 @@ def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import zepp.planner.batch as B
     import zepp.runtime.dispatcher as D
     from zepp.model import MoESpec
+    from zepp.runtime.rank_process import leave_group
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -284,6 +285,7 @@ def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
                 tables.append({f"{ph}.{c}": getattr(getattr(d.last_plan, ph), c) for ph in ("dispatch", "combine")
                                for c in COLS})
             results[planner] = (ys, tables)
+            del d  # its node and rail groups go with leave_group
         B._plan_numpy = numpy_plan
         for (y0, t0), (y1, t1) in [(results["numpy"], results["torch"])]:
             for a, b in zip(y0, y1):
@@ -292,8 +294,10 @@ def _dispatcher_worker(rank: int, world: int, init: str, out_dir: str) -> None:
                 for key in a:
                     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
         Path(out_dir, f"ok{rank}").write_text("ok")
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: the peer may be gone
+        raise
+    leave_group()  # in order: no subgroup outlives the process group (a rare SIGABRT at exit)
 
 
 def _forbidden(*a, **k):

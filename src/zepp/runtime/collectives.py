@@ -14,6 +14,7 @@ counter and timing).
 
 from __future__ import annotations
 
+import atexit
 import time
 
 import numpy as np
@@ -44,8 +45,16 @@ def stage_groups(world, ranks: int, gpus_per_node: int) -> tuple[list, list]:
 
     nodes = [new(list(range(n * L, n * L + L))) for n in range(N)]
     rails = [new(list(range(q, ranks, L))) for q in range(L)]
+    if not _GROUPS:  # a process that never calls leave_group lets go of them before interpreter teardown
+        atexit.register(release_groups)
     _GROUPS.append((world, ranks, L, nodes, rails))
     return nodes, rails
+
+
+def release_groups() -> None:
+    """Forget the node and rail groups ``stage_groups`` made (before ``destroy_process_group``,
+    so that no group outlives the process group: ``zepp.runtime.rank_process.leave_group``)."""
+    _GROUPS.clear()
 
 
 def plan_scopes(plan: FlowPlan, waves: int, wmap: np.ndarray | None) -> CallScopes:

@@ -27,6 +27,7 @@ Ragged batches are first-class: rank ``r`` passes its own ``T_r`` tokens (zero i
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,9 +50,10 @@ from zepp.runtime.program import RankProgram, Stage, compile_rank
 __all__ = ["Dispatcher", "DispatchHandle", "ExpertInputs", "HOST_PARTS", "LinkCounter"]
 
 # per-layer host work the Dispatcher times (``Dispatcher.timing``): the id/weight all-gather
-# (``metadata``), routing and flows (``plan``), this rank's program and the call scopes
-# (``compile``), the gate weights and staging buffers (``pack``); the stages are ``d<s>`` / ``c<s>``
-HOST_PARTS = ("metadata", "plan", "compile", "pack")
+# (``metadata``), routing and flows (``plan``), the plan's hop tables, every rank's, built on first
+# use (``hops``), this rank's program and the call scopes (``compile``), the gate weights and
+# staging buffers (``pack``); the stages are ``d<s>`` / ``c<s>``
+HOST_PARTS = ("metadata", "plan", "hops", "compile", "pack")
 
 
 @dataclass
@@ -98,7 +100,8 @@ class Dispatcher:
     Counters: ``counter.by_dst[phase] [R]`` bytes this rank sent per destination (``dispatch``,
     ``combine`` payload, ``metadata`` for the id/weight all-gather), cumulative until
     ``counter.reset()``. ``timing`` holds the last batch's ``metadata``/``plan``/``dispatch``/
-    ``combine`` seconds; ``last_plan`` its FlowPlan.
+    ``combine`` seconds; ``last_plan`` its FlowPlan; ``metadata_log`` the wall-clock times each
+    batch's metadata all-gather began and ended on this rank.
     """
 
     def __init__(self, spec: MoESpec, placement: Placement, *, gpus_per_node: int | None = None,
@@ -129,6 +132,9 @@ class Dispatcher:
         self.last_granularity = None  # the last batch's zepp.planner.overlap.granularity.Granularity (auto only)
         self.counter = LinkCounter(self.world)
         self.timing: dict[str, float] = {}
+        # (entered, left) wall-clock seconds of each batch's metadata all-gather, the last 1024: with
+        # every rank's, a benchmark tells waiting for the last rank to arrive from the transfer after it
+        self.metadata_log: deque = deque(maxlen=1024)
         self._buf: dict[str, torch.Tensor] = {}
         self.last_plan: FlowPlan | None = None
         self.expected_counts: np.ndarray | None = None  # [R] token counts of the coming batches (expect_tokens)
@@ -207,12 +213,15 @@ class Dispatcher:
         if topk_ids.shape != (x.shape[0], self.spec.top_k) or topk_weights.shape != topk_ids.shape:
             raise ZeppInputError(f"topk_ids/topk_weights must be [{x.shape[0]}, {self.spec.top_k}], got "
                                  f"{tuple(topk_ids.shape)} / {tuple(topk_weights.shape)}")
-        t0 = time.perf_counter()
+        t0, entered = time.perf_counter(), time.time()
         batch = gather_metadata(self, topk_ids, topk_weights)
         self.last_ids, self.last_counts = batch.device_ids, batch.counts
         t1 = time.perf_counter()
+        self.metadata_log.append((entered, entered + (t1 - t0)))
         plan = self.plan(batch.ids, x.shape[1] * x.element_size())
         gran = self._choose_granularity(plan) if self.overlap and self.granularity == "auto" else None
+        th = time.perf_counter()
+        plan.hop_tables  # noqa: B018 - built on first use: timed as their own part, not as this rank's compile
         t2 = time.perf_counter()
         prog = compile_rank(plan, self.rank, waves=self.overlap, granularity=gran)
         wmap = None if not self.overlap else (gran.wave_map() if gran is not None else
@@ -225,7 +234,7 @@ class Dispatcher:
         held = self._buffer("held", prog.held_size, x.shape[1], x.dtype)
         held[: prog.tokens].copy_(x)
         rows = self._buffer("inputs", prog.n_entries, x.shape[1], x.dtype)
-        self.timing = {"metadata": t1 - t0, "plan": t2 - t1, "compile": t3 - t2,
+        self.timing = {"metadata": t1 - t0, "plan": th - t1, "hops": t2 - th, "compile": t3 - t2,
                        "pack": time.perf_counter() - t3}
         inputs = ExpertInputs(rows, prog.counts, prog.e_slot)
         return DispatchHandle(plan, prog, weights, x.dtype, inputs, held, scopes=scopes)

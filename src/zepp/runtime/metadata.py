@@ -41,17 +41,33 @@ def gather_counts(d, T: int) -> np.ndarray:
                                  f"the batch has {T}")
         return d.expected_counts
     c = torch.tensor([T], dtype=torch.int64, device=d.device)
-    out = [torch.empty_like(c) for _ in range(d.world)]
-    dist.all_gather(out, c, group=d.group)
+    out = all_gather_rows(d, c)
     for q in range(d.world):
         if q != d.rank:
             d.counter.add("metadata", q, c.element_size())
-    return torch.cat(out).cpu().numpy()
+    return out.reshape(-1).cpu().numpy()
+
+
+def all_gather_rows(d, t: torch.Tensor) -> torch.Tensor:
+    """``[R, *t.shape]``: every rank's ``t`` (same shape on every rank) over ``d.group``. On gloo
+    one ``all_to_all_single`` (each rank sends ``t`` to every peer at once, the same bytes as
+    gloo's all-gather, whose ring takes R-1 steps one after another: each step waits for a peer
+    to be scheduled, which on a loaded host costs more than the bytes); else ``all_gather``."""
+    if t.numel() == 0:  # every rank knows it (the counts are gathered first): nothing to exchange
+        return t.new_empty((d.world, *t.shape))
+    if dist.get_backend(d.group) != "gloo":
+        out = [torch.empty_like(t) for _ in range(d.world)]
+        dist.all_gather(out, t, group=d.group)
+        return torch.stack(out)
+    out = torch.empty((d.world, *t.shape), dtype=t.dtype, device=t.device)
+    dist.all_to_all_single(out, t.unsqueeze(0).expand(d.world, *t.shape).contiguous(), group=d.group)
+    return out
 
 
 def gather_metadata(d, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> GatheredBatch:
-    """All-gather this rank's ``topk_ids [T_r, k]`` and ``topk_weights [T_r, k]`` over the
-    Dispatcher ``d``'s group (the ids and the weights' bits packed in one int32 tensor)."""
+    """All-gather (``all_gather_rows``) this rank's ``topk_ids [T_r, k]`` and ``topk_weights
+    [T_r, k]`` over the Dispatcher ``d``'s group (the ids and the weights' bits packed in one
+    int32 tensor)."""
     T, k = topk_ids.shape
     counts = gather_counts(d, T)
     Tmax = int(counts.max()) if counts.size else 0
@@ -60,13 +76,11 @@ def gather_metadata(d, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Ga
     if T:
         packed[:T, :k] = topk_ids.to(d.device, torch.int32)
         packed[:T, k:] = topk_weights.to(d.device, torch.float32).view(torch.int32)
-    out = [torch.empty_like(packed) for _ in range(d.world)]
-    dist.all_gather(out, packed, group=d.group)
+    allp = all_gather_rows(d, packed)
     nbytes = packed.numel() * packed.element_size()
     for q in range(d.world):
         if q != d.rank:
             d.counter.add("metadata", q, nbytes)
-    allp = torch.stack(out)
     device_ids = allp[:, :, :k].to(torch.int64)
     # on a GPU the ids stay there for the device planner; on the CPU numpy plans them
     ids = device_ids if device_ids.device.type != "cpu" else device_ids.numpy()

@@ -247,15 +247,17 @@ def _compile_dispatch(plan: FlowPlan, sh: _Shape, T_own: int) -> _Held:
     events: list[tuple[int, int]] = []
     stages: list[Stage] = []
     off = T_own
+    from_r, to_r = np.flatnonzero(d.src == r), np.flatnonzero(d.dst == r)  # ascending hop index
+    from_stage, to_stage = d.stage[from_r], d.stage[to_r]
     for s in range(d.num_stages):
         keys_so_far = np.concatenate(held_keys)
         order = np.argsort(keys_so_far, kind="stable")
         sk = keys_so_far[order]
-        snd = np.flatnonzero((d.stage == s) & (d.src == r))
+        snd = from_r[from_stage == s]
         snd = snd[np.argsort(d.dst[snd], kind="stable")]
         want = d.owner[snd].astype(np.int64) * T + d.token[snd]
         send_idx = _lookup(sk, order, want, "token row", r)
-        rcv = np.flatnonzero((d.stage == s) & (d.dst == r))
+        rcv = to_r[to_stage == s]
         rcv = rcv[np.argsort(d.src[rcv], kind="stable")]
         send_counts = np.bincount(d.dst[snd], minlength=R)[:, None]
         recv_counts = np.bincount(d.src[rcv], minlength=R)[:, None]
@@ -274,19 +276,21 @@ def _compile_dispatch(plan: FlowPlan, sh: _Shape, T_own: int) -> _Held:
 def _entries(plan: FlowPlan, sh: _Shape, held: _Held) -> _Entries:
     """The entries computed here, sorted by (slot, owner, token, j), and where each one's token
     row first arrives; padded entries (slot -1) never are."""
-    routing, r = plan.routing, sh.r
-    cr = np.where(routing.slot >= 0, routing.slot // sh.S, -1)
-    o_idx, t_idx, j_idx = np.nonzero(cr == r)
-    slot = (routing.slot[o_idx, t_idx, j_idx] - r * sh.S).astype(np.int64)
-    srt = np.lexsort((j_idx, t_idx, o_idx, slot))
-    o_idx, t_idx, j_idx, slot = o_idx[srt], t_idx[srt], j_idx[srt], slot[srt]
-    ekey = o_idx.astype(np.int64) * sh.T + t_idx
-    # first arrival of each token row in wait order (event, then position)
+    lo = sh.r * sh.S
+    flat = plan.routing.slot.reshape(-1)
+    idx = np.flatnonzero((flat >= lo) & (flat < lo + sh.S))  # ascending: (owner, token, j) order
+    slot = (flat[idx] - lo).astype(np.int64)
+    srt = np.argsort(slot, kind="stable")  # stable: (slot, owner, token, j)
+    idx, slot = idx[srt].astype(np.int64), slot[srt]
+    o_idx, rest = np.divmod(idx, sh.T * sh.k)
+    t_idx, j_idx = np.divmod(rest, sh.k)
+    ekey = o_idx * sh.T + t_idx
+    # first arrival of each token row in wait order (event, then position: a stable sort)
     keys = held.keys
-    order = np.lexsort((np.arange(keys.size), held.event, keys))
+    order = np.argsort(keys * (int(held.event.max(initial=0)) + 1) + held.event, kind="stable")
     sk = keys[order]
     first = np.r_[True, sk[1:] != sk[:-1]] if sk.size else np.zeros(0, bool)
-    e_pos = _lookup(sk[first], order[first], ekey, "token row to compute", r)
+    e_pos = _lookup(sk[first], order[first], ekey, "token row to compute", sh.r)
     return _Entries(o_idx, t_idx, j_idx, slot, ekey, e_pos)
 
 
@@ -316,14 +320,16 @@ def _compile_combine(plan: FlowPlan, sh: _Shape, store_keys: np.ndarray, ukey_ho
     c, r, R, L, N = plan.combine, sh.r, sh.R, sh.L, sh.N
     store_order = np.arange(store_keys.size)
     cstages: list[Stage] = []
+    from_r, to_r = np.flatnonzero(c.src == r), np.flatnonzero(c.dst == r)  # ascending hop index
+    from_stage, to_stage = c.stage[from_r], c.stage[to_r]
     for s in range(c.num_stages):
         wv = wmap is not None and s == 0
-        snd = np.flatnonzero((c.stage == s) & (c.src == r))
+        snd = from_r[from_stage == s]
         sw = wmap[wave_of(c.owner[snd], c.src[snd], L, N)] if wv else np.zeros(snd.size, np.int64)
         o = np.lexsort((c.dst[snd], sw))
         snd, sw = snd[o], sw[o]
         send_idx = _lookup(store_keys, store_order, ukey_hop[snd], "combine unit", r)
-        rcv = np.flatnonzero((c.stage == s) & (c.dst == r))
+        rcv = to_r[to_stage == s]
         rw = wmap[wave_of(c.owner[rcv], c.src[rcv], L, N)] if wv else np.zeros(rcv.size, np.int64)
         o = np.lexsort((c.src[rcv], rw))
         rcv, rw = rcv[o], rw[o]

@@ -16,6 +16,7 @@ as JSON bytes in tensors (``gather_json``), never as pickles.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import sys
@@ -83,6 +84,24 @@ def subgroup(ranks: list[int], backend: str | None = None):
     return dist.new_group(ranks=ranks, backend=backend, timeout=_TIMEOUT[0] if _TIMEOUT else None)
 
 
+def leave_group() -> None:
+    """Leave the process group in order: a barrier (every rank has finished every collective, on
+    every group), then this process lets go of the node and rail groups its Dispatchers cached
+    (``zepp.runtime.collectives.release_groups``; ``gc`` frees groups that objects in reference
+    cycles still hold, such as a finished ``SwapChannel``'s),
+    then ``destroy_process_group``, which shuts every group down while nothing else holds one.
+    Otherwise a subgroup lived on to interpreter exit and gloo's threads were torn down in a
+    destructor there: a rare ``terminate called without an active exception`` (SIGABRT) on a
+    loaded machine, after the rank's work was done."""
+    from zepp.runtime.collectives import release_groups
+
+    dist.barrier()
+    release_groups()
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+
+
 def init_distributed(cfg: dict) -> None:
     """Pick the GPU (``cfg["device"]``: ``cuda`` = ``LOCAL_RANK``'s, ``cuda:N``; rewritten to the
     chosen one) and join the process group with ``cfg["backend"]`` and ``cfg["timeout"]``."""
@@ -123,8 +142,7 @@ def run_rank_process(cfg: dict, body: Callable[[], dict | None], label: str, ind
             with open(tmp, "w") as f:
                 json.dump(report, f, indent=indent)
             os.replace(tmp, cfg["out"])
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_group()
         return 0
     except ZeppInputError as exc:
         print(f"{label} rank {rank}: error: {exc}", file=sys.stderr, flush=True)
