@@ -175,8 +175,8 @@ def format_report(rep: dict) -> str:
 
 
 def host_lines(rep: dict) -> list[str]:
-    """Per system: host ms per MoE layer (metadata + plan + compile + pack) of the prefill step and
-    of a decode step, and the path each step took."""
+    """Per system: host ms per MoE layer (the sum of ``HOST_PARTS``: metadata, plan, hops, compile,
+    pack) of the prefill step and of a decode step, and the path each step took."""
     from zepp.runtime.dispatcher import HOST_PARTS
 
     out = []
