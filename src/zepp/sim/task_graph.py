@@ -20,6 +20,7 @@ Graphs are built by zepp: a malformed task (or, when run, a dependency cycle) is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -135,7 +136,7 @@ class TaskGraph:
         out = {}
         for k, parts in self._cols.items():
             if k == "label":
-                out[k] = [s for p in parts for s in p]
+                out[k] = list(chain.from_iterable(parts))
             else:
                 out[k] = np.concatenate(parts) if parts else np.zeros(0)
         return out
