@@ -61,7 +61,8 @@ class TaskGraph:
                 continue
             a = v if type(v) is np.ndarray else np.asarray(v)
             if a.ndim == 0:
-                part = np.full(n, a, a.dtype)
+                part = np.empty(n, a.dtype)  # np.full's equal, at half its call cost (every task column)
+                part.fill(a)
             elif a.shape == (n,):
                 part = a.copy()
             else:
