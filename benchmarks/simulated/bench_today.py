@@ -193,7 +193,8 @@ def note(r: dict) -> str:
     return "; ".join(parts) or "see the JSON row"
 
 
-def write(rows: list[dict], meta: dict, out: Path) -> None:
+def write(rows: list[dict], meta: dict, out: Path, figure: bool = True) -> None:
+    """The results' JSON and table, and (``figure``) their bar chart."""
     out.mkdir(parents=True, exist_ok=True)
     payload = dict(meta, rows=rows)
     (out / "bench_today.json").write_text(json.dumps(payload, indent=1))
@@ -253,7 +254,8 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
             f"{meta.get('startup_cpu_s', 0.0):.1f} s of imports before the first), wall {meta.get('wall_s', 0.0):.0f} s, "
             f"load average at the end {meta.get('loadavg', '-')}, seed {meta['seed']}."]
     (out / "bench_today.md").write_text("\n".join(text) + "\n")
-    plot(rows, out / "bench_today.png")
+    if figure:
+        plot(rows, out / "bench_today.png")
 
 
 def caveat_lines() -> list[str]:
@@ -371,7 +373,7 @@ def main() -> None:
                     not_run=list(NOT_RUN),
                     network="DeepEP published (zepp.sim.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
                     prefill_zepp=list(PREFILL_ZEPP))
-        write(rows, meta, out)
+        write(rows, meta, out, figure=i == len(grid) - 1)  # the table after every row, the chart once
     if not args.only:
         meta["diagnosis"] = [diagnose(p, traces, args.seed) for p in DIAGNOSE]
         write(rows, meta, out)

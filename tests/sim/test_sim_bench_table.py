@@ -24,15 +24,16 @@ def test_systems_to_run_puts_each_variant_before_its_meta_system_once():
         assert set(variants) <= set(run) and max(run.index(v) for v in variants) < run.index(meta)
 
 
-def test_units_keep_zepps_family_and_each_meta_system_together():
-    systems = bench_jobs.systems_to_run(["a2av", "comet", "sglang-deepep", "zepp"])
+def test_units_keep_zepps_family_each_meta_system_and_each_shared_routing_together():
+    systems = bench_jobs.systems_to_run(["a2av", "comet", "epic", "eplb", "sglang-deepep", "zepp"])
     units = bench_units.units_of(JOB, systems)
     assert sorted(s for u in units for s in u) == sorted(systems)  # every system in exactly one unit
     zepp_unit = next(u for u in units if "zepp" in u)
     assert set(zepp_unit) == {s for s in systems if registry.SYSTEMS[s].placement == "zepp"}
     deepep = next(u for u in units if "sglang-deepep" in u)
     assert set(deepep) == {"sglang-deepep", *registry.SYSTEMS["sglang-deepep"].best_of}
-    assert ["a2av"] in units and ["comet"] in units
+    # a2av and comet route the same way (home placement and routing): one unit routes their batches once
+    assert ["a2av", "comet"] in units and ["epic"] in units and ["eplb"] in units
 
 
 def test_unit_weight_is_each_mechanics_simulation_cost():

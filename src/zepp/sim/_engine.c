@@ -75,9 +75,12 @@ typedef struct {
     double now;
     int64_t done, events;
     /* maxmin scratch */
-    int64_t *cnt, *dcnt, *widx, *wa, *wb, *act;
+    int64_t *cnt, *dcnt, *act;
     double *rem, *share, *sum, *m;
-    uint8_t *nonloc, *abad, *bbad;
+    uint8_t *nonloc, *frozen, *abad, *bbad;
+    int64_t *widx, *wa, *wb, nflow_pos;
+    int64_t *adj_ptr, *adj_len, *adj, *adj_o, *wit, *wother;
+    uint64_t *hitbits;
     /* retired flows of one step */
     int64_t *ret_id;
     double *ret_tail;
@@ -88,17 +91,21 @@ typedef struct {
 /* The per-task ([n]: flows, retired flows, maxmin's per-flow scratch) and per-link ([K]) arrays,
  * carved from one allocation: 8-byte elements first, then the byte flags. */
 static int alloc_arrays(Sim *s, size_t N, size_t K) {
-    char *p = (char *)malloc((12 * N + 6 * K) * 8 + 2 * N + K);
+    char *p = (char *)malloc((16 * N + 10 * K + 1) * 8 + (N / 64 + 1) * 8 + 3 * N + K);
     if (!p) return -1;
     s->arena = p;
 #define CARVE(field, type, count) (s->field = (type *)p, p += (count) * sizeof(type))
     CARVE(fid, int64_t, N), CARVE(fa, int64_t, N), CARVE(fb, int64_t, N), CARVE(newf, int64_t, N);
-    CARVE(widx, int64_t, N), CARVE(wa, int64_t, N), CARVE(wb, int64_t, N), CARVE(ret_id, int64_t, N);
+    CARVE(adj, int64_t, 2 * N), CARVE(adj_o, int64_t, 2 * N), CARVE(ret_id, int64_t, N);
+    CARVE(widx, int64_t, N), CARVE(wa, int64_t, N), CARVE(wb, int64_t, N);
     CARVE(frem, double, N), CARVE(frate, double, N), CARVE(m, double, N), CARVE(ret_tail, double, N);
     CARVE(cnt, int64_t, K), CARVE(dcnt, int64_t, K), CARVE(act, int64_t, K);
+    CARVE(adj_ptr, int64_t, K + 1), CARVE(adj_len, int64_t, K), CARVE(wit, int64_t, K), CARVE(wother, int64_t, K);
+    CARVE(hitbits, uint64_t, N / 64 + 1);
     CARVE(rem, double, K), CARVE(share, double, K), CARVE(sum, double, K);
-    CARVE(abad, uint8_t, N), CARVE(bbad, uint8_t, N), CARVE(nonloc, uint8_t, K);
+    CARVE(frozen, uint8_t, N), CARVE(abad, uint8_t, N), CARVE(bbad, uint8_t, N), CARVE(nonloc, uint8_t, K);
 #undef CARVE
+    memset(s->cnt, 0, K * sizeof(int64_t));
     return 0;
 }
 
@@ -219,40 +226,191 @@ static inline double np_maximum(double x, double y) { return (x >= y || isnan(x)
 
 /* zepp.sim.link_sharing.maxmin_rates over the current flows, into s->frate.
  *
- * The same passes as the numpy version, with two shortcuts that change no result: link-level
- * work runs over the links that still carry unfrozen flows (the others' shares are read by no
- * flow, and subtracting nothing leaves their remaining capacity as it is), and the freeze test
- * marks non-local links in the same scan that computes the flows' shares. */
+ * The same passes as the numpy version, the same floating-point operations in the same order.
+ * Only the links the flows hold are touched. The first passes run by flow (every unfrozen flow's
+ * shares and freeze test, pass_by_flow); a computation that needs more runs the rest by link
+ * (pass_by_link), which is cheaper when many flows stay unfrozen for many passes: a link is a
+ * local minimum exactly when none of its flows' other links has a share more than rate_tol below
+ * its own, and a flow freezes exactly when one of its links is a local minimum (a flow's own link
+ * being a local minimum already rules out its other link being lower). So per pass each link looks for one witness (a flow whose other link is lower; the
+ * last pass's witness is tried first, since shares only grow), the flows of the local minima
+ * freeze, and the frozen flows' levels are added to their links in flow order (a bitmap over the
+ * flows), as bincount does. A pass costs the active links plus the flows that freeze, not every
+ * unfrozen flow. */
+static int has_witness(Sim *s, int64_t k, double grow) {
+    const double *share = s->share;
+    double sk = share[k];
+    int64_t w = s->wit[k];
+    if (w >= 0 && !s->frozen[w] && sk > share[s->wother[k]] * grow) return 1;
+    int64_t b = s->adj_ptr[k], e = b + s->adj_len[k], j = b;
+    for (int64_t i = b; i < e; i++) {
+        int64_t f = s->adj[i];
+        if (s->frozen[f]) continue;
+        int64_t o = s->adj_o[i];
+        s->adj[j] = f;
+        s->adj_o[j] = o;
+        j++;
+        if (sk > share[o] * grow) {
+            s->wit[k] = f;
+            s->wother[k] = o;
+            int64_t tail = e - i - 1;
+            if (j <= i && tail > 0) {
+                memmove(&s->adj[j], &s->adj[i + 1], (size_t)tail * sizeof(int64_t));
+                memmove(&s->adj_o[j], &s->adj_o[i + 1], (size_t)tail * sizeof(int64_t));
+            }
+            s->adj_len[k] = j - b + tail;
+            return 1;
+        }
+    }
+    s->adj_len[k] = j - b;
+    return 0;
+}
+
+/* Per-link lists of the unfrozen flows ``[left]`` (positions in idx / wa / wb) through each
+ * active link, in flow order (a counting sort). */
+static void build_adjacency(Sim *s, int64_t nact, int64_t left) {
+    int64_t pos = 0;
+    const int64_t *wa = s->wa, *wb = s->wb;
+    for (int64_t q = 0; q < nact; q++) {
+        int64_t k = s->act[q];
+        s->adj_ptr[k] = pos;
+        s->adj_len[k] = 0;
+        s->wit[k] = -1;
+        pos += s->cnt[k];
+    }
+    for (int64_t i = 0; i < left; i++) {
+        int64_t a = wa[i], b = wb[i];
+        int64_t pa = s->adj_ptr[a] + s->adj_len[a]++, pb = s->adj_ptr[b] + s->adj_len[b]++;
+        s->adj[pa] = i;
+        s->adj_o[pa] = b;
+        s->adj[pb] = i;
+        s->adj_o[pb] = a;
+        s->frozen[i] = 0;
+    }
+}
+
+/* One pass by flow: every unfrozen flow's shares and freeze test (the numpy version's loop);
+ * returns -1 when no share is finite (every unfrozen flow then runs at an infinite rate). */
+static int64_t pass_by_flow(Sim *s, int64_t left, double grow) {
+    const double *share = s->share;
+    double *m = s->m, *rate = s->frate, *sum = s->sum;
+    int64_t *idx = s->widx, *wa = s->wa, *wb = s->wb, *dcnt = s->dcnt;
+    uint8_t *nonloc = s->nonloc, *abad = s->abad, *bbad = s->bbad;
+    int any_finite = 0;
+    for (int64_t i = 0; i < left; i++) {
+        double sa = share[wa[i]], sb = share[wb[i]];
+        double mi = np_minimum(sa, sb);
+        m[i] = mi;
+        if (isfinite(mi)) any_finite = 1;
+        uint8_t ab = sa > sb * grow, bb = sb > sa * grow;
+        abad[i] = ab;
+        bbad[i] = bb;
+        if (ab) nonloc[wa[i]] = 1;
+        if (bb) nonloc[wb[i]] = 1;
+    }
+    if (!any_finite) return -1;
+    int64_t j = 0;
+    for (int64_t i = 0; i < left; i++) {
+        int64_t ka = wa[i], kb = wb[i];
+        int hit = (!nonloc[ka] && !abad[i]) || (!nonloc[kb] && !bbad[i]);
+        if (hit) {
+            /* a-links and b-links are disjoint, so one sum per link adds its flows in
+             * order, as bincount(a) + bincount(b) does */
+            double mi = m[i];
+            rate[idx[i]] = mi;
+            sum[ka] += mi;
+            sum[kb] += mi;
+            dcnt[ka]++;
+            dcnt[kb]++;
+        } else {
+            idx[j] = idx[i];
+            wa[j] = ka;
+            wb[j] = kb;
+            j++;
+        }
+    }
+    return j;
+}
+
+/* One pass by link (see has_witness): the local minima's flows freeze; their levels are added
+ * to their links in flow order. Returns the flows left, or -1 when no share is finite. */
+static int64_t pass_by_link(Sim *s, int64_t nact, int64_t left, double grow) {
+    const double *share = s->share;
+    double *m = s->m, *rate = s->frate, *sum = s->sum;
+    int64_t *idx = s->widx, *wa = s->wa, *wb = s->wb, *dcnt = s->dcnt, *act = s->act;
+    uint8_t *nonloc = s->nonloc, *frozen = s->frozen;
+    uint64_t *hit = s->hitbits;
+    int any_finite = 0;
+    for (int64_t q = 0; q < nact; q++)
+        if (isfinite(share[act[q]])) any_finite = 1; /* some flow's smaller share is finite */
+    if (!any_finite) return -1;
+    for (int64_t q = 0; q < nact; q++) nonloc[act[q]] = (uint8_t)has_witness(s, act[q], grow);
+    for (int64_t q = 0; q < nact; q++) {
+        int64_t k = act[q];
+        if (nonloc[k]) continue;
+        int64_t p0 = s->adj_ptr[k], p1 = p0 + s->adj_len[k];
+        for (int64_t p = p0; p < p1; p++) {
+            int64_t f = s->adj[p];
+            if (frozen[f] || (hit[f >> 6] >> (f & 63) & 1)) continue;
+            hit[f >> 6] |= (uint64_t)1 << (f & 63);
+            double mi = np_minimum(share[wa[f]], share[wb[f]]);
+            m[f] = mi;
+            rate[idx[f]] = mi;
+        }
+        s->adj_len[k] = 0;
+    }
+    int64_t words = (s->nflow_pos + 63) / 64;
+    for (int64_t w = 0; w < words; w++) {
+        uint64_t bits = hit[w];
+        if (!bits) continue;
+        hit[w] = 0;
+        while (bits) {
+            int64_t f = w * 64 + __builtin_ctzll(bits);
+            bits &= bits - 1;
+            int64_t ka = wa[f], kb = wb[f];
+            double mi = m[f];
+            sum[ka] += mi;
+            sum[kb] += mi;
+            dcnt[ka]++;
+            dcnt[kb]++;
+            frozen[f] = 1;
+            left--;
+        }
+    }
+    return left;
+}
+
+/* zepp.sim.link_sharing.maxmin_rates over the current flows, into s->frate (see has_witness):
+ * BY_LINK_AFTER passes by flow, the rest by link. */
+#define BY_LINK_AFTER 2
 static void maxmin(Sim *s) {
     int64_t F = s->F, K = s->K;
     const int64_t *a = s->fa, *b = s->fb;
     const double *cap = s->cap;
     double *rate = s->frate;
     if (F == 0) return;
-    int64_t *cnt = s->cnt;
-    memset(cnt, 0, (size_t)K * sizeof(int64_t));
+    int64_t *cnt = s->cnt, *act = s->act; /* cnt is all zero between calls */
+    int64_t nact = 0;
     for (int64_t i = 0; i < F; i++) {
-        cnt[a[i]]++;
-        cnt[b[i]]++;
+        if (!cnt[a[i]]++) act[nact++] = a[i];
+        if (!cnt[b[i]]++) act[nact++] = b[i];
     }
     int64_t mx = 0;
-    for (int64_t k = 0; k < K - 1; k++)
-        if (cnt[k] > mx) mx = cnt[k];
+    for (int64_t q = 0; q < nact; q++)
+        if (act[q] != K - 1 && cnt[act[q]] > mx) mx = cnt[act[q]];
     if (mx <= 1 && isinf(cap[K - 1])) {
         for (int64_t i = 0; i < F; i++) rate[i] = np_minimum(cap[a[i]], cap[b[i]]);
+        for (int64_t q = 0; q < nact; q++) cnt[act[q]] = 0;
         return;
     }
-    double *rem = s->rem, *share = s->share, *sum = s->sum, *m = s->m;
-    int64_t *idx = s->widx, *wa = s->wa, *wb = s->wb, *dcnt = s->dcnt, *act = s->act;
-    uint8_t *nonloc = s->nonloc, *abad = s->abad, *bbad = s->bbad;
-    int64_t nact = 0;
-    for (int64_t k = 0; k < K; k++) {
+    double *rem = s->rem, *share = s->share, *sum = s->sum;
+    int64_t *idx = s->widx, *wa = s->wa, *wb = s->wb, *dcnt = s->dcnt;
+    for (int64_t q = 0; q < nact; q++) {
+        int64_t k = act[q];
         rem[k] = cap[k];
         sum[k] = 0.0;
         dcnt[k] = 0;
-        nonloc[k] = 0;
-        share[k] = INFINITY;
-        if (cnt[k] > 0) act[nact++] = k;
+        s->nonloc[k] = 0;
     }
     for (int64_t i = 0; i < F; i++) {
         rate[i] = 0.0;
@@ -261,48 +419,30 @@ static void maxmin(Sim *s) {
         wb[i] = b[i];
     }
     double grow = 1.0 + s->rate_tol;
-    int64_t left = F;
+    int64_t left = F, passes = 0;
+    int by_link = 0;
     while (left) {
         for (int64_t q = 0; q < nact; q++) {
             int64_t k = act[q];
             share[k] = rem[k] / (double)cnt[k]; /* active links have cnt > 0 */
-            nonloc[k] = 0;
+            s->nonloc[k] = 0;
         }
-        int any_finite = 0;
-        for (int64_t i = 0; i < left; i++) {
-            double sa = share[wa[i]], sb = share[wb[i]];
-            double mi = np_minimum(sa, sb);
-            m[i] = mi;
-            if (isfinite(mi)) any_finite = 1;
-            uint8_t ab = sa > sb * grow, bb = sb > sa * grow;
-            abad[i] = ab;
-            bbad[i] = bb;
-            if (ab) nonloc[wa[i]] = 1;
-            if (bb) nonloc[wb[i]] = 1;
+        if (!by_link && passes >= BY_LINK_AFTER) {
+            by_link = 1;
+            s->nflow_pos = left;
+            memset(s->hitbits, 0, (size_t)((left + 63) / 64) * sizeof(uint64_t));
+            build_adjacency(s, nact, left);
         }
-        if (!any_finite) {
-            for (int64_t i = 0; i < left; i++) rate[idx[i]] = INFINITY;
-            break;
-        }
-        int64_t j = 0;
-        for (int64_t i = 0; i < left; i++) {
-            int64_t ka = wa[i], kb = wb[i];
-            int hit = (!nonloc[ka] && !abad[i]) || (!nonloc[kb] && !bbad[i]);
-            if (hit) {
-                /* a-links and b-links are disjoint, so one sum per link adds its flows in
-                 * order, as bincount(a) + bincount(b) does */
-                double mi = m[i];
-                rate[idx[i]] = mi;
-                sum[ka] += mi;
-                sum[kb] += mi;
-                dcnt[ka]++;
-                dcnt[kb]++;
+        int64_t j = by_link ? pass_by_link(s, nact, left, grow) : pass_by_flow(s, left, grow);
+        passes++;
+        if (j < 0) {
+            if (by_link) {
+                for (int64_t i = 0; i < s->nflow_pos; i++)
+                    if (!s->frozen[i]) rate[idx[i]] = INFINITY;
             } else {
-                idx[j] = idx[i];
-                wa[j] = ka;
-                wb[j] = kb;
-                j++;
+                for (int64_t i = 0; i < left; i++) rate[idx[i]] = INFINITY;
             }
+            break;
         }
         int64_t na = 0;
         for (int64_t q = 0; q < nact; q++) {
@@ -318,6 +458,7 @@ static void maxmin(Sim *s) {
         nact = na;
         left = j;
     }
+    for (int64_t q = 0; q < nact; q++) cnt[act[q]] = 0; /* left by a pass with no finite share */
 }
 
 static void refresh_rates(Sim *s) {

@@ -1,9 +1,9 @@
 """The units of work of the simulated benchmark table, and their run (here or over worker processes).
 
 A *unit* is one configuration and one system (Zepp's variants together, since they share their
-routing; any other meta-system with its variants). Units run largest first over the worker
-processes of ``zepp.sim.bench_pool``; the progress bar advances by each unit's estimated cost
-(``Mechanics.sim_cost``), so its time estimate holds early on. A configuration's row is
+routing; any other meta-system with its variants; systems that share a placement and a routing).
+Units run largest first over the worker processes of ``zepp.sim.bench_pool``; the progress bar
+advances by each unit's estimated cost (``Mechanics.sim_cost``), so its time estimate holds early on. A configuration's row is
 assembled (``zepp.sim.bench_rows``) once each of its units is in. ``zepp`` is the best of its
 variants; every system is planned and simulated per batch (``zepp.sim.run``), latency = max over
 ranks, reported as the median of the timed iterations.
@@ -66,7 +66,9 @@ def unit_weight(job: dict, systems: list[str]) -> float:
 
 def units_of(job: dict, systems: list[str]) -> list[list[str]]:
     """Zepp's variants (and ``zepp``) run in one unit: they share placement and routing; any
-    other meta-system runs in one unit with its variants."""
+    other meta-system runs in one unit with its variants; the other systems that share a placement
+    and a routing (and do not swap: their placement stays) run in one unit, so that their batches
+    are routed once (``zepp.sim.run.Shared``)."""
     zepp_family = [s for s in systems if registry.SYSTEMS[s].ours]
     units: list[list[str]] = []
     grouped = set(zepp_family)
@@ -74,7 +76,12 @@ def units_of(job: dict, systems: list[str]) -> list[list[str]]:
         if s not in grouped and registry.SYSTEMS[s].best_of:
             units.append([v for v in systems if v in registry.SYSTEMS[s].best_of and v not in grouped] + [s])
             grouped.update(units[-1])
-    return units + [[s] for s in systems if s not in grouped] + ([zepp_family] if zepp_family else [])
+    sharing: dict = {}
+    for s in systems:
+        if s not in grouped:
+            row = registry.SYSTEMS[s]
+            sharing.setdefault(s if row.swaps else (row.placement, row.routing), []).append(s)
+    return units + list(sharing.values()) + ([zepp_family] if zepp_family else [])
 
 
 def all_units(jobs: list[dict]) -> list[dict]:

@@ -179,7 +179,8 @@ class Engine:
         c = self.cols
         latency = float(np.nanmax(self.end)) if self.n else 0.0
         res = _resource_names(c, self.la, self.cluster) if self.labels else [""] * self.n
-        return Timeline(start=self.start, end=self.end, kind=[KINDS[i] for i in c["kind"].astype(np.int64).tolist()],
+        kind = np.array(KINDS, object)[c["kind"].astype(np.int64)].tolist() if self.n else []
+        return Timeline(start=self.start, end=self.end, kind=kind,
                         resource=res, label=c["label"], rank=c["rank"].astype(np.int64), bytes=self.nbytes,
                         latency=latency, events=self.events)
 

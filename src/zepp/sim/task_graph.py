@@ -20,6 +20,7 @@ Graphs are built by zepp: a malformed task (or, when run, a dependency cycle) is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -60,7 +61,8 @@ class TaskGraph:
                 continue
             a = v if type(v) is np.ndarray else np.asarray(v)
             if a.ndim == 0:
-                part = np.full(n, a, a.dtype)
+                part = np.empty(n, a.dtype)  # np.full's equal, at half its call cost (every task column)
+                part.fill(a)
             elif a.shape == (n,):
                 part = a.copy()
             else:
@@ -135,7 +137,7 @@ class TaskGraph:
         out = {}
         for k, parts in self._cols.items():
             if k == "label":
-                out[k] = [s for p in parts for s in p]
+                out[k] = list(chain.from_iterable(parts))
             else:
                 out[k] = np.concatenate(parts) if parts else np.zeros(0)
         return out

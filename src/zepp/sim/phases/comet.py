@@ -96,8 +96,7 @@ class CometAllGather:
             if N > 1:
                 b.g.after(gt[np.isin(gd, mine)], bar)
             ft, fd = self._fan_out(b, mine, bar)
-            for i in mine.tolist():
-                local_done[i], remote_done[i] = self._flags(b, pro, i, bar, lt[ld == i], ft, fd)
+            local_done[mine], remote_done[mine] = self._flags(b, pro, mine, bar, lt, ld, ft, fd)
         return local_done, remote_done
 
     def _own_node_shards(self, b, pro):
@@ -133,17 +132,25 @@ class CometAllGather:
         b.g.after(bar, fe)
         return ft, fd
 
-    def _flags(self, b, pro, i: int, bar: int, own_in: np.ndarray, ft, fd) -> tuple[int, int]:
+    def _flags(self, b, pro, mine: np.ndarray, bar: int, lt, ld, ft, fd) -> tuple[np.ndarray, np.ndarray]:
         """GEMM tiles wait on per-source flags (PAPER.md section 7): one 2 us wait per source
-        rank before GPU ``i``'s local rows (after ``own_in``) and its remote rows."""
+        rank before each GPU ``i`` of ``mine``'s local rows (after its own-node shards ``lt[ld ==
+        i]``) and its remote rows (after the fan-outs ``ft[fd == i]``); per GPU, its local then its
+        remote wait, in ``mine`` order. Returns ``(local [L], remote [L])`` task ids."""
         g, L = b.g, self.L
-        jl = g.add_fixed(i, (L - 1) * b.net.signal, kind="barrier", stream=None, label="local rows")
-        g.after(own_in, jl)
-        g.after(pro[i], jl)
-        jr = g.add_fixed(i, (self.R - L) * b.net.signal, kind="barrier", stream=None, label="remote rows")
+        waits = np.tile([(L - 1) * b.net.signal, (self.R - L) * b.net.signal], mine.size)
+        ids = g.add_fixed(np.repeat(mine, 2), waits, kind="barrier", stream=None,
+                          label=["local rows", "remote rows"] * mine.size)
+        jl, jr = ids[0::2], ids[1::2]
+        at = np.full(self.R, -1, np.int64)
+        at[mine] = np.arange(mine.size)
+        own = at[ld] >= 0
+        g.after(lt[own], jl[at[ld[own]]])
+        g.after(pro[mine], jl)
         g.after(bar, jr)
         if ft is not None:
-            g.after(ft[fd == i], jr)
+            fan = at[fd] >= 0
+            g.after(ft[fan], jr[at[fd[fan]]])
         return jl, jr
 
 

@@ -36,7 +36,10 @@ def _perfect_matching(support: np.ndarray) -> np.ndarray | None:
     """A perfect matching (``match[row] = col``) in a square boolean bipartite ``support``."""
     n = support.shape[0]
     match_col = np.full(n, -1)
-    adj = [np.flatnonzero(support[i]).tolist() for i in range(n)]
+    rows, cols = np.nonzero(support)  # row-major: each row's columns in ascending order
+    ends = np.searchsorted(rows, np.arange(n + 1)).tolist()
+    cols = cols.tolist()
+    adj = [cols[ends[i]:ends[i + 1]] for i in range(n)]
 
     def augment(i, seen):
         for j in adj[i]:
