@@ -23,7 +23,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from engine_code import stub
 from vllm_code import vllm, vllm_physical_ids
 from zepp.cli import cli
 from zepp.engines.vllm_policy import PolicyState, keep_slots
