@@ -30,7 +30,7 @@ import numpy as np
 
 from zepp.errors import ZeppInputError
 from zepp.planner.routing.base_routing import entry_hash, slot_routing
-from zepp.planner.routing.zepp_routing import _WaterFill, visit_order
+from zepp.planner.routing.zepp_routing import _WaterFill
 from zepp.planner.types import Placement, Routing
 
 SHARE_ONE = 1 << 16  # shares are cumulative thresholds out of this
@@ -86,7 +86,7 @@ def build_routing_table(placement: Placement, demand: np.ndarray, relaxation: fl
         fill = _WaterFill(units[:, multi], placement, relaxation, multi)
         fill.run()
         amount = _spread(fill.assigned, placement, multi)  # [G, M, C] float
-        visit = visit_order(placement, multi)  # [G, M, C] replica index of each source's v-th visit
+        visit = fill.visit  # [G, M, C] replica index of each source's v-th visit (``visit_order``)
         got = np.take_along_axis(amount, visit, axis=2)  # [G, M, C] per visit, locality order
         slots = placement.replicas[multi][np.arange(multi.size)[None, :, None], visit]  # [G, M, C]
         total = got.sum(2, keepdims=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zepp.planner.placement_cache import PlacementCache
 from zepp.planner.routing.zepp_assign import assign_entries, entry_keys
 from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.routing.zepp_vacate import vacate
@@ -180,7 +181,6 @@ class _Steps:
     (``visit_order``), ``valid [M, C]`` and ``valid_flat [M*C]``."""
 
     def __init__(self, placement: Placement, multi: np.ndarray):
-        self.placement, self.multi = placement, multi
         self.visit = visit_order(placement, multi)
         self.valid = placement.replicas[multi] >= 0
         self.valid_flat = self.valid.ravel()
@@ -196,16 +196,9 @@ class _Steps:
         return np.repeat(lower, self.valid.shape[1])
 
 
-_STEPS: dict[int, _Steps] = {}
+_STEPS = PlacementCache()
 
 
 def _steps(placement: Placement, multi: np.ndarray) -> _Steps:
     """The cached ``_Steps`` of (``placement``, ``multi``) (8 kept)."""
-    steps = _STEPS.get(id(placement))
-    if steps is not None and steps.placement is placement and np.array_equal(steps.multi, multi):
-        return steps
-    steps = _Steps(placement, multi)
-    if len(_STEPS) >= 8:
-        _STEPS.pop(next(iter(_STEPS)))
-    _STEPS[id(placement)] = steps
-    return steps
+    return _STEPS.get(placement, lambda: _Steps(placement, multi), np.asarray(multi).tobytes())

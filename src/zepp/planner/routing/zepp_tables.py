@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zepp.planner.placement_cache import PlacementCache
 from zepp.planner.types import Placement
 
 MASK_NODES = 62  # node bit masks fit an int64 (the torch twin's) up to here
@@ -35,14 +36,15 @@ class ZeppTables:
     node_mask: np.ndarray | None
 
 
-_CACHE: dict[int, ZeppTables] = {}
+_TABLES = PlacementCache()
 
 
 def zepp_tables(placement: Placement) -> ZeppTables:
     """The cached ``ZeppTables`` of ``placement`` (8 kept)."""
-    tables = _CACHE.get(id(placement))
-    if tables is not None and tables.placement is placement:
-        return tables
+    return _TABLES.get(placement, lambda: _build_tables(placement))
+
+
+def _build_tables(placement: Placement) -> ZeppTables:
     SL = placement.slots_per_rank * placement.gpus_per_node
     node_dtype = np.int8 if placement.nodes < 127 else np.int16
     multi = np.flatnonzero(placement.replica_count > 1)
@@ -52,12 +54,8 @@ def zepp_tables(placement: Placement) -> ZeppTables:
     mask = None
     if placement.nodes <= MASK_NODES:
         mask = ((ron >= 0).astype(np.uint64) << np.arange(placement.nodes, dtype=np.uint64)).sum(1, np.uint64)
-    tables = ZeppTables(placement, multi, slot_of, (np.maximum(slot_of, 0) // SL).astype(node_dtype), multi_slots,
-                        (np.maximum(multi_slots, 0) // SL).astype(node_dtype), ron, mask)
-    if len(_CACHE) >= 8:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[id(placement)] = tables
-    return tables
+    return ZeppTables(placement, multi, slot_of, (np.maximum(slot_of, 0) // SL).astype(node_dtype), multi_slots,
+                      (np.maximum(multi_slots, 0) // SL).astype(node_dtype), ron, mask)
 
 
 def replica_on_node(placement: Placement) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from zepp.planner.placement_cache import PlacementCache
 from zepp.planner.routing.zepp_routing import visit_order
 from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.torch._ops import I64
@@ -60,15 +61,9 @@ class DevicePlacement:
         self.any_multi = bool(multi.size)
 
 
-_CACHE: dict[tuple[int, str], DevicePlacement] = {}
+_CACHE = PlacementCache()
 
 
 def device_placement(placement: Placement, device) -> DevicePlacement:
     """The cached ``DevicePlacement`` of ``placement`` on ``device`` (8 kept)."""
-    key = (id(placement), str(torch.device(device)))
-    dp = _CACHE.get(key)
-    if dp is None or dp.placement is not placement:
-        if len(_CACHE) >= 8:
-            _CACHE.pop(next(iter(_CACHE)))
-        dp = _CACHE[key] = DevicePlacement(placement, device)
-    return dp
+    return _CACHE.get(placement, lambda: DevicePlacement(placement, device), str(torch.device(device)))
