@@ -85,7 +85,8 @@ def _sum_by_key(key: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     rows sum to 0 may be left out)."""
     if key.size == 0:
         return key, rows
-    if int(key.min()) < 0:  # cells of no rows may carry any key
+    # cells of no rows may carry any key; the sort below also skips them
+    if int(key.min()) < 0 or int(key.max()) >= max(1 << 22, 8 * key.size):
         nz = rows != 0
         key, rows = key[nz], rows[nz]
         if key.size == 0:
@@ -95,10 +96,6 @@ def _sum_by_key(key: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
         total = np.bincount(key, weights=rows, minlength=hi)
         uniq = np.flatnonzero(total != 0)  # (a bool array: numpy's nonzero of floats is slow)
         return uniq, total[uniq].astype(np.int64)
-    nz = rows != 0
-    key, rows = key[nz], rows[nz]
-    if key.size == 0:
-        return key, rows
     ks, order = sorted_with_order(key)
     first = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
     return ks[first], np.add.reduceat(rows[order], first).astype(np.int64)

@@ -104,15 +104,10 @@ class TokenCounts:
         return np.where(keep, comp, -1).astype(np.int64)
 
     def gpus_on_listed(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on
-        its node (no sort: each entry kept where no earlier entry of the row has its rank)."""
-        comp = self.slot[owner, token] // self.S  # [d, k]
-        keep = (comp // self.L == node[:, None]) & (comp >= 0)
-        for j in range(1, self.k):
-            for i in range(j):
-                keep[:, j] &= comp[:, j] != comp[:, i]
-        row, col = np.nonzero(keep)
-        return row, comp[row, col]
+        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on its node."""
+        gpus = self.gpus_on(owner, token, node)
+        row, col = np.nonzero(gpus >= 0)
+        return row, gpus[row, col]
 
 
 class _Block:

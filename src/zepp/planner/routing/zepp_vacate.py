@@ -20,7 +20,6 @@ from zepp.planner.routing.zepp_tables import zepp_tables
 from zepp.planner.types import Placement, replica_bounds
 
 
-
 def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
            rounds: int, slot_counts: tuple | None = None, node: np.ndarray | None = None) -> np.ndarray:
     """``slot [R, T, k]`` after up to ``rounds`` rounds of the vacate pass.
