@@ -129,9 +129,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_traces_option(parser)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--nodes", default="4,8,16,32")
-    parser.add_argument("--budgets", default="1,4,16,64")
-    parser.add_argument("--models", default="k2,qwen")
+    parser.add_argument("--nodes", default=None, help="nodes of 4 GPUs (default 4,8,16,32; on a device 16)")
+    parser.add_argument("--budgets", default=None, help="MB per GPU (default 1,4,16,64; on a device 16)")
+    parser.add_argument("--models", default=None, help="k2, qwen (default k2,qwen; on a device k2)")
     parser.add_argument("--capture-safe", action="store_true",
                         help="also time sync=False (no host reads) on configurations up to 1M entries")
     parser.add_argument("--out", default=str(RESULTS / "plan_speed_torch"))
@@ -143,6 +143,7 @@ def main() -> None:
     args.traces = find_traces(args.traces, required=False)
     if args.device != "cpu":
         return device_main(args)
+    args.nodes, args.budgets, args.models = args.nodes or "4,8,16,32", args.budgets or "1,4,16,64", args.models or "k2,qwen"
     torch.set_num_threads(1)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []
@@ -301,9 +302,9 @@ def device_main(args) -> None:
 
     dev = torch.device(args.device)
     started = datetime.datetime.now(datetime.timezone.utc)
-    nodes_list = _ints(args.nodes) if args.nodes != "4,8,16,32" else [16]
-    budgets = _ints(args.budgets) if args.budgets != "1,4,16,64" else [16]
-    models = args.models.split(",") if args.models != "k2,qwen" else ["k2"]
+    nodes_list = _ints(args.nodes or "16")
+    budgets = _ints(args.budgets or "16")
+    models = (args.models or "k2").split(",")
     repeats = max(args.repeats, 10)
     rows = []
     for model in models:
@@ -333,10 +334,16 @@ def device_main(args) -> None:
                     p.volumes, p.hop_tables
                     return p
 
-                for label, fn in (("eager_ms", lambda: eager(True)), ("capture_safe_ms", lambda: eager(False, 1))):
-                    fn()
-                    row[label] = cuda_ms(fn, repeats)
-                row["eager_equal"] = _same(ref, eager(True))
+                try:
+                    for label, fn in (("eager_ms", lambda: eager(True)), ("capture_safe_ms", lambda: eager(False, 1))):
+                        fn()
+                        row[label] = cuda_ms(fn, repeats)
+                    row["eager_equal"] = _same(ref, eager(True))
+                except Exception as e:  # record why, go on with the next configuration
+                    row["eager_error"] = f"{type(e).__name__}: {e}"[:400]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
                 try:
                     graph, out = captured(lambda: eager(None, 1))  # inside capture the default is sync=False
                     graph.replay()
@@ -358,9 +365,12 @@ def device_main(args) -> None:
              "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | eager equal | graph equal |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        head = f"| {r['device']} | {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
+        if "eager_error" in r:
+            lines.append(head + f"failed: {r['eager_error'][:80]} | - | - | - | - |")
+            continue
         g = f"{r['graph_ms']:.3f}" if "graph_ms" in r else "failed: " + r.get("graph_error", "")[:60]
-        lines.append(f"| {r['device']} | {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
-                     f"{r['eager_ms']:.3f} | {r['capture_safe_ms']:.3f} | {g} | "
+        lines.append(head + f"{r['eager_ms']:.3f} | {r['capture_safe_ms']:.3f} | {g} | "
                      f"{r['eager_equal']} | {r.get('graph_equal', '-')} |")
     Path(args.out + "_cuda.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -374,7 +384,8 @@ def device_main(args) -> None:
             torch=info["torch"], written_by="benchmarks/planner/plan_speed_torch.py --device cuda --data",
             rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
                        entries=r["entries"], graph_ms=r.get("graph_ms"), eager_ms=r["eager_ms"],
-                       capture_safe_ms=r["capture_safe_ms"], parts_ms=r.get("parts_ms", {})) for r in rows]))
+                       capture_safe_ms=r["capture_safe_ms"], parts_ms=r.get("parts_ms", {}))
+                  for r in rows if "eager_error" not in r]))
         Path(args.data).write_text(json.dumps(data, indent=1) + "\n")
 
 
