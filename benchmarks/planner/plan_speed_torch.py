@@ -360,18 +360,7 @@ def device_main(args) -> None:
                 measured_at=started.isoformat(timespec="seconds"), torch=torch.__version__, rows=rows,
                 note="eager: sync=True; capture_safe: sync=False, sweeps=1; graph: CUDA-graph replay of capture_safe")
     Path(args.out + "_cuda.json").write_text(json.dumps(info, indent=1))
-    lines = ["# Device planning times (zepp.planner.torch)", "", f"Measured {info['measured_at']}, torch {info['torch']}; "
-             "medians of CUDA-event timings; `graph`: CUDA-graph replay (sync=False, sweeps=1).", "",
-             "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | eager equal | graph equal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        head = f"| {r['device']} | {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
-        if "eager_error" in r:
-            lines.append(head + f"failed: {r['eager_error'][:80]} | - | - | - | - |")
-            continue
-        g = f"{r['graph_ms']:.3f}" if "graph_ms" in r else "failed: " + r.get("graph_error", "")[:60]
-        lines.append(head + f"{r['eager_ms']:.3f} | {r['capture_safe_ms']:.3f} | {g} | "
-                     f"{r['eager_equal']} | {r.get('graph_equal', '-')} |")
+    lines = device_report(info)
     Path(args.out + "_cuda.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.data:
@@ -387,6 +376,41 @@ def device_main(args) -> None:
                        capture_safe_ms=r["capture_safe_ms"], parts_ms=r.get("parts_ms", {}))
                   for r in rows if "eager_error" not in r]))
         Path(args.data).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def device_report(info: dict) -> list[str]:
+    """The markdown lines of a ``--device`` run: per configuration the eager, capture-safe and
+    graph-replay times, the graph time of each part, and beside them what the simulator's op-mix
+    model (``zepp.sim.planning_cost``: counted rounds times the H200 op mix) charges for the same
+    parts at the same entry count."""
+    from zepp.sim.planning_cost import cost_data, gpu_opmix_seconds
+
+    d = cost_data()
+    bw = float(d["gpu_opmix_source"]["hbm_bw"])
+    lines = ["# Device planning times (zepp.planner.torch)", "",
+             f"Measured {info['measured_at']}, torch {info['torch']}; medians of CUDA-event timings. "
+             "`eager`: `plan_batch(sync=True)` (host reads allowed); `capture-safe`: `sync=False, sweeps=1` run eagerly; "
+             "`graph`: a CUDA-graph replay of the capture-safe call. Each covers Zepp's routing, the volumes and the "
+             "hop tables of dispatch `zepp` / combine `reduce`. Parts (graph replays): `route` = routing `zepp`, "
+             "`flows` = the volumes, `hops` = the per-row hop tables. `op-mix model`: what the simulator charges "
+             "for route + flows at the same entry count when no device record exists (counted rounds x the H200 "
+             "op mix of `zepp/data/planner_cost.json`). Every plan was checked equal to the numpy planner's.", "",
+             "| device | model | nodes | MB | entries | eager ms | capture-safe ms | graph ms | route | flows | hops "
+             "| op-mix model route + flows | equal (eager / graph) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in info["rows"]:
+        head = f"| {r['device']} | {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
+        if "eager_error" in r:
+            lines.append(head + f"failed: {r['eager_error'][:80]} | - | - | - | - | - | - | - |")
+            continue
+        g = f"{r['graph_ms']:.2f}" if "graph_ms" in r else "failed: " + r.get("graph_error", "")[:60]
+        parts = r.get("parts_ms", {})
+        cells = " | ".join(f"{parts[k]:.2f}" if k in parts else "-"
+                           for k in ("route:zepp", "flows:zepp/reduce", "hops:zepp/reduce"))
+        model = sum(d["rounds"][k] for k in ("route:zepp", "flows:zepp/reduce")) * gpu_opmix_seconds(r["entries"], bw)
+        lines.append(head + f"{r['eager_ms']:.2f} | {r['capture_safe_ms']:.2f} | {g} | {cells} | {model * 1e3:.2f} | "
+                     f"{r['eager_equal']} / {r.get('graph_equal', '-')} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ TORCH_ONLY_MODULES = {
     "_ops.py": "tensor building blocks (the numpy planner's are numpy calls)",
     "routing/device_placement.py": "a placement's static tables copied to a device once",
     "flows/hop_parts.py": "filling a fixed-capacity device hop table (numpy: Hops.make / Hops.concat)",
+    "host_traffic.py": "the CPU check that the capture-safe path does nothing a CUDA graph refuses",
 }
 # Public names of mirrored torch modules that have no numpy namesake (``TorchX`` twins numpy ``X``).
 TORCH_ONLY_NAMES = {

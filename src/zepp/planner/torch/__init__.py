@@ -10,8 +10,9 @@ The package mirrors the numpy planner file for file and name for name: ``types``
 ``direct_flows``, ``gateway_flows``); the twin of ``zepp.planner.X.Y.f`` is
 ``zepp.planner.torch.X.Y.f`` (``zepp.planner.choices.Choice.twin``, which ``route`` and
 ``build_flows`` use). Torch-only helpers: ``_ops`` (tensor building blocks),
-``routing/device_placement`` (a placement's device tables) and ``flows/hop_parts`` (filling a
-fixed-capacity hop table).
+``routing/device_placement`` (a placement's device tables), ``flows/hop_parts`` (filling a
+fixed-capacity hop table) and ``host_traffic`` (the check, on any device, that a call does
+nothing a CUDA graph cannot capture).
 
 The outputs equal the numpy planner's element for element (``tests/planner/test_planner_torch.py``):
 ``slot [R, T, k]`` and every column of both hop tables, in the same order and dtypes.
@@ -19,7 +20,10 @@ The outputs equal the numpy planner's element for element (``tests/planner/test_
 What a CUDA graph can capture (``sync=False``; the default while capturing), for a fixed
 ``[R, T, k]`` and placement:
 
-- Routing (every choice) and flows (every dispatch/combine pair): yes. Integer tensor ops of
+- Routing (every choice) and flows (every dispatch/combine pair): yes, after one warm-up call
+  (checked on the CPU by ``host_traffic.forbid_host_traffic``, ``tests/planner/
+  test_planner_torch_capture.py``; captured and replayed on an H200 by
+  ``benchmarks/planner/plan_speed_torch.py --device cuda``). Integer tensor ops of
   fixed shapes; loop trip counts fixed by the placement and shapes (water-fill ``sweeps`` x
   ``C`` steps, ``vacate_rounds`` rounds); early exits replaced by no-op steps (proved) and a
   device flag; hop tables in fixed-capacity buffers with a device ``count``.

@@ -32,7 +32,10 @@ class TorchVolumes:
         broadcast together; a negative count corrects another part's)."""
         _, R, _, M, N = self.rows.shape
         dev = self.rows.device
-        parts = [torch.as_tensor(v, dtype=I64, device=dev) for v in (stage, src, dst, msg, owner_node, rows)]
+        # ints become device fills (a tensor made from host data is a host-to-device copy, which a
+        # CUDA graph cannot capture)
+        parts = [v.to(I64) if isinstance(v, torch.Tensor) else torch.full((), v, dtype=I64, device=dev)
+                 for v in (stage, src, dst, msg, owner_node, rows)]
         parts = torch.broadcast_tensors(*parts)
         stage, src, dst, msg, owner_node, rows = (p.reshape(-1) for p in parts)
         key = (((stage * R + src.clamp(0, R - 1)) * R + dst.clamp(0, R - 1)) * M + msg) * N + owner_node

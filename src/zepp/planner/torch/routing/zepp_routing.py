@@ -63,7 +63,8 @@ class _Filled:
             n = dp.R * dp.S
             slots = torch.where(dp.reps_multi >= 0, dp.reps_multi, n).reshape(-1)  # padding: the spare cell n
             out = torch.zeros(3, n + 1, dtype=I64, device=ids.device)
-            out[1], out[2] = -_NO_BOUND, _NO_BOUND
+            out[1].fill_(-_NO_BOUND)  # a fill, not an element assignment: nothing copied from the host
+            out[2].fill_(_NO_BOUND)
             for row, value in zip(out, (fill.load, fill.lower_flat, fill.upper.reshape(-1, 1).expand(dp.M, dp.C))):
                 row[slots] = value.reshape(-1)
             self.slot_counts = tuple(out[:, :n])

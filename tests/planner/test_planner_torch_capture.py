@@ -1,0 +1,89 @@
+"""The torch planner's capture-safe path (``sync=False``) does nothing a CUDA graph cannot capture,
+checked on the CPU by ``zepp.planner.torch.host_traffic`` (every aten operation seen), for every
+routing with a torch twin and every transport pair, the volumes and the hop tables, and through
+``plan_batch`` as the device benchmark calls it. The guard's own controls: each kind of
+operation it exists to catch is caught."""
+
+import numpy as np
+import pytest
+import torch
+
+import zepp.planner.torch as tp
+from planner_cases import random_placement, skewed_batch
+from test_planner_torch import PAIRS, TWINNED_ROUTINGS
+from zepp.planner import Stages, plan_batch
+from zepp.planner.torch.host_traffic import HostTraffic, forbid_host_traffic
+
+
+@pytest.fixture(scope="module")
+def case():
+    rng = np.random.default_rng(3)
+    pl = random_placement(rng, 3, 2, 2, 2)
+    ids = skewed_batch(rng, pl.ranks, 9, 3, pl.num_experts, 1.0)
+    ids[0, 2] = -1  # an absent token
+    tp.device_placement(pl, "cpu")  # the per-placement tables are built on the host, before capture
+    return pl, torch.as_tensor(ids)
+
+
+def _plan_every_pair(name, ids, pl):
+    r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=1)
+    for dispatch, combine in PAIRS:
+        plan = tp.build_flows(r, dispatch, 8, combine, sync=False)
+        plan.volumes, plan.dispatch, plan.combine
+    return plan
+
+
+@pytest.mark.parametrize("name", TWINNED_ROUTINGS)
+def test_capture_safe_planning_has_no_host_traffic(case, name):
+    """After one warm-up call (as before any capture: a routing's per-placement tables are made
+    on first use and kept), nothing in the call moves data between host and device."""
+    pl, ids = case
+    _plan_every_pair(name, ids, pl)
+    with forbid_host_traffic():
+        plan = _plan_every_pair(name, ids, pl)
+    assert plan.dispatch.count.dim() == 0  # the counts stay tensors
+
+
+def test_plan_batch_as_captured_has_no_host_traffic(case):
+    """What the device benchmark captures: ``plan_batch(..., sync=False, sweeps=1)``, its volumes
+    and hop tables; and the result is the host-reading mode's plan."""
+    pl, ids = case
+    plan_batch(ids, pl, Stages("zepp", "zepp", "reduce"), 8, 0.25, sync=False, sweeps=1)  # the warm-up
+    with forbid_host_traffic():
+        p = plan_batch(ids, pl, Stages("zepp", "zepp", "reduce"), 8, 0.25, sync=False, sweeps=1)
+        p.volumes, p.hop_tables
+    want = plan_batch(ids, pl, Stages("zepp", "zepp", "reduce"), 8, 0.25, sync=True)
+    assert int(p.routing.unplaced) == 0
+    assert torch.equal(p.routing.slot, want.routing.slot)
+    for phase in ("dispatch", "combine"):
+        assert int(getattr(p, phase).count) == int(getattr(want, phase).count)
+
+
+@pytest.mark.parametrize("what", ["item", "bool", "tensor from a list", "scalar assignment", "list index",
+                                  "nonzero", "mask index", "mask assignment", "repeat_interleave", "unique"])
+def test_the_guard_catches_what_capture_refuses(what):
+    x = torch.arange(6)
+    ops = {
+        "item": lambda: x.sum().item(),
+        "bool": lambda: bool(x[0] > 0),
+        "tensor from a list": lambda: torch.as_tensor([1, 2]),
+        "scalar assignment": lambda: x.clone().__setitem__(1, 7),
+        "list index": lambda: x[[1, 2]],
+        "nonzero": lambda: torch.nonzero(x),
+        "mask index": lambda: x[x > 2],
+        "mask assignment": lambda: x.clone().__setitem__(x > 2, torch.zeros((), dtype=x.dtype)),
+        "repeat_interleave": lambda: torch.repeat_interleave(x, x),
+        "unique": lambda: torch.unique(x),
+    }
+    with pytest.raises(HostTraffic, match="CUDA graph cannot capture"):
+        with forbid_host_traffic():
+            ops[what]()
+
+
+def test_the_guard_lets_fixed_shape_work_through():
+    x = torch.arange(6)
+    with forbid_host_traffic():
+        y = torch.repeat_interleave(x, x, output_size=15)
+        z = torch.zeros(7, dtype=torch.int64).scatter_add_(0, x, x) + torch.full((), 3)
+        w = torch.where(x > 2, x, -1).cumsum(0)
+    assert y.numel() == 15 and int(z.sum()) == 15 + 21 and w.shape == (6,)
