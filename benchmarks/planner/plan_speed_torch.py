@@ -139,6 +139,9 @@ def main() -> None:
                         help="also write the measured torch planning times as a data file "
                              "(src/zepp/data/planner_torch_times.json)")
     parser.add_argument("--device", default="cpu", help="cpu (numpy vs torch-CPU) or cuda (device planning times)")
+    parser.add_argument("--profile", action="store_true",
+                        help="on a device: also profile each part's capture-safe call once (kernels launched, "
+                             "device time, the costliest operations)")
     args = parser.parse_args()
     args.traces = find_traces(args.traces, required=False)
     if args.device != "cpu":
@@ -296,6 +299,35 @@ def _graph_parts(ids, placement, relaxation, row_bytes, repeats) -> dict:
     return parts
 
 
+def _profile_parts(ids, placement, relaxation, row_bytes, top: int = 8) -> dict:
+    """Per part (routing ``zepp``; volumes and hop tables of ``zepp/reduce``), one profiled
+    capture-safe call after a warm-up: the kernels it launches, their summed device time, and
+    the ``top`` operations by self device time (name, calls, ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    routing = t_route("zepp", ids, placement, relaxation, sync=False, sweeps=1)
+    calls = {"route:zepp": lambda: t_route("zepp", ids, placement, relaxation, sync=False, sweeps=1),
+             "flows:zepp/reduce": lambda: t_build_flows(routing, "zepp", row_bytes, "reduce", sync=False).volumes,
+             "hops:zepp/reduce": lambda: t_build_flows(routing, "zepp", row_bytes, "reduce", sync=False).hop_tables}
+    out = {}
+    for part, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        device_us = sum(getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0) for e in kernels)
+
+        def self_us(e):
+            return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+
+        ops = sorted((e for e in prof.key_averages() if self_us(e) > 0), key=self_us, reverse=True)[:top]
+        out[part] = dict(kernels=len(kernels), kernel_ms=device_us / 1e3,
+                         top=[(e.key[:60], int(e.count), round(self_us(e) / 1e3, 3)) for e in ops])
+    return out
+
+
 def device_main(args) -> None:
     """Device planning times (see the module docstring): eager, capture-safe eager, CUDA graph."""
     from zepp.planner import Stages, plan_batch
@@ -354,6 +386,11 @@ def device_main(args) -> None:
                     row["parts_ms"] = _graph_parts(ids, placement, relaxation, spec.row_bytes, repeats)
                 except Exception as e:  # record why capture failed, keep the eager figures
                     row["graph_error"] = f"{type(e).__name__}: {e}"[:400]
+                if args.profile:
+                    try:
+                        row["profile"] = _profile_parts(ids, placement, relaxation, spec.row_bytes)
+                    except Exception as e:  # the profiler's own failure: keep the timings
+                        row["profile_error"] = f"{type(e).__name__}: {e}"[:400]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     info = dict(what="device planning times of zepp.planner.torch (routing zepp + flows zepp/reduce)",
@@ -410,6 +447,16 @@ def device_report(info: dict) -> list[str]:
         model = sum(d["rounds"][k] for k in ("route:zepp", "flows:zepp/reduce")) * gpu_opmix_seconds(r["entries"], bw)
         lines.append(head + f"{r['eager_ms']:.2f} | {r['capture_safe_ms']:.2f} | {g} | {cells} | {model * 1e3:.2f} | "
                      f"{r['eager_equal']} / {r.get('graph_equal', '-')} |")
+    profiled = [r for r in info["rows"] if "profile" in r]
+    if profiled:
+        lines += ["", "## Where the device time goes (one profiled capture-safe call per part, eager)", "",
+                  "| nodes | MB | entries | part | kernels | kernel ms | costliest operations (calls, self ms) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in profiled:
+            for part, pr in r["profile"].items():
+                top = "; ".join(f"{n} ({c}, {ms:.2f})" for n, c, ms in pr["top"][:5])
+                lines.append(f"| {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | {part} | {pr['kernels']} | "
+                             f"{pr['kernel_ms']:.2f} | {top} |")
     return lines
 
 

@@ -2,16 +2,19 @@
 checked on the CPU by ``zepp.planner.torch.host_traffic`` (every aten operation seen), for every
 routing with a torch twin and every transport pair, the volumes and the hop tables, and through
 ``plan_batch`` as the device benchmark calls it. The guard's own controls: each kind of
-operation it exists to catch is caught."""
+operation it exists to catch is caught. The device's atomic-free count equals ``bincount``."""
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import zepp.planner.torch as tp
 from planner_cases import random_placement, skewed_batch
 from test_planner_torch import PAIRS, TWINNED_ROUTINGS
 from zepp.planner import Stages, plan_batch
+from zepp.planner.torch._ops import sorted_counts
 from zepp.planner.torch.host_traffic import HostTraffic, forbid_host_traffic
 
 
@@ -87,3 +90,20 @@ def test_the_guard_lets_fixed_shape_work_through():
         z = torch.zeros(7, dtype=torch.int64).scatter_add_(0, x, x) + torch.full((), 3)
         w = torch.where(x > 2, x, -1).cumsum(0)
     assert y.numel() == 15 and int(z.sum()) == 15 + 21 and w.shape == (6,)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 300), st.sampled_from([1, 7, 384, 40000]), st.sampled_from([torch.int32, torch.int64]),
+       st.integers(0, 2**16))
+def test_sorted_counts_equal_bincount(n, num_keys, dtype, seed):
+    """The device's atomic-free count (``_ops.sorted_counts``, used on a GPU from
+    ``SORTED_COUNTS_FROM`` keys) gives ``bincount``'s counts, the drop bin ``num_keys`` left out,
+    with nothing a CUDA graph refuses; for int16 and int32 sort types alike."""
+    g = torch.Generator().manual_seed(seed)
+    key = torch.randint(0, num_keys + 1, (n,), generator=g, dtype=torch.int64)
+    if n:
+        key[: n // 3] = num_keys // 2  # a hot bin
+    want = torch.bincount(key, minlength=num_keys + 1)[:num_keys]
+    with forbid_host_traffic():
+        got = sorted_counts(key.to(dtype), num_keys)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
