@@ -2,7 +2,8 @@
 checked on the CPU by ``zepp.planner.torch.host_traffic`` (every aten operation seen), for every
 routing with a torch twin and every transport pair, the volumes and the hop tables, and through
 ``plan_batch`` as the device benchmark calls it. The guard's own controls: each kind of
-operation it exists to catch is caught. The device's atomic-free count equals ``bincount``."""
+operation it exists to catch is caught. The device's own forms of two building blocks (the
+atomic-free count, the running maximum by shifts) equal the CPU's."""
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import zepp.planner.torch as tp
 from planner_cases import random_placement, skewed_batch
 from test_planner_torch import PAIRS, TWINNED_ROUTINGS
 from zepp.planner import Stages, plan_batch
-from zepp.planner.torch._ops import sorted_counts
+from zepp.planner.torch._ops import shifted_cummax, sorted_counts
 from zepp.planner.torch.host_traffic import HostTraffic, forbid_host_traffic
 
 
@@ -107,3 +108,16 @@ def test_sorted_counts_equal_bincount(n, num_keys, dtype, seed):
     with forbid_host_traffic():
         got = sorted_counts(key.to(dtype), num_keys)
     assert got.dtype == torch.int64 and torch.equal(got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 12), st.sampled_from([torch.int8, torch.int32, torch.int64, torch.float32]),
+       st.integers(0, 2**16))
+def test_shifted_cummax_equals_cummax(n, k, dtype, seed):
+    """The device's running maximum along rows (``_ops.row_cummax`` off the CPU) is ``cummax``'s,
+    negative values and every row length included, with nothing a CUDA graph refuses."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-100, 100, (n, k), generator=g).to(dtype)
+    with forbid_host_traffic():
+        got = shifted_cummax(x)
+    assert got.dtype == dtype and torch.equal(got, torch.cummax(x, dim=1).values)

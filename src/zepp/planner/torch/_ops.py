@@ -48,6 +48,26 @@ def sorted_counts(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     return edges[1:] - edges[:-1]
 
 
+def row_cummax(x: torch.Tensor) -> torch.Tensor:
+    """Running maximum along each row of ``x [n, k]`` (same shape and dtype). The CPU's
+    ``torch.cummax``; on a device ``ceil(log2 k)`` shifted maxima, since CUDA's scan kernel is slow
+    on short rows (0.8 of the hop tables' 2.2 ms on an H200 at 598k entries, k = 8)."""
+    if x.device.type == "cpu":
+        return torch.cummax(x, dim=1).values
+    return shifted_cummax(x)
+
+
+def shifted_cummax(x: torch.Tensor) -> torch.Tensor:
+    """``row_cummax`` by doubling shifts: after the step of shift ``s`` each cell holds the maximum
+    of the ``2s`` cells ending at it. Integer or floating ``x [n, k]``, any device."""
+    lowest = torch.iinfo(x.dtype).min if not x.is_floating_point() else float("-inf")
+    shift = 1
+    while shift < x.shape[1]:
+        x = torch.maximum(x, torch.nn.functional.pad(x[:, :-shift], (shift, 0), value=lowest))
+        shift *= 2
+    return x
+
+
 def sort_order(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     """Stable ascending order of ``key [n]`` (values in ``[0, num_keys]``), sorted in the
     narrowest integer type that holds ``num_keys`` (int16 keys sort several times faster)."""

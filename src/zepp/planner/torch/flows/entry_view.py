@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from zepp.planner.torch._ops import I64, arange, first_in_row
+from zepp.planner.torch._ops import I64, arange, first_in_row, row_cummax
 from zepp.planner.torch.types import TorchRouting
 
 
@@ -51,7 +51,7 @@ class EntryView:
         self.tc = first_in_row(self.comp) & present
         self.tn = first_in_row(self.node) & present
         cols = arange(k, dev)[None, :].expand(G, k)
-        self.pair_j = torch.cummax(torch.where(self.tn, cols, 0), dim=1).values
+        self.pair_j = row_cummax(torch.where(self.tn, cols, 0))
         self.pair_remote = self.node != self.onode
         self.same_node = self.tc & ~self.pair_remote & (self.comp != self.owner)
         self.remote_tc = self.tc & self.pair_remote

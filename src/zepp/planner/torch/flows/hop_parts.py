@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from zepp.planner.torch._ops import arange
 from zepp.planner.torch.types import HOP_TENSOR_DTYPES, TorchHops
 
 _DTYPES = HOP_TENSOR_DTYPES
 _COLS = tuple(_DTYPES)
+_SPILL = 1024  # spill columns past a fixed-capacity table (a power of two)
 
 
 class _Kept:
@@ -75,13 +77,15 @@ class HopParts:
             n = cols["src"].shape[0]
             return TorchHops(**cols, count=torch.tensor(n, dtype=torch.int64, device=dev))
         cap = sum(m.numel() for m, _ in self.groups)
-        buf = torch.zeros(len(_COLS), cap + 1, dtype=torch.int32, device=dev)  # all columns, one scatter per group
+        # all columns, one scatter per group; the rows a mask leaves out land past ``cap`` in
+        # ``_SPILL`` columns by position (on a GPU, stores to a single spill cell serialise)
+        buf = torch.zeros(len(_COLS), cap + _SPILL, dtype=torch.int32, device=dev)
         offset = torch.zeros((), dtype=torch.int64, device=dev)
         for mask, vals in self.groups:
             m = mask.reshape(-1)
             n = m.shape[0]
             within = torch.cumsum(m, 0, dtype=torch.int64)
-            dest = torch.where(m, offset + within - 1, cap)
+            dest = torch.where(m, offset + within - 1, cap + (arange(n, dev) & (_SPILL - 1)))
             if n:
                 offset = offset + within[-1]
             cols = torch.stack([self._i32(v, mask.shape) for v in vals]).reshape(len(_COLS), n)  # [7, n]
