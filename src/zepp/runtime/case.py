@@ -133,6 +133,9 @@ class SystemRun:
                                    extra=cfg["extra"])
         d = Dispatcher.for_system(spec, placement, self.system, relaxation=cfg["relaxation"], gpus_per_node=case.L,
                                   device=case.device, figures=cost_figures(cfg))
+        # every rank holds T tokens in every batch (``batches [I, R, T, k]``): the layer's metadata
+        # exchange needs no count exchange before it (one collective fewer per layer, every system)
+        d.expect_tokens(np.full(case.world, case.T, np.int64))
         self.record = {"times": [], "plan_times": [], "max_rel_err": 0.0, "bytes_ok": True, "bytes": [],
                        "swapped_slots": 0, "swap_bytes": 0, "metadata_bytes": {}, "weights_ok": True,
                        "granularity": [], "breakdown": []}
@@ -153,7 +156,7 @@ class SystemRun:
         self._arm_fault(it)
         d.counter.reset()
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if self.swaps is not None:
             self.swaps.before()
         self.hooks.on_layer_call(self.index, self.name, it)
@@ -163,6 +166,7 @@ class SystemRun:
         if case.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - c0  # this rank's CPU in the layer call: every thread (gloo's too), user + system
         self.digest.update(y.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         measured, planned = self._link_bytes()
         self.record["metadata_bytes"] = d.counter.split("metadata", case.rank, case.L)
@@ -172,7 +176,7 @@ class SystemRun:
             self.record["times"].append(elapsed)
             self.record["plan_times"].append(sum(d.timing.get(k, 0.0) for k in HOST_PARTS))
             self.record["breakdown"].append({**d.timing, **{k: v for k, v in self.layer.timing.items()
-                                                            if k == "compute"}})
+                                                            if k == "compute"}, "cpu": cpu})
             self.record["bytes"].append({"measured": measured, "planned": planned})
         if case.cfg["check"]:
             self._check(it, x, ids_np, w, y)

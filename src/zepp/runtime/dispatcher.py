@@ -52,7 +52,8 @@ __all__ = ["Dispatcher", "DispatchHandle", "ExpertInputs", "HOST_PARTS", "LinkCo
 # per-layer host work the Dispatcher times (``Dispatcher.timing``): the id/weight all-gather
 # (``metadata``), routing and flows (``plan``), the plan's hop tables, every rank's, built on first
 # use (``hops``), this rank's program and the call scopes (``compile``), the gate weights and
-# staging buffers (``pack``); the stages are ``d<s>`` / ``c<s>``
+# staging buffers (``pack``); the stages are ``d<s>`` / ``c<s>``; ``host_cpu``: this process's CPU
+# time (every thread, gloo's too, user and system) over those parts, against their wall time
 HOST_PARTS = ("metadata", "plan", "hops", "compile", "pack")
 
 
@@ -214,6 +215,7 @@ class Dispatcher:
             raise ZeppInputError(f"topk_ids/topk_weights must be [{x.shape[0]}, {self.spec.top_k}], got "
                                  f"{tuple(topk_ids.shape)} / {tuple(topk_weights.shape)}")
         t0, entered = time.perf_counter(), time.time()
+        c0 = time.process_time()
         batch = gather_metadata(self, topk_ids, topk_weights)
         self.last_ids, self.last_counts = batch.device_ids, batch.counts
         t1 = time.perf_counter()
@@ -235,7 +237,7 @@ class Dispatcher:
         held[: prog.tokens].copy_(x)
         rows = self._buffer("inputs", prog.n_entries, x.shape[1], x.dtype)
         self.timing = {"metadata": t1 - t0, "plan": th - t1, "hops": t2 - th, "compile": t3 - t2,
-                       "pack": time.perf_counter() - t3}
+                       "pack": time.perf_counter() - t3, "host_cpu": time.process_time() - c0}
         inputs = ExpertInputs(rows, prog.counts, prog.e_slot)
         return DispatchHandle(plan, prog, weights, x.dtype, inputs, held, scopes=scopes)
 

@@ -41,27 +41,49 @@ def gather_counts(d, T: int) -> np.ndarray:
                                  f"the batch has {T}")
         return d.expected_counts
     c = torch.tensor([T], dtype=torch.int64, device=d.device)
-    out = all_gather_rows(d, c)
-    for q in range(d.world):
-        if q != d.rank:
-            d.counter.add("metadata", q, c.element_size())
-    return out.reshape(-1).cpu().numpy()
+    return all_gather_rows(d, c).reshape(-1).cpu().numpy()
 
 
 def all_gather_rows(d, t: torch.Tensor) -> torch.Tensor:
-    """``[R, *t.shape]``: every rank's ``t`` (same shape on every rank) over ``d.group``. On gloo
-    one ``all_to_all_single`` (each rank sends ``t`` to every peer at once, the same bytes as
-    gloo's all-gather, whose ring takes R-1 steps one after another: each step waits for a peer
-    to be scheduled, which on a loaded host costs more than the bytes); else ``all_gather``."""
+    """``[R, *t.shape]``: every rank's ``t`` (same shape on every rank) over ``d.group``; the bytes
+    each peer gets go to the ``metadata`` phase of ``d.counter``. On gloo, where the Dispatcher has
+    node and rail groups (``d.node_groups`` / ``d.rail_groups``: the default group, several nodes
+    of several ranks), two ``all_to_all_single`` calls: within the node, then each rank sends its
+    node's ``L`` rows to the ranks of its rail on the other nodes (``(L-1) + (N-1)`` peers, not
+    ``R-1``: the same NIC bytes per rank, ``(R-L)`` rows, in ``N-1`` messages instead of ``R-L``;
+    gloo's all-to-all walks its peers in a ring, one step after another, and each step waits for
+    a peer to be scheduled and pays the kernel's per-message cost, which on a loaded host cost
+    more than the bytes). Else one ``all_to_all_single`` over the group (gloo), or ``all_gather``."""
     if t.numel() == 0:  # every rank knows it (the counts are gathered first): nothing to exchange
         return t.new_empty((d.world, *t.shape))
+    nbytes = t.numel() * t.element_size()
     if dist.get_backend(d.group) != "gloo":
         out = [torch.empty_like(t) for _ in range(d.world)]
         dist.all_gather(out, t, group=d.group)
+        _count(d, np.arange(d.world), nbytes)
         return torch.stack(out)
+    L = d.gpus_per_node
+    N = d.world // L
+    if L > 1 and N > 1 and d.node_groups and d.rail_groups:
+        node = torch.empty((L, *t.shape), dtype=t.dtype, device=t.device)
+        dist.all_to_all_single(node, t.unsqueeze(0).expand(L, *t.shape).contiguous(), group=d.node_groups[d.rank // L])
+        out = torch.empty((N, L, *t.shape), dtype=t.dtype, device=t.device)
+        dist.all_to_all_single(out, node.unsqueeze(0).expand(N, L, *t.shape).contiguous(),
+                               group=d.rail_groups[d.rank % L])
+        _count(d, np.arange(d.rank // L * L, d.rank // L * L + L), nbytes)
+        _count(d, np.arange(d.rank % L, d.world, L), L * nbytes)
+        return out.reshape(d.world, *t.shape)
     out = torch.empty((d.world, *t.shape), dtype=t.dtype, device=t.device)
     dist.all_to_all_single(out, t.unsqueeze(0).expand(d.world, *t.shape).contiguous(), group=d.group)
+    _count(d, np.arange(d.world), nbytes)
     return out
+
+
+def _count(d, peers: np.ndarray, nbytes: int) -> None:
+    """``nbytes`` of the metadata phase to each of ``peers`` but this rank."""
+    for q in peers.tolist():
+        if q != d.rank:
+            d.counter.add("metadata", q, nbytes)
 
 
 def gather_metadata(d, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> GatheredBatch:
@@ -77,10 +99,6 @@ def gather_metadata(d, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Ga
         packed[:T, :k] = topk_ids.to(d.device, torch.int32)
         packed[:T, k:] = topk_weights.to(d.device, torch.float32).view(torch.int32)
     allp = all_gather_rows(d, packed)
-    nbytes = packed.numel() * packed.element_size()
-    for q in range(d.world):
-        if q != d.rank:
-            d.counter.add("metadata", q, nbytes)
     device_ids = allp[:, :, :k].to(torch.int64)
     # on a GPU the ids stay there for the device planner; on the CPU numpy plans them
     ids = device_ids if device_ids.device.type != "cpu" else device_ids.numpy()

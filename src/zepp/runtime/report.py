@@ -67,7 +67,8 @@ def _system(cfg: dict, recs: list[dict], tol: float) -> dict:
 
 def breakdown_ms(per_rank: list[list[dict]]) -> dict:
     """Per part of a layer (``zepp.runtime.dispatcher.HOST_PARTS``, the stages ``d<s>`` / ``c<s>``,
-    ``compute``): the median over iterations of the slowest rank's milliseconds (a part a rank
+    ``compute``, and ``cpu``: the rank process's CPU time in the layer call, every thread, user and
+    system): the median over iterations of the slowest rank's milliseconds (a part a rank
     did not run counts 0 there)."""
     if not per_rank or not per_rank[0]:
         return {}
