@@ -393,25 +393,21 @@ def device_main(args) -> None:
                         row["profile_error"] = f"{type(e).__name__}: {e}"[:400]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    props = torch.cuda.get_device_properties(dev)
+    clock, bus = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
     info = dict(what="device planning times of zepp.planner.torch (routing zepp + flows zepp/reduce)",
                 measured_at=started.isoformat(timespec="seconds"), torch=torch.__version__, rows=rows,
+                hbm_bw=2 * clock * 1e3 * bus / 8 if clock and bus else None,
                 note="eager: sync=True; capture_safe: sync=False, sweeps=1; graph: CUDA-graph replay of capture_safe")
     Path(args.out + "_cuda.json").write_text(json.dumps(info, indent=1))
     lines = device_report(info)
     Path(args.out + "_cuda.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.data:
+        from zepp.sim.planner_times import record_from_device_run
+
         data = json.loads(Path(args.data).read_text())
-        props = torch.cuda.get_device_properties(dev)
-        clock, bus = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
-        data["device_records"].append(dict(
-            device="cuda", device_name=rows[0]["device"] if rows else None, cuda_graph=True, measured_at=info["measured_at"],
-            hbm_bw=2 * clock * 1e3 * bus / 8 if clock and bus else None,
-            torch=info["torch"], written_by="benchmarks/planner/plan_speed_torch.py --device cuda --data",
-            rows=[dict(model=r["model"], nodes=r["nodes"], gpus_per_node=GPUS_PER_NODE, budget_mb=r["mb"],
-                       entries=r["entries"], graph_ms=r.get("graph_ms"), eager_ms=r["eager_ms"],
-                       capture_safe_ms=r["capture_safe_ms"], parts_ms=r.get("parts_ms", {}))
-                  for r in rows if "eager_error" not in r]))
+        data["device_records"].append(record_from_device_run(info))
         Path(args.data).write_text(json.dumps(data, indent=1) + "\n")
 
 

@@ -25,6 +25,7 @@ writes ``benchmarks/results/bench_today.{md,json,png}``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -244,7 +245,10 @@ def write(rows: list[dict], meta: dict, out: Path, figure: bool = True) -> None:
             "normal); 'fastest baseline' names the fastest of them on the row and 'vs fastest' is Zepp against it; "
             "Zepp's best of " + ", ".join(dict.fromkeys(DECODE_ZEPP)) + " (decode) and "
             + ", ".join(PREFILL_ZEPP) + " (prefill). Floors: each system's own physical lower bound; "
-            "the configuration's floor is the smallest.", "", *summary, "",
+            "the configuration's floor is the smallest. Zepp's planner: "
+            + (f"the torch planner's CUDA-graph times measured on a GPU ({meta['planner_times']}), not the op-mix "
+               "model" if meta.get("planner_times") else "the op-mix model (`zepp.sim.planning_cost`)") + ".",
+            "", *summary, "",
             *lines, "", *diagnosis_lines(meta.get("diagnosis", [])), *caveat_lines(),
             "Not run:", *[f"- {x}" for x in NOT_RUN],
             *[f"- {c} {n}x{g}, {m}, {t} tokens per GPU: in the grid, not finished in this run (see the JSON's "
@@ -330,6 +334,9 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma list of grid indices (timing)")
     ap.add_argument("--from-json", default=None, help="rewrite the .md and .png from a results JSON (no simulation)")
     ap.add_argument("--diagnose-only", action="store_true", help="add the DIAGNOSE figures to --from-json's file")
+    ap.add_argument("--planner-times", default=None, metavar="FILE",
+                    help="charge Zepp's planner the CUDA-graph part times of a plan_speed_torch.py --device cuda run "
+                         "(its JSON) instead of the op-mix model")
     ap.add_argument("--join", nargs="+", default=None,
                     help="join the JSONs of --only runs (run side by side) into one, rows in GRID order, and write it")
     args = ap.parse_args()
@@ -355,6 +362,17 @@ def main() -> None:
             raise SystemExit(f"grid point {c} {n}x{gpn} {m}: experts do not divide")
     import torch  # noqa: F401  (EPLB's placement imports it: a one-off cost, kept out of the first row)
 
+    with contextlib.ExitStack() as charged:
+        if args.planner_times:
+            from zepp.sim.planner_times import charged_records, record_from_device_run
+
+            run = json.loads(Path(args.planner_times).read_text())
+            charged.enter_context(charged_records({"device_records": [record_from_device_run(run)]}))
+        run_grid(args, grid, traces)
+
+
+def run_grid(args, grid, traces) -> None:
+    """Simulate ``grid``'s configurations one by one, writing the table after each."""
     startup = time.process_time()
     rows = []
     t0 = time.process_time()
@@ -372,7 +390,7 @@ def main() -> None:
                     loadavg=" ".join(f"{x:.1f}" for x in os.getloadavg()), baselines=list(BASELINES),
                     not_run=list(NOT_RUN),
                     network="DeepEP published (zepp.sim.calibrate.PUBLISHED)", decode_zepp=list(DECODE_ZEPP),
-                    prefill_zepp=list(PREFILL_ZEPP))
+                    prefill_zepp=list(PREFILL_ZEPP), planner_times=args.planner_times)
         write(rows, meta, out, figure=i == len(grid) - 1)  # the table after every row, the chart once
     if not args.only:
         meta["diagnosis"] = [diagnose(p, traces, args.seed) for p in DIAGNOSE]

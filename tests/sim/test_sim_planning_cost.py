@@ -49,3 +49,25 @@ def test_unknown_model_names_the_known_ones():
     with pytest.raises(ZeppInputError, match="eplb-torch"):
         seconds("guess")
     assert set(MODELS) >= {s.planning for s in registry.SYSTEMS.values()}
+
+
+def test_charged_device_records_replace_the_op_mix_only_inside_the_block():
+    """``planner_times.charged_records`` makes Zepp's planning cost the device run's CUDA-graph part
+    times (interpolated in the entries, route + flows) and the op-mix model again after the block;
+    a device run whose captures all failed is refused."""
+    from zepp.sim.planner_times import charged_records, record_from_device_run
+    from zepp.sim.planning_cost import zepp_planning
+
+    run = {"measured_at": "2026-12-04T00:00:00+00:00", "torch": "x", "hbm_bw": 4.8e12,
+           "rows": [{"model": "k2", "nodes": 4, "mb": 1, "entries": 1000, "device": "gpu",
+                     "parts_ms": {"route:zepp": 2.0, "flows:zepp/reduce": 1.0}},
+                    {"model": "k2", "nodes": 4, "mb": 4, "entries": 3000, "device": "gpu",
+                     "parts_ms": {"route:zepp": 4.0, "flows:zepp/reduce": 2.0}},
+                    {"model": "k2", "nodes": 8, "mb": 1, "entries": 5000, "device": "gpu", "graph_error": "x"}]}
+    op_mix = zepp_planning("zepp", "reduce", False, 2000, 4.8e12)
+    with charged_records({"device_records": [record_from_device_run(run)]}):
+        assert zepp_planning("zepp", "reduce", False, 2000, 4.8e12) == pytest.approx(3.0e-3 + 1.5e-3)
+    assert zepp_planning("zepp", "reduce", False, 2000, 4.8e12) == op_mix
+    assert op_mix < 1e-3
+    with pytest.raises(ValueError, match="no row with CUDA-graph part times"):
+        record_from_device_run({"measured_at": "x", "rows": [run["rows"][2]]})

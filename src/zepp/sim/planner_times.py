@@ -10,10 +10,17 @@ smallest measured time below the smallest measured size (launch-bound floor), li
 measured sizes, the last non-falling slope above; the part above the floor scaled by the HBM bandwidth
 of the recorded GPU over the target's (``measured_seconds``, which the op-mix model uses too). It returns ``None`` where no device figure exists, so a caller
 keeps the op-mix conversion there.
+
+The package's file holds no device record: the simulator's default charges Zepp's planner by the
+op-mix model (the planner the paper describes: about 5% of the layer). The torch planner as this
+project ships it, timed on an H200 (``benchmarks/results/plan_speed_torch_h200_cuda.json``), is
+charged only when asked: ``charged_records(record_from_device_run(...))`` around a simulation
+(``benchmarks/simulated/bench_today.py --planner-times FILE``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from importlib import resources
@@ -27,13 +34,42 @@ def recorded_times() -> dict:
     return json.loads((resources.files("zepp") / "data" / "planner_torch_times.json").read_text())
 
 
+_charged: list[dict] = []  # the records ``charged_records`` put in force, innermost last
+
+
+@contextlib.contextmanager
+def charged_records(data: dict):
+    """Within the block, ``device_part_seconds`` reads ``data`` (the data file's shape:
+    ``{"device_records": [...]}``) instead of the data file: a simulation charges the planner
+    figures of one device run (``record_from_device_run``) without writing them into the package."""
+    _charged.append(data)
+    try:
+        yield
+    finally:
+        _charged.pop()
+
+
+def record_from_device_run(info: dict) -> dict:
+    """One ``device_records`` entry from the JSON of ``benchmarks/planner/plan_speed_torch.py
+    --device cuda`` (its rows' CUDA-graph part times; rows whose capture failed are left out)."""
+    rows = [dict(model=r["model"], nodes=r["nodes"], budget_mb=r["mb"], entries=r["entries"], graph_ms=r.get("graph_ms"),
+                 eager_ms=r.get("eager_ms"), capture_safe_ms=r.get("capture_safe_ms"), parts_ms=r["parts_ms"])
+            for r in info["rows"] if r.get("parts_ms")]
+    if not rows:
+        raise ValueError("the device run has no row with CUDA-graph part times")
+    return dict(device="cuda", device_name=info["rows"][0].get("device"), cuda_graph=True,
+                measured_at=info["measured_at"], hbm_bw=info.get("hbm_bw"), torch=info.get("torch"),
+                written_by="benchmarks/planner/plan_speed_torch.py --device cuda", rows=rows)
+
+
 def device_part_seconds(part: str, entries: int, hbm_bw: float | None = None, *, prefer_graph: bool = True,
                         data: dict | None = None) -> float | None:
     """Seconds of planner part ``part`` for a batch of ``entries`` entries on a GPU of ``hbm_bw``
     bytes/s (``None``: the recorded GPU's), from the device records; ``None`` when none has it.
 
     Among the records holding ``part``, CUDA-graph ones first (``prefer_graph``), then the latest."""
-    data = recorded_times() if data is None else data
+    if data is None:
+        data = _charged[-1] if _charged else recorded_times()
     recs = [r for r in data.get("device_records", []) if any(part in row.get("parts_ms", {}) for row in r["rows"])]
     if not recs:
         return None

@@ -35,8 +35,10 @@ kernels and one host synchronisation, the same on any GPU); between measured siz
 interpolated linearly in the entry count; above the largest it grows along the last measured
 slope (bytes-bound). The part above the floor is scaled by the HBM bandwidth ratio of the
 cluster's GPU to the H200's. Where the torch planner's own device time of a part is recorded
-(``zepp/data/planner_torch_times.json``, ``device_records``; none yet: no GPU was lent when it
-was written), that measurement replaces the part's op-mix conversion (``zepp.sim.planner_times``).
+(``zepp/data/planner_torch_times.json``, ``device_records``, or the records a caller puts in force
+with ``zepp.sim.planner_times.charged_records``), that measurement replaces the part's op-mix
+conversion. The package's file holds none: by default Zepp's planner is the op-mix model; the
+torch planner as measured on an H200 is charged on request (``zepp.sim.planner_times``).
 """
 
 from __future__ import annotations
