@@ -43,14 +43,15 @@ def entry_keys(topk_ids: np.ndarray, num_experts: int) -> EntryKeys:
 
 def assign_entries(keys: EntryKeys, assigned: np.ndarray | None, tables: ZeppTables, with_node: bool = False):
     """``slot [R, n]`` int32: every entry on its replica (``-1`` where missing); with
-    ``with_node``, also ``node [R, n]``: its replica's node (the home node where missing).
+    ``with_node``, also ``node [R, n]``: its replica's node code (the home node where missing; the
+    sign bit set where the entry's expert has a single replica: ``zepp_tables.single_bit``).
 
     ``assigned [R, M, C]``: how many of rank ``r``'s entries of ``multi[m]`` replica ``c`` takes
     (``None``: no expert has several replicas)."""
     R = keys.index.shape[0]
     L = tables.placement.gpus_per_node
     slot_tab = np.broadcast_to(tables.slot_of, (R, tables.slot_of.size)).copy()
-    node_tab = np.broadcast_to(tables.node_of, slot_tab.shape).copy()
+    node_tab = np.broadcast_to(tables.node_code_of, slot_tab.shape).copy()
     node_tab[:, 0] = np.arange(R) // L  # a missing entry sits at home
     split = np.zeros((R, 0), bool)
     if assigned is not None and tables.multi.size:
