@@ -104,10 +104,12 @@ class TokenCounts:
         return np.where(keep, comp, -1).astype(np.int64)
 
     def gpus_on_listed(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on its node."""
-        gpus = self.gpus_on(owner, token, node)
-        row, col = np.nonzero(gpus >= 0)
-        return row, gpus[row, col]
+        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on
+        its node, by row (inside a row in entry order; no sort: ``k(k-1)/2`` column comparisons)."""
+        comp = np.ascontiguousarray(self.slot[owner, token].T) // self.S  # [k, d], -1 where missing
+        keep = _first_of_token(comp) & (comp // self.L == node)
+        row, j = np.nonzero(keep.T)
+        return row, comp[j, row].astype(np.int64)
 
 
 class _Block:
@@ -170,10 +172,31 @@ class _Block:
         t = np.arange(seg.size) - (start - (T - width))[seg]
         g = rb[seg] * T + t
         node = n.astype(self.node.dtype)[seg]
-        present = np.zeros(g.size, bool)
-        for col in self.node:
-            present |= col.take(g) == node
+        bits = self.node_bits()
+        if bits is not None:  # one gather per window token instead of k
+            u = bits.dtype.type
+            present = ((bits.take(g) >> node.astype(bits.dtype)) & u(1)).astype(bool)
+        else:
+            present = np.zeros(g.size, bool)
+            for col in self.node:
+                present |= col.take(g) == node
         return seg, start, t, present
+
+    def node_bits(self) -> np.ndarray | None:
+        """``[g]``: each token's nodes as bits (bit ``n`` set where an entry is on node ``n``), in
+        the narrowest unsigned type of ``N`` bits; ``None`` beyond 64 nodes. Built on first use."""
+        if not hasattr(self, "_bits"):
+            self._bits = None
+            N = self.tc.N
+            if N <= 64:
+                u = np.dtype(f"uint{next(b for b in (8, 16, 32, 64) if N <= b)}").type
+                self._bits = np.zeros(self.node.shape[1], u)
+                bit = np.empty_like(self._bits)
+                for col in self.node:  # a missing entry (-1) sets no bit
+                    np.left_shift(u(1), col.astype(u), out=bit)
+                    bit[col < 0] = 0
+                    self._bits |= bit
+        return self._bits
 
 
 def _small_int(hi: int) -> type:
