@@ -121,9 +121,8 @@ class _Block:
     def __init__(self, tc: TokenCounts, r0: int):
         self.tc, self.r0 = tc, r0
         self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
-        comp = tc.slot[r0:r1].reshape(-1, tc.k) // tc.S  # [g, k] int32
-        self.comp = comp.T.astype(_small_int(tc.R), order="C")  # [k, g]
-        self.node = self.comp // tc.L
+        self.comp = _divide(tc.slot[r0:r1].reshape(-1, tc.k), tc.S).T.astype(_small_int(tc.R), order="C")  # [k, g]
+        self.node = _divide(self.comp, tc.L)
         self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
         self.first_c = _first_of_token(self.comp)
         self.first_n = _first_of_token(self.node)
@@ -132,11 +131,11 @@ class _Block:
         """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
         R = self.tc.R
         dtype = _small_int(4 * R * (R + 1))
+        flags = np.multiply(self.first_n.view(np.int8), np.int8(2))  # in int8, so the int16 key takes 3 passes
+        flags += self.first_c.view(np.int8)
         key = np.multiply(self.comp, 4, dtype=dtype)
+        key += flags
         key += ((np.arange(self.r0, self.r1) * (R + 1) + 1) * 4).astype(dtype).repeat(self.tc.T)
-        key += self.first_c
-        key += self.first_n
-        key += self.first_n
         return key
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
@@ -197,6 +196,11 @@ class _Block:
                     bit[col < 0] = 0
                     self._bits |= bit
         return self._bits
+
+
+def _divide(a: np.ndarray, d: int) -> np.ndarray:
+    """``a // d``, by a shift where ``d`` is a power of two (the same values, negative ones too)."""
+    return a >> (d.bit_length() - 1) if d & (d - 1) == 0 else a // d
 
 
 def _small_int(hi: int) -> type:

@@ -21,7 +21,8 @@ from zepp.planner.types import Placement, replica_bounds
 
 
 def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
-           rounds: int, slot_counts: tuple | None = None, node: np.ndarray | None = None) -> np.ndarray:
+           rounds: int, slot_counts: tuple | None = None, node: np.ndarray | None = None,
+           in_place: bool = False) -> np.ndarray:
     """``slot [R, T, k]`` after up to ``rounds`` rounds of the vacate pass.
 
     Each round every candidate token proposes its move; moves are admitted in token order while
@@ -30,14 +31,16 @@ def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxat
     ``slot [R, T, k]``: ``-1`` where an entry is missing. ``slot_counts``: ``(load, lower, upper)``
     per global slot ``[R*S]`` where the caller has them from its counts (the water-fill's; only the
     slots of several-replica experts are read, the only ones a move leaves or enters), else they
-    are counted here. ``node``: each entry's node under ``slot`` (its home node where missing),
-    any shape of ``R*T*k`` elements, where the caller has it.
+    are counted here. ``node``: each entry's node code under ``slot`` (``zepp_assign.assign_entries``:
+    its node, the home node where missing, the sign bit set where its expert has a single replica),
+    any shape of ``R*T*k`` elements, where the caller has it. ``in_place``: ``slot`` (int32, C
+    order) is moved in place instead of copied (the caller's own array).
     """
     ranks, T, k = topk_ids.shape
     N = ranks // placement.gpus_per_node
     if N < 2 or rounds < 1 or not (placement.replica_count > 1).any():
         return slot
-    state = _Vacate(topk_ids, slot, placement, relaxation, slot_counts, node)
+    state = _Vacate(topk_ids, slot, placement, relaxation, slot_counts, node, in_place)
     for _ in range(rounds):
         if not state.round():
             break
@@ -51,13 +54,13 @@ class _Vacate:
     ``home [G]``, ``load`` and the bounds ``lo`` / ``hi [R*S]`` per slot, ``candidates [g]``
     tokens still worth a round; the placement's ``tables``."""
 
-    def __init__(self, topk_ids, slot, placement: Placement, relaxation: float, slot_counts, node):
+    def __init__(self, topk_ids, slot, placement: Placement, relaxation: float, slot_counts, node, in_place=False):
         ranks, T, k = topk_ids.shape
         self.tables = zepp_tables(placement)
         self.N, self.k, self.SL = placement.nodes, k, placement.slots_per_rank * placement.gpus_per_node
         G = ranks * T
         self.expert = topk_ids.reshape(-1)
-        self.slot = slot.astype(np.int32).reshape(-1)  # a copy
+        self.slot = slot.reshape(-1) if in_place else slot.astype(np.int32).reshape(-1)  # else a copy
         self.multi = placement.replica_count > 1
         self.node_mask = None  # node bit masks in the narrowest type wider than N bits (shifts by N stay defined)
         if self.tables.node_mask is not None:
