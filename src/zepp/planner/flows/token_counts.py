@@ -191,9 +191,11 @@ class _Block:
                 u = np.dtype(f"uint{next(b for b in (8, 16, 32, 64) if N <= b)}").type
                 self._bits = np.zeros(self.node.shape[1], u)
                 bit = np.empty_like(self._bits)
+                missing = bool((self.node < 0).any())
                 for col in self.node:  # a missing entry (-1) sets no bit
                     np.left_shift(u(1), col.astype(u), out=bit)
-                    bit[col < 0] = 0
+                    if missing:
+                        bit[col < 0] = 0
                     self._bits |= bit
         return self._bits
 

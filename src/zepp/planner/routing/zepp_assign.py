@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zepp.planner.intsort import sorted_unique
 from zepp.planner.routing.base_routing import position_in_group
 from zepp.planner.routing.zepp_tables import ZeppTables
 
@@ -57,7 +58,7 @@ def assign_entries(keys: EntryKeys, assigned: np.ndarray | None, tables: ZeppTab
     if assigned is not None and tables.multi.size:
         used = assigned > 0
         only = used.argmax(2)  # the one replica of an unsplit group
-        split = used.sum(2) > 1  # [R, M]
+        split = only != used.shape[2] - 1 - used[:, :, ::-1].argmax(2)  # [R, M]: first and last used differ
         m = np.arange(tables.multi.size)
         slot_tab[:, tables.multi + 1] = np.where(split, _SPLIT, tables.multi_slots[m, only])
         node_tab[:, tables.multi + 1] = tables.multi_nodes[m, only]
@@ -79,8 +80,13 @@ def _assign_split(keys: EntryKeys, assigned: np.ndarray, tables: ZeppTables, slo
     r, m = cell // E1, m_of[cell % E1]
     group = r * tables.multi.size + m
     pos = position_in_group(group, assigned.shape[0] * assigned.shape[1])
-    ends = np.cumsum(assigned.reshape(-1, assigned.shape[2]), axis=1)[group]  # [s, C]
-    replica = (pos[:, None] >= ends).sum(1)
+    # the cumulative counts of the split groups only, one replica column at a time
+    groups = sorted_unique(group)
+    ends = np.cumsum(assigned.reshape(-1, assigned.shape[2])[groups], axis=1).T  # [C, split groups]
+    at = np.searchsorted(groups, group)
+    replica = np.zeros(group.size, np.intp)
+    for end in ends:
+        replica += pos >= end.take(at)
     slot.ravel()[where] = tables.multi_slots[m, replica]
     if node is not None:
         node.ravel()[where] = tables.multi_nodes[m, replica]
