@@ -116,16 +116,19 @@ class _Block:
     """Ranks ``r0 .. r1`` of a ``TokenCounts``: per entry column ``comp`` and ``node [k, g]``
     (``-1`` where missing; ``g = (r1 - r0) T``; the smallest integer type that holds them),
     ``first_c`` / ``first_n [k, g]`` (the entry is its token's first on that rank / node),
-    ``owner [g]`` (global rank of each token)."""
+    ``owner [g]`` (global rank of each token, built on use)."""
 
     def __init__(self, tc: TokenCounts, r0: int):
         self.tc, self.r0 = tc, r0
         self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
         self.comp = _divide(tc.slot[r0:r1].reshape(-1, tc.k), tc.S).T.astype(_small_int(tc.R), order="C")  # [k, g]
         self.node = _divide(self.comp, tc.L)
-        self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
         self.first_c = _first_of_token(self.comp)
         self.first_n = _first_of_token(self.node)
+
+    @property
+    def owner(self) -> np.ndarray:
+        return np.repeat(np.arange(self.r0, self.r1, dtype=np.int32), self.tc.T)
 
     def key(self) -> np.ndarray:
         """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
