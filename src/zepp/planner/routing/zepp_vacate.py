@@ -5,9 +5,12 @@ bounds allow (PAPER.md section 2.2, after the water-fill of ``zepp_routing``).
 A move of a token is all-or-nothing: it only pays if the node drops out entirely. Rounds are
 vectorised over the candidate tokens ``[g]`` and their proposed moves ``[m]``. A token's entries
 are held column by column (``node [k, G]``: entry ``j`` of every token contiguous), so a token's
-per-node counts are ``k(k-1)/2`` comparisons of two columns; a move's target is read off bit
-masks of nodes (``N <= zepp_tables.MASK_NODES``) or, on larger clusters, off the ``k + 1`` candidate nodes in turn.
-Admission counts a move's place among the earlier moves into (out of) the same replica only
+per-node counts are ``k(k-1)/2`` comparisons of two columns. Which entries can never move (their
+expert has one replica) comes with the nodes, off the assignment's gather (node codes:
+``zepp_assign.assign_entries``), so a token blocked by one is found on the columns and only
+several-replica moves are listed, in token order, each token's one move read off the columns
+(``_token_major``). A move's target is read off bit masks of nodes (``N <= zepp_tables.MASK_NODES``)
+or, on larger clusters, off the ``k + 1`` candidate nodes in turn. Admission counts a move's place among the earlier moves into (out of) the same replica only
 where more moves ask for a replica than it has room (``_fits_in_order``).
 """
 
