@@ -64,7 +64,7 @@ def _build_tables(placement: Placement) -> ZeppTables:
                       (np.maximum(multi_slots, 0) // SL).astype(node_dtype), ron, mask)
 
 
-def single_bit(dtype) -> np.integer:
+def single_bit(dtype) -> int:
     """The sign bit of the signed integer type ``dtype``: set in a node code where the entry's
     expert has a single replica (the node is the code with it cleared)."""
     return np.iinfo(dtype).min

@@ -10,8 +10,9 @@ expert has one replica) comes with the nodes, off the assignment's gather (node 
 ``zepp_assign.assign_entries``), so a token blocked by one is found on the columns and only
 several-replica moves are listed, in token order, each token's one move read off the columns
 (``_token_major``). A move's target is read off bit masks of nodes (``N <= zepp_tables.MASK_NODES``)
-or, on larger clusters, off the ``k + 1`` candidate nodes in turn. Admission counts a move's place among the earlier moves into (out of) the same replica only
-where more moves ask for a replica than it has room (``_fits_in_order``).
+or, on larger clusters, off the ``k + 1`` candidate nodes in turn. Admission counts a move's place
+among the earlier moves into (out of) the same replica only where more moves ask for a replica
+than it has room (``_fits_in_order``).
 """
 
 from __future__ import annotations
@@ -220,8 +221,8 @@ def _token_major(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     gi = np.empty(tok.size + int(extra.sum()), np.intp)
     ki = np.empty_like(gi)
     gi[first], ki[first] = tok, col.take(tok)
-    row, j = np.nonzero(mask[:, tok[several]].T)  # their cells, token-major
-    at = first[several].repeat(per[several]) + np.arange(row.size) - (np.cumsum(per[several]) - per[several]).repeat(
-        per[several])
+    row, j = np.nonzero(mask[:, tok[several]].T)  # their cells, token-major; row: which of them
+    start = np.cumsum(per[several]) - per[several]  # where each one's cells start in row
+    at = first[several].take(row) + np.arange(row.size) - start.take(row)
     gi[at], ki[at] = tok[several].take(row), j
     return gi, ki
