@@ -149,6 +149,37 @@ def test_vacate_moves_a_token_off_its_least_touched_node():
     assert _token_nodes(filled)[:4].sum() == 11 and _token_nodes(vacated)[:4].sum() == 9
 
 
+def test_token_major_lists_a_mask_by_token_then_entry():
+    # mostly one cell per token (read off the columns), some tokens with several (listed one by one)
+    from zepp.planner.routing.zepp_vacate import _token_major
+
+    rng = np.random.default_rng(3)
+    for density in (0.0, 0.05, 0.3):
+        mask = rng.random((6, 500)) < density
+        mask[:, 7] = False
+        mask[[1, 4], 9] = True
+        gi, ki = _token_major(mask)
+        want_g, want_k = np.nonzero(mask.T)
+        assert gi.tolist() == want_g.tolist() and ki.tolist() == want_k.tolist()
+
+
+@SETTINGS
+@given(routing_cases)
+def test_vacate_reads_the_same_nodes_from_codes_and_from_slots(case):
+    """The vacate pass gets each entry's node and single-replica flag from the assignment's node
+    codes, or computes them from the slots; both give the same routing."""
+    from zepp.planner.routing.zepp_routing import _Filled
+    from zepp.planner.routing.zepp_vacate import vacate
+
+    pl, ids = routing_case(case)
+    filled = _Filled(ids, pl, case["relaxation"])
+    slot = filled.slot.reshape(ids.shape)
+    by_codes = vacate(ids, slot, pl, case["relaxation"], 3, filled.slot_counts, filled.node)
+    by_slots = vacate(ids, slot, pl, case["relaxation"], 3)
+    np.testing.assert_array_equal(by_codes, by_slots)
+    np.testing.assert_array_equal(by_codes, route("zepp", ids, pl, case["relaxation"]).slot)
+
+
 # --------------------------------------------------------------------------- moonep
 
 

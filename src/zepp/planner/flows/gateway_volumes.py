@@ -113,7 +113,9 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
     owner, token, node, place = tc.rows_beyond(kept_rn)
     stream, local = (owner // L) * N + node, owner % L
     xi = (ex_end - excess)[stream, local] + place - kept[stream, local]
-    carrier_local = (xi[:, None] >= de_end[stream]).sum(1)
+    carrier_local = np.zeros(xi.size, np.int64)
+    for end in de_end.T:  # the GPU whose deficit interval holds xi (one column of L at a time)
+        carrier_local += xi >= end.take(stream)
     return Gateways(carried, by_owner_local, owner, token, node, carrier_local)
 
 

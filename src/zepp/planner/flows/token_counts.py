@@ -104,37 +104,41 @@ class TokenCounts:
         return np.where(keep, comp, -1).astype(np.int64)
 
     def gpus_on_listed(self, owner: np.ndarray, token: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on its node."""
-        gpus = self.gpus_on(owner, token, node)
-        row, col = np.nonzero(gpus >= 0)
-        return row, gpus[row, col]
+        """``gpus_on`` as a list: ``(row [p], gpu [p])``, the distinct ranks of each row's token on
+        its node, by row (inside a row in entry order; no sort: ``k(k-1)/2`` column comparisons)."""
+        comp = np.ascontiguousarray(self.slot[owner, token].T) // self.S  # [k, d], -1 where missing
+        keep = _first_of_token(comp) & (comp // self.L == node)
+        row, j = np.nonzero(keep.T)
+        return row, comp[j, row].astype(np.int64)
 
 
 class _Block:
     """Ranks ``r0 .. r1`` of a ``TokenCounts``: per entry column ``comp`` and ``node [k, g]``
     (``-1`` where missing; ``g = (r1 - r0) T``; the smallest integer type that holds them),
     ``first_c`` / ``first_n [k, g]`` (the entry is its token's first on that rank / node),
-    ``owner [g]`` (global rank of each token)."""
+    ``owner [g]`` (global rank of each token, built on use)."""
 
     def __init__(self, tc: TokenCounts, r0: int):
         self.tc, self.r0 = tc, r0
         self.r1 = r1 = min(tc.R, r0 + tc.ranks_per_block)
-        comp = tc.slot[r0:r1].reshape(-1, tc.k) // tc.S  # [g, k] int32
-        self.comp = comp.T.astype(_small_int(tc.R), order="C")  # [k, g]
-        self.node = self.comp // tc.L
-        self.owner = np.repeat(np.arange(r0, r1, dtype=np.int32), tc.T)
+        self.comp = _divide(tc.slot[r0:r1].reshape(-1, tc.k), tc.S).T.astype(_small_int(tc.R), order="C")  # [k, g]
+        self.node = _divide(self.comp, tc.L)
         self.first_c = _first_of_token(self.comp)
         self.first_n = _first_of_token(self.node)
+
+    @property
+    def owner(self) -> np.ndarray:
+        return np.repeat(np.arange(self.r0, self.r1, dtype=np.int32), self.tc.T)
 
     def key(self) -> np.ndarray:
         """``[k, g]``: ``(owner (R+1) + comp + 1) 4 + first_c + 2 first_n`` (``comp + 1 = 0``: missing)."""
         R = self.tc.R
         dtype = _small_int(4 * R * (R + 1))
+        flags = np.multiply(self.first_n.view(np.int8), np.int8(2))  # in int8, so the int16 key takes 3 passes
+        flags += self.first_c.view(np.int8)
         key = np.multiply(self.comp, 4, dtype=dtype)
+        key += flags
         key += ((np.arange(self.r0, self.r1) * (R + 1) + 1) * 4).astype(dtype).repeat(self.tc.T)
-        key += self.first_c
-        key += self.first_n
-        key += self.first_n
         return key
 
     def rows_beyond(self, kept: np.ndarray, over: np.ndarray):
@@ -170,10 +174,38 @@ class _Block:
         t = np.arange(seg.size) - (start - (T - width))[seg]
         g = rb[seg] * T + t
         node = n.astype(self.node.dtype)[seg]
-        present = np.zeros(g.size, bool)
-        for col in self.node:
-            present |= col.take(g) == node
+        bits = self.node_bits()
+        if bits is not None:  # one gather per window token instead of k
+            u = bits.dtype.type
+            present = ((bits.take(g) >> node.astype(bits.dtype)) & u(1)).astype(bool)
+        else:
+            present = np.zeros(g.size, bool)
+            for col in self.node:
+                present |= col.take(g) == node
         return seg, start, t, present
+
+    def node_bits(self) -> np.ndarray | None:
+        """``[g]``: each token's nodes as bits (bit ``n`` set where an entry is on node ``n``), in
+        the narrowest unsigned type of ``N`` bits; ``None`` beyond 64 nodes. Built on first use."""
+        if not hasattr(self, "_bits"):
+            self._bits = None
+            N = self.tc.N
+            if N <= 64:
+                u = np.dtype(f"uint{next(b for b in (8, 16, 32, 64) if N <= b)}").type
+                self._bits = np.zeros(self.node.shape[1], u)
+                bit = np.empty_like(self._bits)
+                missing = bool((self.node < 0).any())
+                for col in self.node:  # a missing entry (-1) sets no bit
+                    np.left_shift(u(1), col.astype(u), out=bit)
+                    if missing:
+                        bit[col < 0] = 0
+                    self._bits |= bit
+        return self._bits
+
+
+def _divide(a: np.ndarray, d: int) -> np.ndarray:
+    """``a // d``, by a shift where ``d`` is a power of two (the same values, negative ones too)."""
+    return a >> (d.bit_length() - 1) if d & (d - 1) == 0 else a // d
 
 
 def _small_int(hi: int) -> type:

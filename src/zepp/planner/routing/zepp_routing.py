@@ -25,7 +25,8 @@ def route_zepp(topk_ids: np.ndarray, placement: Placement, relaxation: float, va
     """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the Routing carries C so
     ``validate()`` checks the replica-load bounds ``[floor((1-C) q), ceil((1+C) q)]``."""
     filled = _Filled(topk_ids, placement, relaxation)
-    slot = vacate(topk_ids, filled.slot, placement, relaxation, vacate_rounds, filled.slot_counts, filled.node)
+    slot = vacate(topk_ids, filled.slot, placement, relaxation, vacate_rounds, filled.slot_counts, filled.node,
+                  in_place=True)
     return Routing(topk_ids, slot.reshape(topk_ids.shape), placement, relaxation=relaxation)
 
 
@@ -97,7 +98,8 @@ class _WaterFill:
 
     ``multi [M]``: the experts; ``remaining [R, M]``: demand of each source not placed yet; ``assigned [R, M, C]``: placed per
     source and replica; ``load [M, C]`` per replica; ``unassigned [M]`` per expert; bounds
-    ``lower`` / ``upper [M]``; ``visit [R, M, C]`` (``visit_order``); ``valid [M, C]``.
+    ``lower`` / ``upper [M]`` (and as read per step: ``lower_flat [M*C]`` per replica, 0 where none,
+    ``upper_flat [R*M]`` per (rank, expert)); ``visit [R, M, C]`` (``visit_order``); ``valid [M, C]``.
     """
 
     def __init__(self, remaining: np.ndarray, placement: Placement, relaxation: float, multi: np.ndarray):
@@ -106,12 +108,15 @@ class _WaterFill:
         total = self.remaining.sum(0)
         self.lower, self.upper = expert_load_bounds(total, placement.replica_count.astype(np.int64)[multi], relaxation)
         self.steps = _steps(placement, multi)
-        self.valid, self.visit = self.steps.valid, self.steps.visit
+        self.valid, self.visit, self.valid_flat = self.steps.valid, self.steps.visit, self.steps.valid_flat
         M, cmax = self.valid.shape
         self.cmax = cmax
         self.load = np.zeros((M, cmax), np.int64)
         self.unassigned = total.copy()
         self.assigned = np.zeros((placement.ranks, M, cmax), np.int64)
+        # per step: each replica's lower bound (0 where no replica) and each (rank, expert)'s upper
+        self.lower_flat = np.where(self.valid_flat, np.repeat(self.lower, cmax), 0)
+        self.upper_flat = np.tile(self.upper, placement.ranks)
 
     def run(self) -> None:
         """Sweeps of ``C`` visit steps until every entry is placed (``4C + 4`` sweeps at most)."""
@@ -131,9 +136,9 @@ class _WaterFill:
         each expert; ``[R, M]`` arrays flat, ``[M, C]`` ones flat as ``cell = m C + target``."""
         load = self.load.ravel()
         want = np.where(s.valid, self.remaining.ravel(), 0)
-        deficit = np.where(self.steps.valid_flat, np.maximum(self.steps.lower_of(self.lower) - load, 0), 0)  # [M*C]
+        deficit = np.maximum(self.lower_flat - load, 0)  # [M*C] (a missing replica has no load)
         # Upper bound: sources reaching one replica are served in rank order.
-        take = np.minimum(want, np.maximum(self.upper[s.expert] - load.take(s.cell) - s.before(want), 0))
+        take = np.minimum(want, np.maximum(self.upper_flat - load.take(s.cell) - s.before(want), 0))
         # Filling a lower-bound deficit is always allowed; the rest spends the expert's slack
         # (unassigned - deficits), again in rank order.
         to_deficit = np.clip(deficit.take(s.cell) - s.before(take), 0, take)
@@ -190,10 +195,6 @@ class _Steps:
         if v not in self._steps:
             self._steps[v] = _Step(self.visit[:, :, v], self.valid)
         return self._steps[v]
-
-    def lower_of(self, lower: np.ndarray) -> np.ndarray:
-        """``[M*C]``: each replica's expert's lower bound."""
-        return np.repeat(lower, self.valid.shape[1])
 
 
 _STEPS = PlacementCache()

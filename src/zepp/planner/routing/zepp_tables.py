@@ -20,7 +20,9 @@ class ZeppTables:
 
     ``multi [M]``: experts with several replicas; ``slot_of [E+1]`` int32 and ``node_of [E+1]``:
     per expert at index ``e + 1``, its replica 0 and that replica's node (index 0: a missing
-    entry, slot ``-1``); ``multi_slots [M, C]`` int32: the replicas of ``multi`` (``-1`` padded)
+    entry, slot ``-1``); ``node_code_of [E+1]``: ``node_of`` with the sign bit set where the expert has
+    a single replica (``single_bit``: the vacate pass reads which entries can never move off the same
+    gather as their nodes); ``multi_slots [M, C]`` int32: the replicas of ``multi`` (``-1`` padded)
     and ``multi_nodes [M, C]`` their nodes; ``replica_on_node [E, N]`` (``replica_on_node``) and
     ``node_mask [E]`` uint64, bit ``n`` set where expert ``e`` has a replica on node ``n`` (only
     where ``N <= MASK_NODES``, else ``None``).
@@ -30,6 +32,7 @@ class ZeppTables:
     multi: np.ndarray
     slot_of: np.ndarray
     node_of: np.ndarray
+    node_code_of: np.ndarray
     multi_slots: np.ndarray
     multi_nodes: np.ndarray
     replica_on_node: np.ndarray
@@ -54,8 +57,17 @@ def _build_tables(placement: Placement) -> ZeppTables:
     mask = None
     if placement.nodes <= MASK_NODES:
         mask = ((ron >= 0).astype(np.uint64) << np.arange(placement.nodes, dtype=np.uint64)).sum(1, np.uint64)
-    return ZeppTables(placement, multi, slot_of, (np.maximum(slot_of, 0) // SL).astype(node_dtype), multi_slots,
+    node_of = (np.maximum(slot_of, 0) // SL).astype(node_dtype)
+    code = node_of.copy()
+    code[1:][placement.replica_count == 1] |= single_bit(node_dtype)
+    return ZeppTables(placement, multi, slot_of, node_of, code, multi_slots,
                       (np.maximum(multi_slots, 0) // SL).astype(node_dtype), ron, mask)
+
+
+def single_bit(dtype) -> int:
+    """The sign bit of the signed integer type ``dtype``: set in a node code where the entry's
+    expert has a single replica (the node is the code with it cleared)."""
+    return np.iinfo(dtype).min
 
 
 def replica_on_node(placement: Placement) -> np.ndarray:

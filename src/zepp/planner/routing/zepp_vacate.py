@@ -5,10 +5,14 @@ bounds allow (PAPER.md section 2.2, after the water-fill of ``zepp_routing``).
 A move of a token is all-or-nothing: it only pays if the node drops out entirely. Rounds are
 vectorised over the candidate tokens ``[g]`` and their proposed moves ``[m]``. A token's entries
 are held column by column (``node [k, G]``: entry ``j`` of every token contiguous), so a token's
-per-node counts are ``k(k-1)/2`` comparisons of two columns; a move's target is read off bit
-masks of nodes (``N <= zepp_tables.MASK_NODES``) or, on larger clusters, off the ``k + 1`` candidate nodes in turn.
-Admission counts a move's place among the earlier moves into (out of) the same replica only
-where more moves ask for a replica than it has room (``_fits_in_order``).
+per-node counts are ``k(k-1)/2`` comparisons of two columns. Which entries can never move (their
+expert has one replica) comes with the nodes, off the assignment's gather (node codes:
+``zepp_assign.assign_entries``), so a token blocked by one is found on the columns and only
+several-replica moves are listed, in token order, each token's one move read off the columns
+(``_token_major``). A move's target is read off bit masks of nodes (``N <= zepp_tables.MASK_NODES``)
+or, on larger clusters, off the ``k + 1`` candidate nodes in turn. Admission counts a move's place
+among the earlier moves into (out of) the same replica only where more moves ask for a replica
+than it has room (``_fits_in_order``).
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from zepp.planner.routing.base_routing import position_in_group
-from zepp.planner.routing.zepp_tables import zepp_tables
+from zepp.planner.routing.zepp_tables import single_bit, zepp_tables
 from zepp.planner.types import Placement, replica_bounds
 
 
 def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxation: float,
-           rounds: int, slot_counts: tuple | None = None, node: np.ndarray | None = None) -> np.ndarray:
+           rounds: int, slot_counts: tuple | None = None, node: np.ndarray | None = None,
+           in_place: bool = False) -> np.ndarray:
     """``slot [R, T, k]`` after up to ``rounds`` rounds of the vacate pass.
 
     Each round every candidate token proposes its move; moves are admitted in token order while
@@ -30,14 +35,16 @@ def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxat
     ``slot [R, T, k]``: ``-1`` where an entry is missing. ``slot_counts``: ``(load, lower, upper)``
     per global slot ``[R*S]`` where the caller has them from its counts (the water-fill's; only the
     slots of several-replica experts are read, the only ones a move leaves or enters), else they
-    are counted here. ``node``: each entry's node under ``slot`` (its home node where missing),
-    any shape of ``R*T*k`` elements, where the caller has it.
+    are counted here. ``node``: each entry's node code under ``slot`` (``zepp_assign.assign_entries``:
+    its node, the home node where missing, the sign bit set where its expert has a single replica),
+    any shape of ``R*T*k`` elements, where the caller has it. ``in_place``: ``slot`` (int32, C
+    order) is moved in place instead of copied (the caller's own array).
     """
     ranks, T, k = topk_ids.shape
     N = ranks // placement.gpus_per_node
     if N < 2 or rounds < 1 or not (placement.replica_count > 1).any():
         return slot
-    state = _Vacate(topk_ids, slot, placement, relaxation, slot_counts, node)
+    state = _Vacate(topk_ids, slot, placement, relaxation, slot_counts, node, in_place)
     for _ in range(rounds):
         if not state.round():
             break
@@ -47,26 +54,33 @@ def vacate(topk_ids: np.ndarray, slot: np.ndarray, placement: Placement, relaxat
 class _Vacate:
     """The pass's state over the ``G = R*T`` tokens: ``expert`` and ``slot [G*k]`` (flat, ``-1``
     where missing), ``node [k, G]`` (a missing entry sits on its token's home node: never remote,
-    never moved), ``home [G]``, ``load`` and the bounds ``lo`` / ``hi [R*S]`` per slot,
-    ``candidates [g]`` tokens still worth a round; the placement's ``tables``."""
+    never moved), ``single [k, G]`` (the entry's expert has one replica: it can never move),
+    ``home [G]``, ``load`` and the bounds ``lo`` / ``hi [R*S]`` per slot, ``candidates [g]``
+    tokens still worth a round; the placement's ``tables``."""
 
-    def __init__(self, topk_ids, slot, placement: Placement, relaxation: float, slot_counts, node):
+    def __init__(self, topk_ids, slot, placement: Placement, relaxation: float, slot_counts, node, in_place=False):
         ranks, T, k = topk_ids.shape
         self.tables = zepp_tables(placement)
         self.N, self.k, self.SL = placement.nodes, k, placement.slots_per_rank * placement.gpus_per_node
         G = ranks * T
         self.expert = topk_ids.reshape(-1)
-        self.slot = slot.astype(np.int32).reshape(-1)  # a copy
+        self.slot = slot.reshape(-1) if in_place else slot.astype(np.int32).reshape(-1)  # else a copy
         self.multi = placement.replica_count > 1
         self.node_mask = None  # node bit masks in the narrowest type wider than N bits (shifts by N stay defined)
         if self.tables.node_mask is not None:
             bits = next(b for b in (8, 16, 32, 64) if self.N < b)
             self.node_mask = self.tables.node_mask.astype(f"uint{bits}")
-        self.home = np.repeat(np.arange(self.N, dtype=self.tables.node_of.dtype), T * placement.gpus_per_node)
-        if node is None:
-            node = np.where(self.slot >= 0, self.slot // self.SL, np.repeat(self.home, k))
-        self.node = np.ascontiguousarray(np.asarray(node, self.home.dtype).reshape(G, k).T)  # [k, G]
+        dtype = self.tables.node_of.dtype
+        self.home = np.repeat(np.arange(self.N, dtype=dtype), T * placement.gpus_per_node)
+        if node is None:  # node codes (zepp_assign.assign_entries) from the slots
+            code = np.where(self.slot >= 0, self.slot // self.SL, np.repeat(self.home, k)).astype(dtype)
+            code[(self.expert >= 0) & ~self.multi[np.maximum(self.expert, 0)]] |= single_bit(dtype)
+            node = code
+        code = np.ascontiguousarray(np.asarray(node, dtype).reshape(G, k).T)  # [k, G]
+        self.single = code < 0
+        self.node = code & np.iinfo(dtype).max
         self.n_slots = placement.slot_expert.size
+        self.slot_expert = placement.slot_expert.ravel()
         if slot_counts is None:
             s = self.slot[self.slot >= 0]
             slot_counts = (np.bincount(s, minlength=self.n_slots), *replica_bounds(self.expert, placement, relaxation))
@@ -82,36 +96,39 @@ class _Vacate:
         g = cand.size
         if g == 0:
             return False
-        node = self.node if g == self.node.shape[1] else self.node.take(cand, axis=1)  # [k, g], C order
-        home = self.home[cand]
-        gi, ki, least, has_remote = _least_touched_entries(node, home, self.N)
+        every = g == self.node.shape[1]
+        node = self.node if every else self.node.take(cand, axis=1)  # [k, g], C order
+        single = self.single if every else self.single.take(cand, axis=1)
+        home = self.home if every else self.home.take(cand)
+        least, has_remote = _least_touched(node, home, self.N)
+        on_least = node == least  # [k, g]: the entries to move (none where no node is remote)
+        # An entry of a single-replica expert on the node cannot move: its token keeps its routing
+        # (such moves only touch single-replica slots, so they hold no room of the others; the
+        # token's other moves still hold theirs in the admission order below).
+        stuck = (on_least & single).any(0)
+        on_least &= ~single
+        gi, ki = _token_major(on_least)
         if gi.size == 0:
             return False
-        flat = cand[gi] * self.k + ki
-        e_mv = self.expert.take(flat)
-        # An entry of a single-replica expert on the node cannot move: its token keeps its routing
-        # (such moves only touch single-replica slots, so they hold no room of the others).
-        single = ~self.multi[e_mv]
-        stuck = _any_of_token(gi[single], g)
-        mv = np.flatnonzero(~single)
-        gi, ki, flat, e_mv = gi[mv], ki[mv], flat[mv], e_mv[mv]
+        tok = cand.take(gi)
+        flat = tok * self.k + ki
         src = self.slot.take(flat)
-        dst, feasible = self._targets(e_mv, node, gi, home[gi], least[gi], src)
+        e_mv = self.slot_expert.take(src)
+        dst, feasible = self._targets(e_mv, node, gi, home.take(gi), least.take(gi), src)
         # Admission in token order; a token moves only if all its entries on that node can move.
         fits = feasible & _fits_in_order(dst, self.hi - self.load, self.n_slots) \
             & _fits_in_order(src, self.load - self.lo, self.n_slots)
-        accept = ~(stuck | _any_of_token(gi[~fits], g))[gi]
+        accept = ~_mark(stuck, gi, ~fits).take(gi)
         if not accept.any():
             return False
         at = np.flatnonzero(accept)
         da, sa = dst[at], src[at]
         self.slot[flat[at]] = da
-        self.node.ravel()[ki[at] * self.node.shape[1] + cand[gi[at]]] = da // self.SL
+        self.node.ravel()[ki[at] * self.node.shape[1] + tok[at]] = da // self.SL
         self.load += np.bincount(da, minlength=self.n_slots) - np.bincount(sa, minlength=self.n_slots)
         # Next round: tokens that moved (another node may now drop) and tokens that only lost
         # because rejected moves of other tokens held the room.
-        still = ~(stuck | _any_of_token(gi[~feasible], g))
-        self.candidates = cand[still & has_remote]
+        self.candidates = cand.take(np.flatnonzero(~_mark(stuck, gi, ~feasible) & has_remote))
         return True
 
     def _targets(self, e_mv, node, gi, home, least, src) -> tuple[np.ndarray, np.ndarray]:
@@ -144,10 +161,10 @@ class _Vacate:
         return np.where(feasible, there, src).astype(np.int32), feasible
 
 
-def _any_of_token(gi: np.ndarray, g: int) -> np.ndarray:
-    """``[g]`` bool: the tokens named in ``gi``."""
-    out = np.zeros(g, bool)
-    out[gi] = True
+def _mark(flags: np.ndarray, gi: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """``[g]`` bool: ``flags``, or named in ``gi [m]`` where ``where [m]`` (a new array)."""
+    out = flags.copy()
+    out[gi.take(np.flatnonzero(where))] = True  # (a take: boolean indexing is several times slower)
     return out
 
 
@@ -162,10 +179,9 @@ def _fits_in_order(key: np.ndarray, room: np.ndarray, n_keys: int) -> np.ndarray
     return ok
 
 
-def _least_touched_entries(node: np.ndarray, home: np.ndarray, N: int):
+def _least_touched(node: np.ndarray, home: np.ndarray, N: int) -> tuple[np.ndarray, np.ndarray]:
     """Per token (``node [k, g]`` of its entries, ``home [g]``), the remote node it touches least
-    (ties: lowest node id): ``(gi [m], ki [m], least [g], has_remote [g])``, the (token, entry)
-    indices of the entries on it, in token order."""
+    (ties: lowest node id): ``(least [g], has_remote [g])``, ``least = -1`` where no node is remote."""
     k, g = node.shape
     count = np.zeros((k, g), np.int8 if k < 64 else np.int16)  # per entry, other entries of its token on its node
     same = np.empty(g, bool)
@@ -180,7 +196,33 @@ def _least_touched_entries(node: np.ndarray, home: np.ndarray, N: int):
     has_remote = least_key < k * N
     table = np.full(2 * k * N, -1, node.dtype)
     table[:k * N] = np.arange(k * N) % N
-    least = table.take(least_key)
-    flat = np.flatnonzero((node == least).T)  # token-major order
-    gi = flat // k
-    return gi, flat - gi * k, least, has_remote
+    return table.take(least_key), has_remote
+
+
+def _token_major(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``True`` cells of ``mask [k, g]`` in token-major order: ``(gi [m], ki [m])``. Almost
+    every token has at most one, so a token's cell is read off the columns (``sum j mask[j]``,
+    right where it has one) and only the tokens with several are listed cell by cell."""
+    k, g = mask.shape
+    small = np.int8 if k < 128 else np.int32
+    count = mask.sum(0, dtype=small)
+    tok = np.flatnonzero(count != 0)  # (a bool array: numpy's nonzero of int8 is several times slower)
+    col = np.zeros(g, small)
+    for j in range(1, k):
+        col += mask[j].view(np.int8) * small(j)
+    per = count.take(tok)
+    several = np.flatnonzero(per > 1)
+    if several.size == 0:
+        return tok, col.take(tok).astype(np.intp)
+    # the first cell of token i of tok sits after the extra cells of the tokens before it
+    extra = np.zeros(tok.size, np.intp)
+    extra[several] = per[several] - 1
+    first = np.arange(tok.size) + (np.cumsum(extra) - extra)
+    gi = np.empty(tok.size + int(extra.sum()), np.intp)
+    ki = np.empty_like(gi)
+    gi[first], ki[first] = tok, col.take(tok)
+    row, j = np.nonzero(mask[:, tok[several]].T)  # their cells, token-major; row: which of them
+    start = np.cumsum(per[several]) - per[several]  # where each one's cells start in row
+    at = first[several].take(row) + np.arange(row.size) - start.take(row)
+    gi[at], ki[at] = tok[several].take(row), j
+    return gi, ki
