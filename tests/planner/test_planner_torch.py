@@ -154,13 +154,14 @@ def test_capture_safe_mode_reads_nothing_back(monkeypatch):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases)
 def test_fewer_sweeps_are_flagged_or_exact(case):
-    """With one water-fill sweep the routing is either complete (and then the numpy planner's)
-    or says so (``unplaced > 0``); ``plan_batch_numpy`` then re-plans and is always exact."""
+    """With one water-fill sweep (and the vacate pass's short move lists) the routing is either
+    the numpy planner's or says it is not (``shortfall() > 0``); ``plan_batch(..., host=True)``
+    then re-plans and is always exact."""
     pl, ids = make_case(case)
     ref = route("zepp", ids, pl, case["relaxation"])
     t = torch.as_tensor(ids)
     got = tp.route("zepp", t, pl, case["relaxation"], sync=False, sweeps=1)
-    if int(got.unplaced) == 0:
+    if int(got.shortfall()) == 0:
         np.testing.assert_array_equal(got.slot.numpy(), ref.slot)
     else:
         with pytest.raises(tp.IncompletePlan):
@@ -180,6 +181,49 @@ def test_zero_sweeps_leave_demand_unplaced():
     with pytest.raises(tp.IncompletePlan):
         plan_batch(torch.as_tensor(ids), pl, Stages("zepp", "zepp"), 8, 0.25, sync=False, sweeps=0).to_numpy()
     assert plan_batch(torch.as_tensor(ids), pl, Stages("zepp", "zepp"), 8, 0.25, sweeps=0, host=True).routing.slot.size
+
+
+def _realistic_case(seed=3, T=96):
+    """A 4 x 4 cluster with the zepp placement and a skewed batch (the vacate pass moves tokens
+    over several rounds)."""
+    from zepp.planner.placement import make_placement
+
+    rng = np.random.default_rng(seed)
+    E, nodes, L = 64, 4, 4
+    ids = skewed_batch(rng, nodes * L, T, 4, E, 1.2)
+    hist = np.stack([np.bincount(ids[n * L:(n + 1) * L].ravel(), minlength=E) for n in range(nodes)])
+    return make_placement("zepp", hist, E, nodes * L, L), ids
+
+
+@pytest.mark.parametrize("token_share,min_capacity", [(1, 1), (2, 1), (4, 1), (64, 1), (2, 1024)])
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_short_vacate_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity, seed):
+    """The vacate pass's fixed-capacity move lists (``sweeps`` given, ``sync=False``), made short
+    on purpose: the routing is the numpy planner's unless ``overflow`` is set, and then
+    ``to_numpy`` refuses it and ``plan_batch(..., host=True)`` re-plans with full lists (exact)."""
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    monkeypatch.setattr(zv, "_TOKEN_SHARE", token_share)
+    monkeypatch.setattr(zv, "_MIN_CAPACITY", min_capacity)
+    pl, ids = _realistic_case(seed)
+    ref = route("zepp", ids, pl, 0.1)
+    t = torch.as_tensor(ids)
+    got = tp.route("zepp", t, pl, 0.1, sync=False, sweeps=1)
+    assert got.overflow is not None and got.overflow.dtype == torch.bool
+    if not bool(got.overflow):
+        assert int(got.shortfall()) == int(got.unplaced)
+        np.testing.assert_array_equal(got.slot.numpy(), ref.slot)
+    else:
+        assert int(got.shortfall()) >= 1
+        with pytest.raises(tp.IncompletePlan, match="overflowed"):
+            got.to_numpy()
+    if token_share == 64:  # a sixty-fourth of the tokens: the second round's list is too short
+        assert bool(got.overflow)
+    plan = plan_batch(t, pl, Stages("zepp", "zepp"), 16, 0.1, sweeps=1, sync=False, host=True)
+    assert_same_flows(plan, build_flows(ref, "zepp", 16))
+    full = tp.route("zepp", t, pl, 0.1, sync=False)  # the default bound: lists that cannot overflow
+    assert full.overflow is None
+    np.testing.assert_array_equal(full.slot.numpy(), ref.slot)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -70,3 +70,34 @@ def any_of(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     if dim is None or mask.numel() == 0:
         return mask.any() if dim is None else mask.any(dim)
     return mask.view(torch.uint8).amax(dim).view(torch.bool)
+
+
+def list_token_major(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed-size list of the true cells of ``mask [k, g]`` in token-major order (token ``j``'s
+    cells before token ``j+1``'s; within a token, by row): ``(code [capacity] int64, total 0-d
+    int64)``. ``code = row * g + j`` for the first ``min(total, capacity)`` cells, ``k * g`` (a
+    spare index) after them; ``total > capacity`` means cells were left out (the caller's
+    overflow flag). No host read: each cell's place is its token's offset (a prefix sum of the
+    per-token counts) plus the cells above it in its column, and one scatter lists them."""
+    k, g = mask.shape
+    m = mask.to(I32)
+    per_token = m.sum(0, dtype=I32)
+    total = per_token.sum(dtype=I64)
+    place = torch.empty((k, g), dtype=I32, device=mask.device)
+    place[0] = torch.cumsum(per_token, 0, dtype=I32) - per_token
+    for row in range(1, k):
+        torch.add(place[row - 1], m[row - 1], out=place[row])
+    at = select(mask & (place < capacity), place, capacity).reshape(-1).to(I64)
+    out = torch.full((capacity + 1,), k * g, dtype=I64, device=mask.device)
+    return out.scatter_(0, at, arange(k * g, mask.device))[:capacity], total
+
+
+def list_true(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(at [capacity] int64, total 0-d int64)``: the first ``capacity`` true positions of
+    ``mask [n]`` in order, ``n`` (a spare index) after them (fixed size, no host read)."""
+    n = mask.shape[0]
+    place = torch.cumsum(mask.to(I32), 0, dtype=I32)
+    total = place[-1:].sum(dtype=I64) if n else torch.zeros((), dtype=I64, device=mask.device)
+    at = select(mask & (place <= capacity), place - 1, capacity).to(I64)
+    out = torch.full((capacity + 1,), n, dtype=I64, device=mask.device)
+    return out.scatter_(0, at, arange(n, mask.device))[:capacity], total

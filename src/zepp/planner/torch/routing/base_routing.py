@@ -57,12 +57,12 @@ def check_batch(topk_ids: torch.Tensor, placement: Placement, read_values: bool)
 
 
 def slot_routing(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float | None = None,
-                 unplaced: torch.Tensor | None = None) -> TorchRouting:
+                 unplaced: torch.Tensor | None = None, overflow: torch.Tensor | None = None) -> TorchRouting:
     """The ``TorchRouting`` of ``slot [R, T, k]`` (any value where an entry is missing: it becomes
-    ``-1``); ``relaxation``: the C whose bounds the routing promises; ``unplaced``: the water-fill's
-    flag (``zepp.planner.torch.types.TorchRouting``)."""
+    ``-1``); ``relaxation``: the C whose bounds the routing promises; ``unplaced`` and ``overflow``:
+    the water-fill's and the vacate pass's flags (``zepp.planner.torch.types.TorchRouting``)."""
     return TorchRouting(ids.to(torch.int32), torch.where(ids < 0, -1, slot).to(torch.int32), dp.placement, relaxation,
-                        unplaced)
+                        unplaced, overflow)
 
 
 def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:

@@ -24,12 +24,13 @@ _NO_BOUND = 1 << 62
 
 def route_zepp(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, vacate_rounds: int, sync: bool,
                sweeps: int | None) -> TorchRouting:
-    """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the routing carries C and
-    the water-fill's ``unplaced`` flag (0 unless ``sweeps`` cut it short)."""
+    """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the routing carries C, the
+    water-fill's ``unplaced`` (0 unless ``sweeps`` cut it short) and, with ``sweeps`` and without
+    ``sync``, the vacate pass's ``overflow`` flag (its short move lists were too short)."""
     filled = _Filled(ids, dp, relaxation, sync, sweeps)
-    slot = vacate(ids, filled.slot.reshape(ids.shape), dp, relaxation, vacate_rounds, sync, filled.slot_counts,
-                  filled.node)
-    return slot_routing(ids, slot, dp, relaxation, filled.unplaced)
+    slot, overflow = vacate(ids, filled.slot.reshape(ids.shape), dp, relaxation, vacate_rounds, sync,
+                            filled.slot_counts, filled.node, bounded=sweeps is not None)
+    return slot_routing(ids, slot, dp, relaxation, filled.unplaced, overflow)
 
 
 def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None = None):
