@@ -2,7 +2,7 @@
 shapes (no host read).
 
 The split is decided on the same counts; the rows a GPU hands another NIC are marks on the
-``[R, N, T]`` grid of token-node pairs (``TokenCounts.beyond``) with their carrier, read back
+``[N, R, T]`` grid of token-node pairs (``TokenCounts.beyond``) with their carrier, read back
 entry by entry for the forwards that start on their new gateway (a correction of ``-1`` at the
 old gateway, ``+1`` at the new one, summed into the same cells as the numpy planner's).
 
@@ -26,8 +26,8 @@ from zepp.planner.torch.volumes import TorchVolumes
 @dataclass
 class Gateways:
     """``zepp.planner.flows.gateway_volumes.Gateways`` on fixed grids: ``carried [R, N, L]``,
-    ``by_owner_local``; the handed rows as ``handed [R, N, T]`` bool with ``carrier_local
-    [R, N, T]`` (meaningful where handed), or where the counts are ``sync``, ``listed``: ``(owner,
+    ``by_owner_local``; the handed rows as ``handed [N, R, T]`` bool with ``carrier_local
+    [N, R, T]`` (meaningful where handed), or where the counts are ``sync``, ``listed``: ``(owner,
     token, node, carrier_local)`` ``[d]`` each, as in numpy; ``fan``: the forwards' parts once
     built (``_fan_parts``)."""
 
@@ -64,7 +64,7 @@ def reduce_combine(tc: TokenCounts, gw: Gateways) -> TorchVolumes:
             owner, token, _, carrier = gw.listed
             landed = counts((owner * T + token) * L + carrier, R * T * L) > 0
         else:
-            g = arange(R * T, tc.device).to(I32).reshape(R, 1, T)
+            g = arange(R * T, tc.device).to(I32).reshape(1, R, T)
             landed = counts(select(gw.handed, g * L + gw.carrier_local, R * T * L).reshape(-1), R * T * L) > 0
         per = landed.reshape(R, T, L).sum(1)  # [R, L]
         rr, local = arange(R, tc.device)[:, None], arange(L, tc.device)[None, :]
@@ -112,9 +112,10 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
     ends = de_end[stream].to(I32)  # [R, N, L]
     if tc.sync:
         return Gateways(carried, by_owner_local, None, None, listed=_listed(tc, beyond, place, first, ends))
-    xi = first[:, :, None] + place  # [R, N, T]
+    xi = first.t()[:, :, None] + place  # [N, R, T]
     # the carrier of a handed row: how many of its stream's cumulative deficits it has passed
     carrier_local = torch.zeros_like(xi)
+    ends = ends.permute(1, 0, 2)  # [N, R, L]
     for cl in range(L):
         carrier_local += xi >= ends[:, :, cl:cl + 1]
     return Gateways(carried, by_owner_local, beyond, carrier_local)
@@ -122,12 +123,14 @@ def _split(tc: TokenCounts, by_owner_local: bool) -> Gateways:
 
 def _listed(tc: TokenCounts, beyond, place, first, ends) -> tuple:
     """The handed rows listed (``nonzero``), ``(owner, token, node, carrier_local)`` ``[d]``."""
-    T, N = tc.T, tc.N
+    T, R, N = tc.T, tc.R, tc.N
     at = torch.nonzero(beyond.reshape(-1))[:, 0]
-    rn, token = at // T, at % T
+    nr, token = at // T, at % T
+    node, owner = nr // R, nr % R
+    rn = owner * N + node
     xi = first.reshape(-1)[rn] + place.reshape(-1)[at]
-    carrier = (xi[:, None] >= ends.reshape(N * tc.R, -1)[rn]).sum(1)
-    return rn // N, token, rn % N, carrier
+    carrier = (xi[:, None] >= ends.reshape(N * R, -1)[rn]).sum(1)
+    return owner, token, node, carrier
 
 
 def _msg(gw: Gateways, owner):
