@@ -195,16 +195,21 @@ def _realistic_case(seed=3, T=96):
     return make_placement("zepp", hist, E, nodes * L, L), ids
 
 
-@pytest.mark.parametrize("token_share,min_capacity", [(1, 1), (2, 1), (4, 1), (64, 1), (2, 1024)])
+@pytest.mark.parametrize("token_share,min_capacity,split_share", [(1, 1, 1), (2, 1, 16), (4, 1, 4), (64, 1, 16),
+                                                                 (2, 1024, 16), (1, 1, 4096)])
 @pytest.mark.parametrize("seed", [3, 4, 5])
-def test_short_vacate_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity, seed):
-    """The vacate pass's fixed-capacity move lists (``sweeps`` given, ``sync=False``), made short
-    on purpose: the routing is the numpy planner's unless ``overflow`` is set, and then
+def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity, split_share, seed):
+    """The fixed-capacity lists of the short form (``sweeps`` given, ``sync=False``: the vacate
+    pass's candidate tokens and moves, the assignment's entries of split groups), made short on
+    purpose: the routing is the numpy planner's unless ``overflow`` is set, and then
     ``to_numpy`` refuses it and ``plan_batch(..., host=True)`` re-plans with full lists (exact)."""
+    import zepp.planner.torch.routing.zepp_assign as za
     import zepp.planner.torch.routing.zepp_vacate as zv
 
     monkeypatch.setattr(zv, "_TOKEN_SHARE", token_share)
     monkeypatch.setattr(zv, "_MIN_CAPACITY", min_capacity)
+    monkeypatch.setattr(za, "_SPLIT_SHARE", split_share)
+    monkeypatch.setattr(za, "_MIN_SPLIT", min_capacity)
     pl, ids = _realistic_case(seed)
     ref = route("zepp", ids, pl, 0.1)
     t = torch.as_tensor(ids)
@@ -217,7 +222,7 @@ def test_short_vacate_lists_are_exact_or_flagged(monkeypatch, token_share, min_c
         assert int(got.shortfall()) >= 1
         with pytest.raises(tp.IncompletePlan, match="overflowed"):
             got.to_numpy()
-    if token_share == 64:  # a sixty-fourth of the tokens: the second round's list is too short
+    if token_share == 64 or split_share == 4096:  # lists too short for this batch
         assert bool(got.overflow)
     plan = plan_batch(t, pl, Stages("zepp", "zepp"), 16, 0.1, sweeps=1, sync=False, host=True)
     assert_same_flows(plan, build_flows(ref, "zepp", 16))

@@ -30,6 +30,8 @@ def route_zepp(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, vacate
     filled = _Filled(ids, dp, relaxation, sync, sweeps)
     slot, overflow = vacate(ids, filled.slot.reshape(ids.shape), dp, relaxation, vacate_rounds, sync,
                             filled.slot_counts, filled.node, bounded=sweeps is not None)
+    if filled.overflow is not None:
+        overflow = filled.overflow if overflow is None else overflow | filled.overflow
     return slot_routing(ids, slot, dp, relaxation, filled.unplaced, overflow)
 
 
@@ -44,7 +46,8 @@ def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: 
 
 class _Filled:
     """The water-fill on counts, then the entries assigned (``zepp_routing._Filled``): ``slot``,
-    ``node [R, T*k]``, ``unplaced`` and ``slot_counts = (load, lower, upper) [R*S]`` (``None``
+    ``node [R, T*k]``, ``unplaced``, ``overflow`` (the assignment's bounded list was too short;
+    ``None`` where it cannot be) and ``slot_counts = (load, lower, upper) [R*S]`` (``None``
     without several-replica experts)."""
 
     def __init__(self, ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None):
@@ -59,7 +62,8 @@ class _Filled:
             if sync and sweeps is None and int(self.unplaced):
                 r, m = (int(v) for v in torch.nonzero(fill.remaining)[0])
                 raise PlanInvariantError(f"water-fill left demand of expert {int(dp.multi[m])} on rank {r} unplaced")
-        self.slot, self.node = assign_entries(keys, None if fill is None else fill.assigned, dp, sync)
+        self.slot, self.node, self.overflow = assign_entries(keys, None if fill is None else fill.assigned, dp, sync,
+                                                             bounded=sweeps is not None)
         if fill is not None:
             n = dp.R * dp.S
             slots = torch.where(dp.reps_multi >= 0, dp.reps_multi, n).reshape(-1)  # padding: the spare cell n
