@@ -203,6 +203,7 @@ def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity
     pass's candidate tokens and moves, the assignment's entries of split groups), made short on
     purpose: the routing is the numpy planner's unless ``overflow`` is set, and then
     ``to_numpy`` refuses it and ``plan_batch(..., host=True)`` re-plans with full lists (exact)."""
+    import zepp.planner.torch.flows.gateway_volumes as gv
     import zepp.planner.torch.routing.zepp_assign as za
     import zepp.planner.torch.routing.zepp_vacate as zv
 
@@ -210,6 +211,8 @@ def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity
     monkeypatch.setattr(zv, "_MIN_CAPACITY", min_capacity)
     monkeypatch.setattr(za, "_SPLIT_SHARE", split_share)
     monkeypatch.setattr(za, "_MIN_SPLIT", min_capacity)
+    monkeypatch.setattr(gv, "_HANDED_SHARE", token_share)
+    monkeypatch.setattr(gv, "_MIN_HANDED", min_capacity)
     pl, ids = _realistic_case(seed)
     ref = route("zepp", ids, pl, 0.1)
     t = torch.as_tensor(ids)
@@ -224,6 +227,19 @@ def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity
             got.to_numpy()
     if token_share == 64 or split_share == 4096:  # lists too short for this batch
         assert bool(got.overflow)
+    assert got.short
+    for pair in (("zepp", None), ("zepp", "reduce-direct"), ("relay", "reduce")):  # the flows' short lists
+        want = build_flows(ref, pair[0], 16, pair[1]).volumes
+        have = tp.build_flows(got, pair[0], 16, pair[1], sync=False).volumes
+        overflow = any(v.overflow is not None and bool(v.overflow) for v in have)
+        if pair[0] == "zepp" and token_share == 64:  # a sixty-fourth of the tokens: too few handed rows
+            assert overflow
+        if overflow:
+            with pytest.raises(tp.IncompletePlan, match="handed rows"):
+                have.dispatch.to_numpy()
+        elif not bool(got.overflow):
+            for phase in (0, 1):
+                assert_same_volumes(have[phase].to_numpy(), want[phase], f"short {pair}")
     plan = plan_batch(t, pl, Stages("zepp", "zepp"), 16, 0.1, sweeps=1, sync=False, host=True)
     assert_same_flows(plan, build_flows(ref, "zepp", 16))
     full = tp.route("zepp", t, pl, 0.1, sync=False)  # the default bound: lists that cannot overflow

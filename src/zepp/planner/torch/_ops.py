@@ -82,22 +82,30 @@ def list_token_major(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, t
     k, g = mask.shape
     m = mask.to(I32)
     per_token = m.sum(0, dtype=I32)
-    total = per_token.sum(dtype=I64)
-    place = torch.empty((k, g), dtype=I32, device=mask.device)
-    place[0] = torch.cumsum(per_token, 0, dtype=I32) - per_token
+    ends = torch.cumsum(per_token, 0, dtype=I32)
+    total = ends[-1:].sum(dtype=I64) if g else torch.zeros((), dtype=I64, device=mask.device)
+    place = torch.empty((k, g), dtype=I32, device=mask.device)  # 1-based place of each true cell
+    torch.sub(ends, per_token - 1, out=place[0])
     for row in range(1, k):
         torch.add(place[row - 1], m[row - 1], out=place[row])
-    at = select(mask & (place < capacity), place, capacity).reshape(-1).to(I64)
-    out = torch.full((capacity + 1,), k * g, dtype=I64, device=mask.device)
-    return out.scatter_(0, at, arange(k * g, mask.device))[:capacity], total
+    return _scatter_places(place.reshape(-1), mask.reshape(-1), capacity, k * g), total
 
 
 def list_true(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(at [capacity] int64, total 0-d int64)``: the first ``capacity`` true positions of
     ``mask [n]`` in order, ``n`` (a spare index) after them (fixed size, no host read)."""
     n = mask.shape[0]
-    place = torch.cumsum(mask.to(I32), 0, dtype=I32)
+    place = torch.cumsum(mask, 0, dtype=I32)  # 1-based place of each true element
     total = place[-1:].sum(dtype=I64) if n else torch.zeros((), dtype=I64, device=mask.device)
-    at = select(mask & (place <= capacity), place - 1, capacity).to(I64)
-    out = torch.full((capacity + 1,), n, dtype=I64, device=mask.device)
-    return out.scatter_(0, at, arange(n, mask.device))[:capacity], total
+    return _scatter_places(place, mask, capacity, n), total
+
+
+def _scatter_places(place: torch.Tensor, mask: torch.Tensor, capacity: int, n: int) -> torch.Tensor:
+    """``[capacity]`` int64: element ``i`` of ``arange(n)`` put at ``place[i] - 1`` where ``mask``
+    and ``place[i] <= capacity``, ``n`` elsewhere. One scatter into ``capacity + 2`` cells whose
+    first and last take the elements left out (arithmetic and a multiply by the mask only: the
+    CPU kernels of comparisons with a scalar and of ``where`` are several times slower)."""
+    at = (place.clamp_max(capacity + 1) * mask).to(I64)  # 0: not listed; capacity + 1: past the end
+    values = torch.arange(n, dtype=I32 if n < 1 << 31 else I64, device=mask.device)
+    out = torch.full((capacity + 2,), n, dtype=values.dtype, device=mask.device)
+    return out.scatter_(0, at, values)[1:capacity + 1].to(I64)

@@ -39,8 +39,9 @@ class TorchRouting:
     water-fill could not place (always 0 for a consistent placement; ``None`` for routings
     without a water-fill); ``overflow``: 0-d bool tensor, True where the vacate pass's
     fixed-capacity move lists (planned with ``sweeps``) were too short, so ``slot`` is not the
-    numpy planner's (``None`` where the lists cannot overflow). Same meaning as
-    ``zepp.planner.types.Routing``."""
+    numpy planner's (``None`` where the lists cannot overflow); ``short``: planned with
+    ``sweeps`` (the short capturable bounds), which the flows built without ``sync`` follow
+    (``zepp.planner.torch.flows.gateway_volumes``). Same meaning as ``zepp.planner.types.Routing``."""
 
     topk_ids: torch.Tensor
     slot: torch.Tensor
@@ -48,6 +49,7 @@ class TorchRouting:
     relaxation: float | None = None
     unplaced: torch.Tensor | None = None
     overflow: torch.Tensor | None = None
+    short: bool = False
 
     def shortfall(self) -> torch.Tensor:
         """0-d int64 on the device: entries left unplaced, plus 1 where the vacate lists

@@ -21,7 +21,7 @@ from zepp.planner.torch._ops import I32, arange, counts, select, take
 from zepp.planner.torch.types import TorchRouting
 
 
-def narrow(col: torch.Tensor, largest: int) -> torch.Tensor:
+def _narrow(col: torch.Tensor, largest: int) -> torch.Tensor:
     """``col`` (values in ``[-1, largest]``) in the narrowest signed integer type that holds them."""
     return col.to(torch.int8 if largest < 1 << 7 else torch.int16 if largest < 1 << 15 else I32)
 
@@ -32,11 +32,12 @@ class TokenCounts:
     ``first_c`` / ``first_n [k, G]``, ``owner`` / ``onode [G]`` int32; ``entries``, ``pairs [R, R]``,
     ``union [R, N]``; ``at [k, G]`` int32: each entry's cell ``(node, owner, token)`` of the
     ``[N, R, T]`` grid of token-node pairs (node 0 where missing); ``sync``: the builders may
-    list data-dependent rows (host reads), as the numpy planner does."""
+    list data-dependent rows (host reads), as the numpy planner does; ``short``: the routing's
+    (the builders list them in short fixed-capacity lists instead)."""
 
     def __init__(self, routing: TorchRouting, sync: bool = False):
         p = routing.placement
-        self.sync = sync
+        self.sync, self.short = sync, routing.short
         self.R, self.T, self.k = routing.slot.shape
         self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
         R, N, L, T, dev = self.R, self.N, self.L, self.T, routing.slot.device
@@ -47,8 +48,8 @@ class TokenCounts:
         self.node = take(torch.div(rank_of, L, rounding_mode="floor"), slot)
         self.owner = arange(R * T, dev).to(I32) // T
         self.onode = self.owner // L
-        self.node_narrow = narrow(self.node, N)
-        self.first_c, self.first_n = _first_of_token(narrow(self.comp, R)), _first_of_token(self.node_narrow)
+        self.node_narrow = _narrow(self.node, N)
+        self.first_c, self.first_n = _first_of_token(_narrow(self.comp, R)), _first_of_token(self.node_narrow)
         key = torch.add(((self.owner * (R + 1) + 1) * 4)[None, :], self.comp, alpha=4)  # int32 throughout
         key += self.first_c
         key += self.first_n
@@ -68,10 +69,10 @@ class TokenCounts:
         (owner, node) past its first ``kept [R, N]`` in token order, and every pair's place in
         its segment (``TokenCounts.rows_beyond`` of numpy, marked instead of listed)."""
         R, N, T = self.R, self.N, self.T
+        nodes = arange(N, self.device).to(self.node_narrow.dtype)[:, None].expand(N, R * T).contiguous()
         present = torch.zeros(N, R * T, dtype=torch.bool, device=self.device)
-        for n in range(N):  # node n's marks: k column comparisons
-            for col in self.node_narrow:
-                present[n] |= col == n
+        for col in self.node_narrow:  # each column against every node (tensor operands: the fast CPU kernels)
+            present |= col[None, :] == nodes
         present = present.view(N, R, T)
         place = torch.cumsum(present, 2, dtype=I32) - 1
         return present & (place >= kept.t()[:, :, None]), place
