@@ -207,7 +207,7 @@ def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity
     import zepp.planner.torch.routing.zepp_assign as za
     import zepp.planner.torch.routing.zepp_vacate as zv
 
-    monkeypatch.setattr(zv, "_TOKEN_SHARE", token_share)
+    monkeypatch.setattr(zv, "_TOKEN_SHARES", (1, token_share, token_share + 1))
     monkeypatch.setattr(zv, "_MIN_CAPACITY", min_capacity)
     monkeypatch.setattr(za, "_SPLIT_SHARE", split_share)
     monkeypatch.setattr(za, "_MIN_SPLIT", min_capacity)

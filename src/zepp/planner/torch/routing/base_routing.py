@@ -51,18 +51,27 @@ def check_batch(topk_ids: torch.Tensor, placement: Placement, read_values: bool)
     if topk_ids.dtype == torch.bool or topk_ids.is_floating_point() or topk_ids.is_complex():
         raise ZeppInputError(f"batch topk_ids must be integers, got dtype {topk_ids.dtype}")
     ids = topk_ids.to(I64)
-    if read_values and ids.numel() and bool(((ids < -1) | (ids >= placement.num_experts)).any()):
+    if read_values and ids.numel() and _out_of_range(ids, placement.num_experts):
         numpy_check_batch(ids.cpu().numpy(), placement)  # raises, naming the first bad entry
     return ids
 
 
+def _out_of_range(ids: torch.Tensor, num_experts: int) -> bool:
+    """Whether an id lies outside ``[-1, num_experts)`` (one pass, one host read)."""
+    lo, hi = torch.aminmax(ids)
+    return not (-1 <= int(lo) and int(hi) < num_experts)
+
+
 def slot_routing(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float | None = None,
-                 unplaced: torch.Tensor | None = None, overflow: torch.Tensor | None = None) -> TorchRouting:
+                 unplaced: torch.Tensor | None = None, overflow: torch.Tensor | None = None,
+                 masked: bool = False) -> TorchRouting:
     """The ``TorchRouting`` of ``slot [R, T, k]`` (any value where an entry is missing: it becomes
-    ``-1``); ``relaxation``: the C whose bounds the routing promises; ``unplaced`` and ``overflow``:
-    the water-fill's and the vacate pass's flags (``zepp.planner.torch.types.TorchRouting``)."""
-    return TorchRouting(ids.to(torch.int32), torch.where(ids < 0, -1, slot).to(torch.int32), dp.placement, relaxation,
-                        unplaced, overflow)
+    ``-1``; ``masked``: it is ``-1`` there already); ``relaxation``: the C whose bounds the routing
+    promises; ``unplaced`` and ``overflow``: the water-fill's and the vacate pass's flags
+    (``zepp.planner.torch.types.TorchRouting``)."""
+    if not masked:
+        slot = torch.where(ids < 0, -1, slot)
+    return TorchRouting(ids.to(torch.int32), slot.to(torch.int32), dp.placement, relaxation, unplaced, overflow)
 
 
 def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ _MIN_SPLIT = 1024  # bounded: ... and never fewer than this
 
 
 class EntryKeys(NamedTuple):
-    """``index [R, n]`` int64: ``r * (E+1) + e + 1`` per entry (``r * (E+1)`` where missing);
+    """``index [R, n]`` int32 (int64 past 2**31 cells): ``r * (E+1) + e + 1`` per entry (``r * (E+1)`` where missing);
     ``demand [R, E]`` int64 entries per (rank, expert) (``zepp_assign.EntryKeys``)."""
 
     index: torch.Tensor
@@ -39,7 +39,8 @@ class EntryKeys(NamedTuple):
 
 def entry_keys(ids: torch.Tensor, dp: DevicePlacement) -> EntryKeys:
     R, E = ids.shape[0], dp.E
-    index = ids.reshape(R, -1) + (arange(R, ids.device) * (E + 1) + 1)[:, None]
+    dtype = I32 if R * (E + 1) < 1 << 31 else ids.dtype
+    index = ids.reshape(R, -1).to(dtype) + (arange(R, ids.device) * (E + 1) + 1).to(dtype)[:, None]
     return EntryKeys(index, counts(index.reshape(-1), R * (E + 1)).reshape(R, E + 1)[:, 1:])
 
 

@@ -32,7 +32,7 @@ def route_zepp(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, vacate
                             filled.slot_counts, filled.node, bounded=sweeps is not None)
     if filled.overflow is not None:
         overflow = filled.overflow if overflow is None else overflow | filled.overflow
-    return slot_routing(ids, slot, dp, relaxation, filled.unplaced, overflow)
+    return slot_routing(ids, slot, dp, relaxation, filled.unplaced, overflow, masked=True)  # a missing entry: -1
 
 
 def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None = None):

@@ -19,9 +19,11 @@ How the lists are made (``_Lists``):
   - ``bounded=False`` (the default bound, ``sweeps=None``): every token, ``k`` moves per token:
     nothing can be left out;
   - ``bounded=True`` (``sweeps`` given: the short, capturable form): the first round lists up to
-    ``G`` moves (one per token), later rounds up to ``G / 2`` candidate tokens and as many moves
-    (``_TOKEN_SHARE``; at least ``_MIN_CAPACITY``). On the recorded K2 traces at 16 x 4 the rounds
-    list 0.49, 0.15 and 0.08 moves per token and keep 0.23 and 0.10 of the tokens as candidates.
+    ``G`` moves (one per token), the second up to ``G / 2`` candidate tokens and as many moves,
+    later ones ``G / 3`` (``_TOKEN_SHARES``; at least ``_MIN_CAPACITY``). On the recorded traces
+    (K2 and Qwen3, 4 to 32 nodes x 4 GPUs, 1 to 64 MB per GPU) the rounds list at most 0.91, 0.41
+    and 0.26 moves per token and keep at most 0.42 and 0.25 of the tokens as candidates (K2 at
+    16 x 4: 0.49, 0.15, 0.08 moves; 0.23 and 0.10 of the tokens).
     A round that had more sets ``overflow`` (a device flag in the routing): the plan is then not
     the numpy planner's, ``TorchRouting.to_numpy`` raises ``IncompletePlan`` and
     ``plan_batch(..., host=True)`` re-plans with the default bound, like the water-fill's
@@ -41,7 +43,8 @@ from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.types import expert_load_bounds
 
 _MASK_NODES = 31  # bits 0 .. 30 of an int32
-_TOKEN_SHARE = 2  # bounded lists: rounds after the first keep up to G / _TOKEN_SHARE candidate tokens
+_TOKEN_SHARES = (1, 2, 3)  # bounded lists: round i keeps up to G / _TOKEN_SHARES[i] candidate tokens (the last
+# share for every later round) and as many moves (the first round: G moves)
 _MIN_CAPACITY = 1024  # bounded lists are never shorter than this (small batches are never cut)
 
 
@@ -206,17 +209,22 @@ class _Lists:
     def __init__(self, G: int, k: int, sync: bool, bounded: bool):
         self.G, self.k, self.sync, self.bounded = G, k, sync, bounded
         self.can_overflow = bounded and not sync
-        self.token_cap = min(G, max(G // _TOKEN_SHARE, _MIN_CAPACITY)) if bounded else G
+        shares = _TOKEN_SHARES if bounded else (1,)
+        self.token_caps = [min(G, max(G // share, _MIN_CAPACITY)) for share in shares]
 
     def tokens(self, cand: torch.Tensor, i: int) -> "_Rows | None":
         """Round ``i``'s candidate tokens: ``None`` for every token (the first round, or when the
         capacity holds them all), else a ``_Rows``."""
-        if i == 0 or (not self.sync and self.token_cap >= self.G):
+        cap = self.token_cap(i)
+        if i == 0 or (not self.sync and cap >= self.G):
             return None
         if self.sync:
             return _Rows(torch.nonzero(cand)[:, 0], None, self.G)
-        at, total = list_true(cand, self.token_cap)
-        return _Rows(at, total > self.token_cap, self.G)
+        at, total = list_true(cand, cap)
+        return _Rows(at, total > cap, self.G)
+
+    def token_cap(self, i: int) -> int:
+        return self.token_caps[min(i, len(self.token_caps) - 1)]
 
     def moves(self, mask: torch.Tensor, rows: "_Rows | None", i: int) -> "_Moves":
         """The moves of ``mask [k, g]`` (over ``rows``, every token when ``None``) listed."""
@@ -226,8 +234,7 @@ class _Lists:
             return _Moves(gi, ki, rows, self.G, k * self.G, None, None)
         cap = k * g
         if self.bounded:
-            per_token = self.G if i == 0 else self.token_cap
-            cap = min(cap, max(per_token, _MIN_CAPACITY))
+            cap = min(cap, self.token_cap(i))
         code, total = list_token_major(mask, cap)
         valid = arange(cap, mask.device) < total
         gi, ki = code % g, code // g  # the spare k*g: token 0, row k (its cell is the spare)
