@@ -247,6 +247,18 @@ def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity
     np.testing.assert_array_equal(full.slot.numpy(), ref.slot)
 
 
+@pytest.mark.parametrize("sync,sweeps", [(True, None), (False, None), (False, 1)])
+def test_vacate_targets_without_node_masks(monkeypatch, sync, sweeps):
+    """Past ``_MASK_NODES`` nodes a move's target is read off the candidate nodes in turn (no bit
+    masks): the same routing as numpy, in every mode."""
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    monkeypatch.setattr(zv, "_MASK_NODES", 1)
+    pl, ids = _realistic_case(4)
+    got = tp.route("zepp", torch.as_tensor(ids), pl, 0.1, sync=sync, sweeps=sweeps)
+    np.testing.assert_array_equal(got.slot.numpy(), route("zepp", ids, pl, 0.1).slot)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_plan_is_captured_in_a_cuda_graph():
     """Routing and flows captured once in a CUDA graph for a fixed batch shape; replays on new

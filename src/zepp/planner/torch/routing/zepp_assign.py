@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from zepp.planner.torch._ops import I32, arange, counts, list_true, select, sort_order, take
+from zepp.planner.torch._ops import I32, I64, arange, counts, list_true, select, sort_order, take
 from zepp.planner.torch.routing.base_routing import position_in_group
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 
@@ -103,16 +103,17 @@ def _assign_split(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement, 
         valid = where < n
         spare = flat_slot.new_zeros(1)
         flat_slot, flat_node = torch.cat([flat_slot, spare]), torch.cat([flat_node, spare])
-    cell = index.index_select(0, where.clamp_max(n - 1))
-    r, m = cell // E1, dp.multi_index[cell % E1 - 1].clamp_min(0)
+    cell = index.index_select(0, where.clamp_max(n - 1)).to(I64)
+    r, m = cell // E1, take(dp.multi_index, cell % E1 - 1 + E1 * (cell % E1 == 0)).clamp_min(0)
     group = r * M + m
     if valid is not None:
         group = select(valid, group, R * M)
     pos = position_in_group(group, R * M)
     ends = torch.cumsum(assigned.reshape(R * M, C), 1)
-    replica = (pos[:, None] >= ends[group.clamp_max(R * M - 1)]).sum(1).clamp_max(C - 1)
-    flat_slot.index_copy_(0, where, dp.reps_multi[m, replica].to(I32))
-    flat_node.index_copy_(0, where, dp.multi_nodes[m, replica].to(I32))
+    replica = (pos[:, None] >= ends.index_select(0, group.clamp_max(R * M - 1))).sum(1).clamp_max(C - 1)
+    at = m * C + replica
+    flat_slot.index_copy_(0, where, take(dp.reps_multi, at).to(I32))
+    flat_node.index_copy_(0, where, take(dp.multi_nodes, at).to(I32))
     if capacity is not None:
         return flat_slot[:n].view(slot.shape), flat_node[:n].view(node.shape), total > capacity
 

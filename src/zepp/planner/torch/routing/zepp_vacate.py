@@ -68,8 +68,9 @@ def vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxatio
 class _Vacate:
     """The pass's state (``zepp_vacate._Vacate``): per entry, flat ``[k*G + 1]`` (``[k, G]`` column
     by column, then a spare cell the padded list entries write to) ``slot`` int32, ``node`` (the
-    narrowest type), ``expert`` int32 (0 where missing); ``several [k, G]`` bool (an entry of a
-    several-replica expert); ``home [G]``, ``load`` / ``lo`` / ``hi [R*S]``, ``cand [G]`` (tokens
+    narrowest type), ``expert`` int32 (the id + 1: 0 where missing, the first row of the tables
+    ``mask_of [E+1]`` and ``ron [(E+1)*N]``, the placement's with a row for no expert in front);
+    ``several [k, G]`` bool (an entry of a several-replica expert); ``home [G]``, ``load`` / ``lo`` / ``hi [R*S]``, ``cand [G]`` (tokens
     still worth a round), and without ``sync`` the device flags ``live`` (the numpy planner has
     not stopped) and ``overflow`` (a bounded list was too short)."""
 
@@ -87,10 +88,12 @@ class _Vacate:
             node = torch.where(s >= 0, s // (dp.S * dp.L), self.home.to(I64).repeat_interleave(k))
         self.slot = _columns(slot, self.G, k, I32)
         self.node = _columns(node, self.G, k, self.ndtype)
-        expert_cols = _columns(expert, self.G, k, I32)
-        self.several = (take(dp.several, expert_cols[:-1].clamp_min(0)) & (expert_cols[:-1] >= 0)).reshape(k, self.G)
-        self.expert = expert_cols.clamp_min(0)
-        self.mask_of = dp.node_mask.to(I32) if dp.node_mask is not None and dp.N <= _MASK_NODES else None
+        self.expert = _columns(expert, self.G, k, I32).add_(1)  # 0 where missing: the tables' first row
+        self.several = take(torch.cat([dp.several.new_zeros(1), dp.several]), self.expert[:-1]).view(k, self.G)
+        self.mask_of = None
+        if dp.node_mask is not None and dp.N <= _MASK_NODES:
+            self.mask_of = torch.cat([dp.node_mask.new_zeros(1), dp.node_mask]).to(I32)
+        self.ron = torch.cat([dp.replica_on_node.new_full((1, dp.N), -1), dp.replica_on_node]).reshape(-1).to(I32)
         self.n = R * dp.S
         if slot_counts is None:
             s = slot.reshape(-1)
@@ -163,9 +166,8 @@ class _Vacate:
 
     def _targets(self, mv: "_Moves", node, home, least, src):
         """``zepp_vacate._Vacate._targets`` on the moves: ``(dst, dst_node, feasible)``."""
-        dp, N = self.dp, self.dp.N
-        ron = dp.replica_on_node.reshape(-1).to(I32)
-        expert = mv.read(self.expert)
+        N, ron = self.dp.N, self.ron
+        expert = mv.read(self.expert)  # expert + 1: the tables' rows
         if self.mask_of is not None:
             touched = torch.zeros(home.shape, dtype=I32, device=home.device)
             for col in node:
