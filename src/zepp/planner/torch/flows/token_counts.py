@@ -83,8 +83,9 @@ class TokenCounts:
 
 
 def _first_of_token(col: torch.Tensor) -> torch.Tensor:
-    """``[k, G]`` bool: the entry is present and no earlier entry of its token has its value."""
-    first = col >= 0
+    """``[k, G]`` bool: the entry is present and no earlier entry of its token has its value
+    (every comparison between tensors: the CPU kernels comparing with a scalar are slower)."""
+    first = col >= torch.zeros_like(col[0])[None, :]
     for i in range(1, col.shape[0]):
         for j in range(i):
             first[i] &= col[i] != col[j]
