@@ -12,7 +12,7 @@ itself (its operators hold for tensors). ``zepp.planner.torch.flows.hop_parts`` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,7 +41,9 @@ class TorchRouting:
     fixed-capacity move lists (planned with ``sweeps``) were too short, so ``slot`` is not the
     numpy planner's (``None`` where the lists cannot overflow); ``short``: planned with
     ``sweeps`` (the short capturable bounds), which the flows built without ``sync`` follow
-    (``zepp.planner.torch.flows.gateway_volumes``). Same meaning as ``zepp.planner.types.Routing``."""
+    (``zepp.planner.torch.flows.gateway_volumes``); ``columns``: ``slot`` column by column,
+    ``[k, R*T]`` int32, where the router has it (the token counts read it). Same meaning as
+    ``zepp.planner.types.Routing``."""
 
     topk_ids: torch.Tensor
     slot: torch.Tensor
@@ -50,6 +52,7 @@ class TorchRouting:
     unplaced: torch.Tensor | None = None
     overflow: torch.Tensor | None = None
     short: bool = False
+    columns: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def shortfall(self) -> torch.Tensor:
         """0-d int64 on the device: entries left unplaced, plus 1 where the vacate lists

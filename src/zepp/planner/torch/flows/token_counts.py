@@ -42,7 +42,8 @@ class TokenCounts:
         self.L, self.S, self.N = p.gpus_per_node, p.slots_per_rank, p.nodes
         R, N, L, T, dev = self.R, self.N, self.L, self.T, routing.slot.device
         self.device = dev
-        slot = routing.slot.reshape(-1, self.k).t().to(I32) + 1  # [k, G], 0 where missing
+        columns = routing.columns if routing.columns is not None else routing.slot.reshape(-1, self.k).t()
+        slot = columns.to(I32) + 1  # [k, G], 0 where missing
         rank_of = torch.div(arange(R * self.S + 1, dev) - 1, self.S, rounding_mode="floor").to(I32)
         self.comp = take(rank_of, slot)
         self.node = take(torch.div(rank_of, L, rounding_mode="floor"), slot)

@@ -64,14 +64,16 @@ def _out_of_range(ids: torch.Tensor, num_experts: int) -> bool:
 
 def slot_routing(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float | None = None,
                  unplaced: torch.Tensor | None = None, overflow: torch.Tensor | None = None,
-                 masked: bool = False) -> TorchRouting:
+                 masked: bool = False, columns: torch.Tensor | None = None) -> TorchRouting:
     """The ``TorchRouting`` of ``slot [R, T, k]`` (any value where an entry is missing: it becomes
     ``-1``; ``masked``: it is ``-1`` there already); ``relaxation``: the C whose bounds the routing
-    promises; ``unplaced`` and ``overflow``: the water-fill's and the vacate pass's flags
+    promises; ``unplaced`` and ``overflow``: the water-fill's and the vacate pass's flags;
+    ``columns``: the same slots column by column ``[k, G]`` int32 where the router has them
     (``zepp.planner.torch.types.TorchRouting``)."""
     if not masked:
         slot = torch.where(ids < 0, -1, slot)
-    return TorchRouting(ids.to(torch.int32), slot.to(torch.int32), dp.placement, relaxation, unplaced, overflow)
+    return TorchRouting(ids.to(torch.int32), slot.to(torch.int32), dp.placement, relaxation, unplaced, overflow,
+                        columns=columns)
 
 
 def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:

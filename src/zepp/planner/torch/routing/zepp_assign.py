@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from zepp.planner.torch._ops import I32, I64, arange, counts, list_true, select, sort_order, take
+from zepp.planner.torch._ops import I32, I64, arange, counts, list_token_major, select, sort_order, take
 from zepp.planner.torch.routing.base_routing import position_in_group
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 
@@ -30,28 +30,34 @@ _MIN_SPLIT = 1024  # bounded: ... and never fewer than this
 
 
 class EntryKeys(NamedTuple):
-    """``index [R, n]`` int32 (int64 past 2**31 cells): ``r * (E+1) + e + 1`` per entry (``r * (E+1)`` where missing);
+    """Per entry, column by column (``[k, G]``: entry ``j`` of every token contiguous, the layout
+    of the vacate pass and the token counts): ``index [k, G]`` int32 (int64 past 2**31 cells),
+    ``r * (E+1) + e + 1`` (``r * (E+1)`` where missing), and ``ids [k, G]`` int32 the expert ids;
     ``demand [R, E]`` int64 entries per (rank, expert) (``zepp_assign.EntryKeys``)."""
 
     index: torch.Tensor
     demand: torch.Tensor
+    ids: torch.Tensor
 
 
 def entry_keys(ids: torch.Tensor, dp: DevicePlacement) -> EntryKeys:
-    R, E = ids.shape[0], dp.E
+    R, T, k = ids.shape
+    E = dp.E
     dtype = I32 if R * (E + 1) < 1 << 31 else ids.dtype
-    index = ids.reshape(R, -1).to(dtype) + (arange(R, ids.device) * (E + 1) + 1).to(dtype)[:, None]
-    return EntryKeys(index, counts(index.reshape(-1), R * (E + 1)).reshape(R, E + 1)[:, 1:])
+    columns = ids.reshape(R * T, k).t().to(dtype)  # one transpose of the batch
+    offset = (arange(R, ids.device) * (E + 1) + 1).to(dtype).repeat_interleave(T, output_size=R * T)
+    index = columns + offset[None, :]
+    return EntryKeys(index, counts(index.reshape(-1), R * (E + 1)).reshape(R, E + 1)[:, 1:], columns)
 
 
 def assign_entries(keys: EntryKeys, assigned: torch.Tensor | None, dp: DevicePlacement, sync: bool,
                    bounded: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(slot [R, n], node [R, n], overflow)``: every entry's replica (int32, ``-1`` where
-    missing) and its node (int32, home where missing); ``assigned [R, M*C]`` the water-fill's
+    """``(slot [k, G], node [k, G], overflow)``: every entry's replica (int32, ``-1`` where
+    missing) and its node (int32, home where missing), column by column; ``assigned [R, M*C]`` the water-fill's
     counts (``None``: no expert has several replicas); ``bounded``: list the entries of split
     groups in a fixed-capacity list (module docstring) whose ``overflow`` (0-d bool, else
     ``None``) says it was too short."""
-    R, dev = keys.index.shape[0], keys.index.device
+    R, dev = dp.R, keys.index.device
     slot_tab = dp.slot_of.to(I32).expand(R, -1).clone()
     node_tab = dp.node_of.to(I32).expand(R, -1).clone()
     node_tab[:, 0] = (arange(R, dev) // dp.L).to(I32)  # a missing entry sits at home
@@ -78,7 +84,7 @@ def assign_entries(keys: EntryKeys, assigned: torch.Tensor | None, dp: DevicePla
             n = slot.numel()
             slot, node, overflow = _assign_split(keys, assigned, dp, slot, node,
                                                  min(n, max(n // _SPLIT_SHARE, _MIN_SPLIT)),
-                                                 take(split_tab, keys.index).reshape(-1))
+                                                 take(split_tab, keys.index))
         else:
             slot, node = _assign_sorted(keys, assigned, dp, slot, node)
     return slot, node, overflow
@@ -86,20 +92,23 @@ def assign_entries(keys: EntryKeys, assigned: torch.Tensor | None, dp: DevicePla
 
 def _assign_split(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement, slot: torch.Tensor,
                   node: torch.Tensor, capacity: int | None = None, split: torch.Tensor | None = None):
-    """The entries of split groups (``split [n]``, else ``slot == _SPLIT``), by place in their
-    group in batch order, against the cumulative counts: listed exactly (``capacity=None``: in
-    place, ``nonzero`` reads their number), or in a fixed list of ``capacity`` (no host read;
-    returns ``(slot, node, overflow)``, the padded list entries writing a spare cell)."""
-    R, M, C, E1 = keys.index.shape[0], dp.M, dp.C, dp.E + 1
+    """The entries of split groups (``split [k, G]``, else ``slot == _SPLIT``), by place in their
+    group in batch order (token-major), against the cumulative counts: listed exactly
+    (``capacity=None``: in place, ``nonzero`` reads their number), or in a fixed list of
+    ``capacity`` (no host read; returns ``(slot, node, overflow)``, the padded list entries
+    writing a spare cell)."""
+    R, M, C, E1 = dp.R, dp.M, dp.C, dp.E + 1
+    k, G = slot.shape
     flat_slot, flat_node, index = slot.reshape(-1), node.reshape(-1), keys.index.reshape(-1)
     if split is None:
-        split = flat_slot == _SPLIT
-    n = split.shape[0]
+        split = slot == _SPLIT
+    n = k * G
     if capacity is None:
-        where = torch.nonzero(split)[:, 0]
+        gi, ki = torch.nonzero(split.t()).t()  # token-major: batch order
+        where = ki * G + gi
         valid = None
     else:
-        where, total = list_true(split, capacity)  # n past the end: the spare cell
+        where, total = list_token_major(split, capacity)  # n past the end: the spare cell
         valid = where < n
         spare = flat_slot.new_zeros(1)
         flat_slot, flat_node = torch.cat([flat_slot, spare]), torch.cat([flat_node, spare])
@@ -123,12 +132,12 @@ def _assign_sorted(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement,
     """Without host reads: every entry of a several-replica expert, in the stable order of its
     (rank, expert) group, takes the replicas the cumulative counts give its place (one sort of
     fixed size, the counts expanded by ``repeat_interleave`` of fixed output size, one scatter)."""
-    R, M, C = keys.index.shape[0], dp.M, dp.C
+    R, M, C = dp.R, dp.M, dp.C
     dev = keys.index.device
     n = keys.index.numel()
     group_tab = torch.full((R, dp.E + 1), R * M, dtype=I32, device=dev)
     group_tab[:, dp.multi + 1] = (arange(R, dev)[:, None] * M + arange(M, dev)[None, :]).to(I32)
-    group = take(group_tab, keys.index).reshape(-1)
+    group = take(group_tab, keys.index.t()).reshape(-1)  # in batch order (token-major)
     order = sort_order(group, R * M)
     per_replica = assigned.reshape(-1)  # [R*M*C]: groups in order, replicas in order
     repeats = torch.cat([per_replica, (n - per_replica.sum()).reshape(1)])  # the rest: entries of no group
@@ -136,6 +145,6 @@ def _assign_sorted(keys: EntryKeys, assigned: torch.Tensor, dp: DevicePlacement,
     for value, base in ((dp.reps_multi, slot), (dp.multi_nodes, node)):
         values = torch.cat([value.expand(R, M, C).reshape(-1), value.new_full((1,), -1)]).to(I32)
         in_order = torch.repeat_interleave(values, repeats, output_size=n)
-        mine = torch.empty_like(in_order).scatter_(0, order, in_order).reshape(base.shape)
-        out.append(select((group < R * M).reshape(base.shape), mine, base))
+        mine = torch.empty_like(in_order).scatter_(0, order, in_order).view(base.shape[::-1]).t()
+        out.append(select((group < R * M).view(base.shape[::-1]).t(), mine, base))
     return out[0], out[1]

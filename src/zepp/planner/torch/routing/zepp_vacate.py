@@ -50,19 +50,23 @@ _MIN_CAPACITY = 1024  # bounded lists are never shorter than this (small batches
 
 def vacate(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float, rounds: int,
            sync: bool, slot_counts: tuple | None = None, node: torch.Tensor | None = None,
-           bounded: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The vacate pass (``zepp.planner.routing.zepp_vacate.vacate``): ``(slot [R, T, k] after up
-    to ``rounds`` rounds, overflow)``; ``slot_counts`` and ``node`` as there; ``bounded``: the
+           bounded: bool = False, expert: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The vacate pass (``zepp.planner.routing.zepp_vacate.vacate``) of the batch ``ids [R, T, k]``:
+    ``(slot [k, G] int32 after up to ``rounds`` rounds, overflow)``, the slots column by column
+    as they come in (``slot [k, G]``, ``-1`` where missing); ``slot_counts`` and ``node [k, G]``
+    as there; ``expert``: ``ids`` column by column where the caller has it; ``bounded``: the
     short fixed-capacity lists (``sync=False`` only, module docstring) whose ``overflow`` (0-d
     bool; ``None`` where nothing can overflow) says the lists were too short."""
     R, T, k = ids.shape
     if dp.N < 2 or rounds < 1 or not dp.any_multi:
         return slot, None
-    state = _Vacate(ids, slot, dp, relaxation, sync, slot_counts, node, bounded and not sync)
+    if expert is None:
+        expert = ids.reshape(R * T, k).t()
+    state = _Vacate(ids, slot, dp, relaxation, sync, slot_counts, node, bounded and not sync, expert)
     for i in range(rounds):
         if not state.round(i):
             break
-    return state.slot[:-1].reshape(k, R * T).t().reshape(R, T, k), state.overflow
+    return state.slot[:-1].view(k, R * T), state.overflow
 
 
 class _Vacate:
@@ -75,20 +79,19 @@ class _Vacate:
     not stopped) and ``overflow`` (a bounded list was too short)."""
 
     def __init__(self, ids, slot, dp: DevicePlacement, relaxation: float, sync: bool, slot_counts, node,
-                 bounded: bool):
+                 bounded: bool, expert: torch.Tensor):
         R, T, k = ids.shape
         self.dp, self.sync, self.k, self.G, self.T = dp, sync, k, R * T, T
         dev = ids.device
         self.ndtype = torch.int8 if dp.N < 1 << 7 else torch.int16 if dp.N < 1 << 15 else I32
         self.lists = _Lists(self.G, k, sync, bounded)
-        expert = ids.reshape(-1)
         self.home = (arange(self.G, dev) // (T * dp.L)).to(self.ndtype)
         if node is None:
-            s = slot.reshape(-1).to(I64)
-            node = torch.where(s >= 0, s // (dp.S * dp.L), self.home.to(I64).repeat_interleave(k))
-        self.slot = _columns(slot, self.G, k, I32)
-        self.node = _columns(node, self.G, k, self.ndtype)
-        self.expert = _columns(expert, self.G, k, I32).add_(1)  # 0 where missing: the tables' first row
+            s = slot.to(I64)
+            node = torch.where(s >= 0, s // (dp.S * dp.L), self.home.to(I64)[None, :])
+        self.slot = _columns(slot, I32)
+        self.node = _columns(node, self.ndtype)
+        self.expert = _columns(expert, I32).add_(1)  # 0 where missing: the tables' first row
         self.several = take(torch.cat([dp.several.new_zeros(1), dp.several]), self.expert[:-1]).view(k, self.G)
         self.mask_of = None
         if dp.node_mask is not None and dp.N <= _MASK_NODES:
@@ -98,7 +101,7 @@ class _Vacate:
         if slot_counts is None:
             s = slot.reshape(-1)
             slot_counts = (counts(torch.where(s >= 0, s, self.n).to(I64), self.n),
-                           *_slot_bounds(expert, dp, relaxation))
+                           *_slot_bounds(ids.reshape(-1), dp, relaxation))
         self.load, self.lo, self.hi = (t.clone() for t in slot_counts)
         self.cand = torch.ones(self.G, dtype=torch.bool, device=dev)
         self.live = torch.ones((), dtype=torch.bool, device=dev)
@@ -195,11 +198,10 @@ class _Vacate:
         return select(feasible, there, src), select(feasible, there_node, 0), feasible
 
 
-def _columns(a: torch.Tensor, G: int, k: int, dtype) -> torch.Tensor:
-    """``a`` (``G*k`` elements, token-major) column by column, flat ``[k*G + 1]`` of ``dtype``
-    (the last cell a spare, 0)."""
-    out = torch.zeros(k * G + 1, dtype=dtype, device=a.device)
-    out[:-1].view(k, G).copy_(a.reshape(G, k).t())
+def _columns(a: torch.Tensor, dtype) -> torch.Tensor:
+    """``a [k, G]`` flat ``[k*G + 1]`` of ``dtype`` (the last cell a spare, 0)."""
+    out = torch.zeros(a.numel() + 1, dtype=dtype, device=a.device)
+    out[:-1].view(a.shape).copy_(a)
     return out
 
 
