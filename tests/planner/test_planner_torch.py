@@ -211,9 +211,9 @@ def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity
     monkeypatch.setattr(zv, "_MIN_CAPACITY", min_capacity)
     monkeypatch.setattr(za, "_SPLIT_SHARE", split_share)
     monkeypatch.setattr(za, "_MIN_SPLIT", min_capacity)
-    monkeypatch.setattr(gv, "_HANDED_SHARE", token_share)
     monkeypatch.setattr(gv, "_MIN_HANDED", min_capacity)
     pl, ids = _realistic_case(seed)
+    monkeypatch.setattr(gv, "_HANDED_SHARE", token_share * pl.nodes)  # G / token_share handed rows
     ref = route("zepp", ids, pl, 0.1)
     t = torch.as_tensor(ids)
     got = tp.route("zepp", t, pl, 0.1, sync=False, sweeps=1)

@@ -26,7 +26,7 @@ from zepp.planner.torch.flows.token_counts import TokenCounts
 from zepp.planner.torch.volumes import TorchVolumes
 
 
-_HANDED_SHARE = 4  # short lists (a short routing, no sync): up to one handed row in _HANDED_SHARE tokens
+_HANDED_SHARE = 32  # short lists (a short routing, no sync): up to G * N / _HANDED_SHARE handed rows
 _MIN_HANDED = 1024  # ... and never fewer than this
 
 
@@ -160,10 +160,13 @@ def _listed(tc: TokenCounts, beyond, place, first, ends) -> tuple[tuple, torch.T
 
 
 def _handed_capacity(tc: TokenCounts) -> int:
-    """The short list's length: ``G / _HANDED_SHARE`` handed rows, at least ``_MIN_HANDED``
-    (the recorded K2 batch at 16 x 4 hands 6,431 rows of 74,752 tokens, 1 in 12)."""
+    """The short list's length: ``G * N / _HANDED_SHARE`` handed rows (``G`` tokens, ``N``
+    nodes), at least ``_MIN_HANDED``. The share grows with the nodes: on the recorded traces (K2
+    and Qwen3, 1 and 16 MB per GPU) at most 1 row in 15 tokens at 4 nodes, 6.7 at 8, 3.5 at 16,
+    2.1 at 32 (the small batches; at 16 MB, 1 in 7 to 83); the K2 batch at 16 x 4, 16 MB hands
+    6,431 rows of 74,752 tokens."""
     G = tc.R * tc.T
-    return min(G * tc.N, max(G // _HANDED_SHARE, _MIN_HANDED))
+    return min(G * tc.N, max(G * tc.N // _HANDED_SHARE, _MIN_HANDED))
 
 
 def _msg(gw: Gateways, owner):
