@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zepp.planner.torch._ops import I32, I64, arange, counts, list_true, select
+from zepp.planner.torch._ops import I32, I64, arange, counts, list_true, select, take
 from zepp.planner.torch.flows.direct_volumes import pair_cells
 from zepp.planner.torch.flows.gateway_flows import nic_split
 from zepp.planner.torch.flows.token_counts import TokenCounts
@@ -152,8 +152,8 @@ def _listed(tc: TokenCounts, beyond, place, first, ends) -> tuple[tuple, torch.T
     nr, token = at // T, at % T
     node, owner = nr // R, nr % R
     rn = owner * N + node
-    xi = first.reshape(-1)[rn] + place.reshape(-1)[at]
-    carrier = (xi[:, None] >= ends.reshape(N * R, -1)[rn]).sum(1)
+    xi = take(first, rn) + take(place, at)
+    carrier = (xi[:, None] >= ends.reshape(N * R, -1).index_select(0, rn)).sum(1)
     if valid is not None:
         owner = select(valid, owner, R)
     return (owner, token, node, carrier, valid), overflow
