@@ -78,13 +78,15 @@ def slot_routing(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, rel
 
 def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     """For each element of ``key [n]`` (int32 or int64 in ``[0, num_keys]``), how many earlier
-    elements share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions
-    are meaningless). A stable sort, as in numpy; no host read."""
+    elements share its key. ``[n]`` int32 (int64 from 2**31 elements). Key ``num_keys`` means
+    "in no group" (its positions are meaningless). A stable sort, as in numpy; no host read."""
     n = key.shape[0]
+    dtype = torch.int32 if n < 1 << 31 else I64
     sorted_key, order = sorted_keys(key, num_keys)
     c = counts(sorted_key, num_keys + 1)
-    starts = torch.cumsum(c, 0) - c
-    return torch.empty_like(order).scatter_(0, order, arange(n, key.device) - starts.gather(0, sorted_key))
+    starts = (torch.cumsum(c, 0) - c).to(dtype)
+    place = torch.arange(n, dtype=dtype, device=key.device) - starts.gather(0, sorted_key)
+    return torch.empty(n, dtype=dtype, device=key.device).scatter_(0, order, place)
 
 
 def entry_hash(index: torch.Tensor) -> torch.Tensor:

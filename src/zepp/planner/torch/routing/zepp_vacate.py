@@ -213,6 +213,8 @@ class _Lists:
     def __init__(self, G: int, k: int, sync: bool, bounded: bool):
         self.G, self.k, self.sync, self.bounded = G, k, sync, bounded
         self.can_overflow = bounded and not sync
+        # list indices in int32 where they fit (their arithmetic is several times faster on the CPU)
+        self.index = I32 if k * G + 1 < 1 << 31 else I64
         shares = _TOKEN_SHARES if bounded else (1,)
         self.token_caps = [min(G, max(G // share, _MIN_CAPACITY)) for share in shares]
 
@@ -223,9 +225,9 @@ class _Lists:
         if i == 0 or (not self.sync and cap >= self.G):
             return None
         if self.sync:
-            return _Rows(torch.nonzero(cand)[:, 0], None, self.G)
+            return _Rows(torch.nonzero(cand)[:, 0].to(self.index), None, self.G)
         at, total = list_true(cand, cap)
-        return _Rows(at, total > cap, self.G)
+        return _Rows(at.to(self.index), total > cap, self.G)
 
     def token_cap(self, i: int) -> int:
         return self.token_caps[min(i, len(self.token_caps) - 1)]
@@ -234,12 +236,13 @@ class _Lists:
         """The moves of ``mask [k, g]`` (over ``rows``, every token when ``None``) listed."""
         k, g = mask.shape
         if self.sync:
-            gi, ki = torch.nonzero(mask.t()).t()  # token-major
+            gi, ki = torch.nonzero(mask.t()).t().to(self.index)  # token-major
             return _Moves(gi, ki, rows, self.G, k * self.G, None, None)
         cap = k * g
         if self.bounded:
             cap = min(cap, self.token_cap(i))
         code, total = list_token_major(mask, cap)
+        code = code.to(self.index)
         valid = arange(cap, mask.device) < total
         gi, ki = code % g, code // g  # the spare k*g: token 0, row k (its cell is the spare)
         return _Moves(gi, ki, rows, self.G, k * self.G, valid, total > cap if cap < k * g else None)
@@ -262,7 +265,7 @@ class _Rows:
 
     def put(self, per_token: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(self.G + 1, dtype=per_token.dtype, device=per_token.device)
-        return out.index_copy_(0, self.at_or_spare, per_token)[:self.G]
+        return out.index_copy_(0, self.at_or_spare.to(I64), per_token)[:self.G]
 
 
 class _Moves:
@@ -279,12 +282,15 @@ class _Moves:
         self.at = ki * G + token
         if valid is not None:
             self.at = select(valid, self.at, spare)
+        self.at_long = None  # ``at`` as int64, for index_copy_
 
     def read(self, state: torch.Tensor) -> torch.Tensor:
         return state.index_select(0, self.at)
 
     def write(self, state: torch.Tensor, values: torch.Tensor) -> None:
-        state.index_copy_(0, self.at, values)
+        if self.at_long is None:
+            self.at_long = self.at.to(I64)
+        state.index_copy_(0, self.at_long, values)
 
     def of_token(self, per_token: torch.Tensor) -> torch.Tensor:
         return per_token.index_select(0, self.gi)
