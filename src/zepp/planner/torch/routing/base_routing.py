@@ -16,7 +16,7 @@ import torch
 from zepp.errors import ZeppInputError
 from zepp.planner.routing.base_routing import HASH_ADD, HASH_MOD, HASH_MUL
 from zepp.planner.routing.base_routing import check_batch as numpy_check_batch
-from zepp.planner.torch._ops import I64, arange, counts, sorted_keys
+from zepp.planner.torch._ops import I64, counts, sorted_keys
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.torch.types import TorchRouting
 from zepp.planner.types import Placement

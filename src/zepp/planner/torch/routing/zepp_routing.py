@@ -52,9 +52,9 @@ def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: 
 
 class _Filled:
     """The water-fill on counts, then the entries assigned (``zepp_routing._Filled``): ``slot``,
-    ``node`` and the expert ``ids`` column by column ``[k, G]`` int32, ``unplaced``, ``overflow`` (the assignment's bounded list was too short;
-    ``None`` where it cannot be) and ``slot_counts = (load, lower, upper) [R*S]`` (``None``
-    without several-replica experts)."""
+    ``node`` and the expert ``ids`` column by column ``[k, G]`` int32, ``unplaced``,
+    ``overflow`` (the assignment's bounded list was too short; ``None`` where it cannot be) and
+    ``slot_counts = (load, lower, upper) [R*S]`` (``None`` without several-replica experts)."""
 
     def __init__(self, ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None):
         keys = entry_keys(ids, dp)

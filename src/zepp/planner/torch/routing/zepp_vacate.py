@@ -74,9 +74,10 @@ class _Vacate:
     by column, then a spare cell the padded list entries write to) ``slot`` int32, ``node`` (the
     narrowest type), ``expert`` int32 (the id + 1: 0 where missing, the first row of the tables
     ``mask_of [E+1]`` and ``ron [(E+1)*N]``, the placement's with a row for no expert in front);
-    ``several [k, G]`` bool (an entry of a several-replica expert); ``home [G]``, ``load`` / ``lo`` / ``hi [R*S]``, ``cand [G]`` (tokens
-    still worth a round), and without ``sync`` the device flags ``live`` (the numpy planner has
-    not stopped) and ``overflow`` (a bounded list was too short)."""
+    ``several [k, G]`` bool (an entry of a several-replica expert); ``home [G]``; ``load`` /
+    ``lo`` / ``hi [R*S]``; ``cand [G]`` (tokens still worth a round); and without ``sync`` the
+    device flags ``live`` (the numpy planner has not stopped) and ``overflow`` (a bounded list
+    was too short)."""
 
     def __init__(self, ids, slot, dp: DevicePlacement, relaxation: float, sync: bool, slot_counts, node,
                  bounded: bool, expert: torch.Tensor):
