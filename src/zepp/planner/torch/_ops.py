@@ -102,10 +102,11 @@ def list_true(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Te
 
 def _scatter_places(place: torch.Tensor, mask: torch.Tensor, capacity: int, n: int) -> torch.Tensor:
     """``[capacity]`` int64: element ``i`` of ``arange(n)`` put at ``place[i] - 1`` where ``mask``
-    and ``place[i] <= capacity``, ``n`` elsewhere. One scatter into ``capacity + 2`` cells whose
-    first and last take the elements left out (arithmetic and a multiply by the mask only: the
-    CPU kernels of comparisons with a scalar and of ``where`` are several times slower)."""
-    at = (place.clamp_max(capacity + 1) * mask).to(I64)  # 0: not listed; capacity + 1: past the end
+    and ``place[i] <= capacity``, ``n`` elsewhere (``place`` is overwritten). One scatter into
+    ``capacity + 2`` cells whose first and last take the elements left out (arithmetic and a
+    multiply by the mask only: the CPU kernels of comparisons with a scalar and of ``where`` are
+    several times slower)."""
+    at = place.clamp_max_(capacity + 1).mul_(mask).to(I64)  # 0: not listed; capacity + 1: past the end
     values = torch.arange(n, dtype=I32 if n < 1 << 31 else I64, device=mask.device)
     out = torch.full((capacity + 2,), n, dtype=values.dtype, device=mask.device)
     return out.scatter_(0, at, values)[1:capacity + 1].to(I64)

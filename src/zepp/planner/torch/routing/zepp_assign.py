@@ -46,7 +46,8 @@ def entry_keys(ids: torch.Tensor, dp: DevicePlacement) -> EntryKeys:
     R, T, k = ids.shape
     E = dp.E
     dtype = I32 if R * (E + 1) < 1 << 31 else ids.dtype
-    columns = ids.reshape(R * T, k).t().to(dtype)  # one transpose of the batch
+    columns = torch.empty((k, R * T), dtype=dtype, device=ids.device)
+    columns.copy_(ids.reshape(R * T, k).t())  # one transpose of the batch, into a contiguous [k, G]
     offset = (arange(R, ids.device) * (E + 1) + 1).to(dtype).repeat_interleave(T, output_size=R * T)
     index = columns + offset[None, :]
     return EntryKeys(index, counts(index.reshape(-1), R * (E + 1)).reshape(R, E + 1)[:, 1:], columns)
