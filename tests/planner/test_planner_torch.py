@@ -144,10 +144,11 @@ def test_capture_safe_mode_reads_nothing_back(monkeypatch):
     for meth in ("item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu"):
         monkeypatch.setattr(torch.Tensor, meth, forbidden)
     for name in TWINNED_ROUTINGS:
-        r = tp.route(name, ids, pl, 0.25, sync=False)
-        for dispatch, combine in PAIRS:
-            plan = tp.build_flows(r, dispatch, 8, combine)
-            plan.dispatch, plan.volumes
+        for sweeps in (None, 1):  # the default bounds, and the short form (fixed-capacity lists)
+            r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=sweeps)
+            for dispatch, combine in PAIRS:
+                plan = tp.build_flows(r, dispatch, 8, combine)
+                plan.dispatch, plan.volumes
     monkeypatch.undo()
 
 
@@ -305,7 +306,7 @@ def test_device_part_seconds_interpolates_recorded_device_figures():
     assert device_part_seconds("flows:zepp/reduce", 5000, data=data) is None
 
 
-def test_capture_safe_path_runs_on_the_meta_device():
+def test_capture_safe_path_runs_on_the_meta_device(monkeypatch):
     """On the meta device (shapes only, no data) every routing and transport pair plans with
     ``sync=False``: no host read and no operation whose output size depends on the data (the
     conditions of CUDA-graph capture). Hop-table capacities depend on the shape alone. The
@@ -313,8 +314,14 @@ def test_capture_safe_path_runs_on_the_meta_device():
     rng = np.random.default_rng(1)
     pl = random_placement(rng, 2, 2, 2, 2)
     ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0)).to("meta")
-    for name in TWINNED_ROUTINGS:
-        r = tp.route(name, ids, pl, 0.25, sync=False)
+    import zepp.planner.torch.flows.gateway_volumes as gv
+    import zepp.planner.torch.routing.zepp_assign as za
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    for module, name in ((zv, "_MIN_CAPACITY"), (za, "_MIN_SPLIT"), (gv, "_MIN_HANDED")):
+        monkeypatch.setattr(module, name, 1)  # the short form's lists shorter than the batch: every list path runs
+    for name, sweeps in [(n, None) for n in TWINNED_ROUTINGS] + [("zepp", 1)]:
+        r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=sweeps)
         assert r.slot.shape == ids.shape and r.slot.device.type == "meta"
         for dispatch, combine in PAIRS:
             plan = tp.build_flows(r, dispatch, 8, combine, sync=False)
