@@ -144,23 +144,25 @@ def test_capture_safe_mode_reads_nothing_back(monkeypatch):
     for meth in ("item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu"):
         monkeypatch.setattr(torch.Tensor, meth, forbidden)
     for name in TWINNED_ROUTINGS:
-        r = tp.route(name, ids, pl, 0.25, sync=False)
-        for dispatch, combine in PAIRS:
-            plan = tp.build_flows(r, dispatch, 8, combine)
-            plan.dispatch, plan.volumes
+        for sweeps in (None, 1):  # the default bounds, and the short form (fixed-capacity lists)
+            r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=sweeps)
+            for dispatch, combine in PAIRS:
+                plan = tp.build_flows(r, dispatch, 8, combine)
+                plan.dispatch, plan.volumes
     monkeypatch.undo()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases)
 def test_fewer_sweeps_are_flagged_or_exact(case):
-    """With one water-fill sweep the routing is either complete (and then the numpy planner's)
-    or says so (``unplaced > 0``); ``plan_batch_numpy`` then re-plans and is always exact."""
+    """With one water-fill sweep (and the vacate pass's short move lists) the routing is either
+    the numpy planner's or says it is not (``shortfall() > 0``); ``plan_batch(..., host=True)``
+    then re-plans and is always exact."""
     pl, ids = make_case(case)
     ref = route("zepp", ids, pl, case["relaxation"])
     t = torch.as_tensor(ids)
     got = tp.route("zepp", t, pl, case["relaxation"], sync=False, sweeps=1)
-    if int(got.unplaced) == 0:
+    if int(got.shortfall()) == 0:
         np.testing.assert_array_equal(got.slot.numpy(), ref.slot)
     else:
         with pytest.raises(tp.IncompletePlan):
@@ -180,6 +182,82 @@ def test_zero_sweeps_leave_demand_unplaced():
     with pytest.raises(tp.IncompletePlan):
         plan_batch(torch.as_tensor(ids), pl, Stages("zepp", "zepp"), 8, 0.25, sync=False, sweeps=0).to_numpy()
     assert plan_batch(torch.as_tensor(ids), pl, Stages("zepp", "zepp"), 8, 0.25, sweeps=0, host=True).routing.slot.size
+
+
+def _realistic_case(seed=3, T=96):
+    """A 4 x 4 cluster with the zepp placement and a skewed batch (the vacate pass moves tokens
+    over several rounds)."""
+    from zepp.planner.placement import make_placement
+
+    rng = np.random.default_rng(seed)
+    E, nodes, L = 64, 4, 4
+    ids = skewed_batch(rng, nodes * L, T, 4, E, 1.2)
+    hist = np.stack([np.bincount(ids[n * L:(n + 1) * L].ravel(), minlength=E) for n in range(nodes)])
+    return make_placement("zepp", hist, E, nodes * L, L), ids
+
+
+@pytest.mark.parametrize("token_share,min_capacity,split_share", [(1, 1, 1), (2, 1, 16), (4, 1, 4), (64, 1, 16),
+                                                                 (2, 1024, 16), (1, 1, 4096)])
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_short_lists_are_exact_or_flagged(monkeypatch, token_share, min_capacity, split_share, seed):
+    """The fixed-capacity lists of the short form (``sweeps`` given, ``sync=False``: the vacate
+    pass's candidate tokens and moves, the assignment's entries of split groups), made short on
+    purpose: the routing is the numpy planner's unless ``overflow`` is set, and then
+    ``to_numpy`` refuses it and ``plan_batch(..., host=True)`` re-plans with full lists (exact)."""
+    import zepp.planner.torch.flows.gateway_volumes as gv
+    import zepp.planner.torch.routing.zepp_assign as za
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    monkeypatch.setattr(zv, "_TOKEN_SHARES", (1, token_share, token_share + 1))
+    monkeypatch.setattr(zv, "_MIN_CAPACITY", min_capacity)
+    monkeypatch.setattr(za, "_SPLIT_SHARE", split_share)
+    monkeypatch.setattr(za, "_MIN_SPLIT", min_capacity)
+    monkeypatch.setattr(gv, "_MIN_HANDED", min_capacity)
+    pl, ids = _realistic_case(seed)
+    monkeypatch.setattr(gv, "_HANDED_SHARE", token_share * pl.nodes)  # G / token_share handed rows
+    ref = route("zepp", ids, pl, 0.1)
+    t = torch.as_tensor(ids)
+    got = tp.route("zepp", t, pl, 0.1, sync=False, sweeps=1)
+    assert got.overflow is not None and got.overflow.dtype == torch.bool
+    if not bool(got.overflow):
+        assert int(got.shortfall()) == int(got.unplaced)
+        np.testing.assert_array_equal(got.slot.numpy(), ref.slot)
+    else:
+        assert int(got.shortfall()) >= 1
+        with pytest.raises(tp.IncompletePlan, match="overflowed"):
+            got.to_numpy()
+    if token_share == 64 or split_share == 4096:  # lists too short for this batch
+        assert bool(got.overflow)
+    assert got.short
+    for pair in (("zepp", None), ("zepp", "reduce-direct"), ("relay", "reduce")):  # the flows' short lists
+        want = build_flows(ref, pair[0], 16, pair[1]).volumes
+        have = tp.build_flows(got, pair[0], 16, pair[1], sync=False).volumes
+        overflow = any(v.overflow is not None and bool(v.overflow) for v in have)
+        if pair[0] == "zepp" and token_share == 64:  # a sixty-fourth of the tokens: too few handed rows
+            assert overflow
+        if overflow:
+            with pytest.raises(tp.IncompletePlan, match="handed rows"):
+                have.dispatch.to_numpy()
+        elif not bool(got.overflow):
+            for phase in (0, 1):
+                assert_same_volumes(have[phase].to_numpy(), want[phase], f"short {pair}")
+    plan = plan_batch(t, pl, Stages("zepp", "zepp"), 16, 0.1, sweeps=1, sync=False, host=True)
+    assert_same_flows(plan, build_flows(ref, "zepp", 16))
+    full = tp.route("zepp", t, pl, 0.1, sync=False)  # the default bound: lists that cannot overflow
+    assert full.overflow is None
+    np.testing.assert_array_equal(full.slot.numpy(), ref.slot)
+
+
+@pytest.mark.parametrize("sync,sweeps", [(True, None), (False, None), (False, 1)])
+def test_vacate_targets_without_node_masks(monkeypatch, sync, sweeps):
+    """Past ``_MASK_NODES`` nodes a move's target is read off the candidate nodes in turn (no bit
+    masks): the same routing as numpy, in every mode."""
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    monkeypatch.setattr(zv, "_MASK_NODES", 1)
+    pl, ids = _realistic_case(4)
+    got = tp.route("zepp", torch.as_tensor(ids), pl, 0.1, sync=sync, sweeps=sweeps)
+    np.testing.assert_array_equal(got.slot.numpy(), route("zepp", ids, pl, 0.1).slot)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -228,7 +306,7 @@ def test_device_part_seconds_interpolates_recorded_device_figures():
     assert device_part_seconds("flows:zepp/reduce", 5000, data=data) is None
 
 
-def test_capture_safe_path_runs_on_the_meta_device():
+def test_capture_safe_path_runs_on_the_meta_device(monkeypatch):
     """On the meta device (shapes only, no data) every routing and transport pair plans with
     ``sync=False``: no host read and no operation whose output size depends on the data (the
     conditions of CUDA-graph capture). Hop-table capacities depend on the shape alone. The
@@ -236,8 +314,14 @@ def test_capture_safe_path_runs_on_the_meta_device():
     rng = np.random.default_rng(1)
     pl = random_placement(rng, 2, 2, 2, 2)
     ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0)).to("meta")
-    for name in TWINNED_ROUTINGS:
-        r = tp.route(name, ids, pl, 0.25, sync=False)
+    import zepp.planner.torch.flows.gateway_volumes as gv
+    import zepp.planner.torch.routing.zepp_assign as za
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    for module, name in ((zv, "_MIN_CAPACITY"), (za, "_MIN_SPLIT"), (gv, "_MIN_HANDED")):
+        monkeypatch.setattr(module, name, 1)  # the short form's lists shorter than the batch: every list path runs
+    for name, sweeps in [(n, None) for n in TWINNED_ROUTINGS] + [("zepp", 1)]:
+        r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=sweeps)
         assert r.slot.shape == ids.shape and r.slot.device.type == "meta"
         for dispatch, combine in PAIRS:
             plan = tp.build_flows(r, dispatch, 8, combine, sync=False)

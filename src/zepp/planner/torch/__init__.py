@@ -37,11 +37,24 @@ What a CUDA graph can capture (``sync=False``; the default while capturing), for
   - Input value checks (ids in ``[-1, E)``): they read the data (only with ``sync=True``).
 - Cost of capturability: the water-fill's numpy bound is ``4C+4`` sweeps although every batch
   we tried needs one; ``sweeps=1`` makes the captured graph ``4C+4`` times shorter and reports
-  ``unplaced`` (device scalar); ``plan_batch(..., host=True)`` re-plans the rare incomplete batch.
+  ``unplaced`` (device scalar). With ``sweeps`` the routing is also *short*: the data-dependent
+  lists (the vacate pass's candidate tokens and moves, the assignment's entries of split groups,
+  the flows' handed rows) live in fixed-capacity lists sized from the shares measured on the
+  recorded traces, far below their worst case, and a list that was too short sets a device
+  flag (``TorchRouting.overflow``, ``TorchVolumes.overflow``; ``TorchRouting.shortfall()`` sums
+  the routing's). ``to_numpy()`` refuses such a plan (``IncompletePlan``) and
+  ``plan_batch(..., host=True)`` re-plans the rare incomplete batch with the default bounds
+  (lists that hold every entry: no flag, slower).
 
 Outside capture (``sync=True``) the loops stop early, tables are built at their exact size and
-the vacate pass and the NIC split list their few moves and handed rows instead of masking grids,
+the vacate pass and the NIC split list their few moves and handed rows at their exact length,
 with a few host reads (free on the CPU, tens of microseconds each on a GPU).
+
+On the CPU, integer comparisons with a Python scalar and ``torch.where`` take kernels several
+times slower than comparisons between tensors, narrow (int8) comparisons are several times
+faster than int32 ones, and transposes cost a full copy: the per-entry work therefore runs
+column by column (``[k, G]``) on int8 ranks and nodes, compares tensors with tensors, and
+selects by arithmetic (``_ops.select``).
 """
 
 from __future__ import annotations

@@ -108,3 +108,43 @@ def any_of(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     if dim is None or mask.numel() == 0:
         return mask.any() if dim is None else mask.any(dim)
     return mask.view(torch.uint8).amax(dim).view(torch.bool)
+
+
+def list_token_major(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed-size list of the true cells of ``mask [k, g]`` in token-major order (token ``j``'s
+    cells before token ``j+1``'s; within a token, by row): ``(code [capacity] int64, total 0-d
+    int64)``. ``code = row * g + j`` for the first ``min(total, capacity)`` cells, ``k * g`` (a
+    spare index) after them; ``total > capacity`` means cells were left out (the caller's
+    overflow flag). No host read: each cell's place is its token's offset (a prefix sum of the
+    per-token counts) plus the cells above it in its column, and one scatter lists them."""
+    k, g = mask.shape
+    m = mask.to(I32)
+    per_token = m.sum(0, dtype=I32)
+    ends = torch.cumsum(per_token, 0, dtype=I32)
+    total = ends[-1:].sum(dtype=I64) if g else torch.zeros((), dtype=I64, device=mask.device)
+    place = torch.empty((k, g), dtype=I32, device=mask.device)  # 1-based place of each true cell
+    torch.sub(ends, per_token - 1, out=place[0])
+    for row in range(1, k):
+        torch.add(place[row - 1], m[row - 1], out=place[row])
+    return _scatter_places(place.reshape(-1), mask.reshape(-1), capacity, k * g), total
+
+
+def list_true(mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(at [capacity] int64, total 0-d int64)``: the first ``capacity`` true positions of
+    ``mask [n]`` in order, ``n`` (a spare index) after them (fixed size, no host read)."""
+    n = mask.shape[0]
+    place = torch.cumsum(mask, 0, dtype=I32)  # 1-based place of each true element
+    total = place[-1:].sum(dtype=I64) if n else torch.zeros((), dtype=I64, device=mask.device)
+    return _scatter_places(place, mask, capacity, n), total
+
+
+def _scatter_places(place: torch.Tensor, mask: torch.Tensor, capacity: int, n: int) -> torch.Tensor:
+    """``[capacity]`` int64: element ``i`` of ``arange(n)`` put at ``place[i] - 1`` where ``mask``
+    and ``place[i] <= capacity``, ``n`` elsewhere (``place`` is overwritten). One scatter into
+    ``capacity + 2`` cells whose first and last take the elements left out (arithmetic and a
+    multiply by the mask only: the CPU kernels of comparisons with a scalar and of ``where`` are
+    several times slower)."""
+    at = place.clamp_max_(capacity + 1).mul_(mask).to(I64)  # 0: not listed; capacity + 1: past the end
+    values = torch.arange(n, dtype=I32 if n < 1 << 31 else I64, device=mask.device)
+    out = torch.full((capacity + 2,), n, dtype=values.dtype, device=mask.device)
+    return out.scatter_(0, at, values)[1:capacity + 1].to(I64)

@@ -12,7 +12,7 @@ itself (its operators hold for tensors). ``zepp.planner.torch.flows.hop_parts`` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,8 +21,9 @@ from zepp.planner.types import HOP_COLUMNS, FlowPlan, FlowPlanFields, Hops, Plan
 
 
 class IncompletePlan(PlanInvariantError):
-    """A water-fill run with fewer sweeps than its bound left entries unplaced: re-plan with
-    the default ``sweeps=None``."""
+    """A routing planned with ``sweeps`` (the short, capturable bounds) fell short: the water-fill
+    left entries unplaced or the vacate pass's move lists overflowed. Re-plan with the default
+    ``sweeps=None``."""
 
 
 _COLS = tuple(HOP_COLUMNS)
@@ -36,13 +37,32 @@ class TorchRouting:
     """``slot [R, T, k]`` int32 tensor (global slot per entry, ``-1`` for a missing entry) of
     ``topk_ids [R, T, k]`` on ``placement``; ``unplaced``: 0-d int64 tensor, entries the
     water-fill could not place (always 0 for a consistent placement; ``None`` for routings
-    without a water-fill). Same meaning as ``zepp.planner.types.Routing``."""
+    without a water-fill); ``overflow``: 0-d bool tensor, True where the vacate pass's
+    fixed-capacity move lists (planned with ``sweeps``) were too short, so ``slot`` is not the
+    numpy planner's (``None`` where the lists cannot overflow); ``short``: planned with
+    ``sweeps`` (the short capturable bounds), which the flows built without ``sync`` follow
+    (``zepp.planner.torch.flows.gateway_volumes``); ``columns``: ``slot`` column by column,
+    ``[k, R*T]`` int32, where the router has it (the token counts read it). Same meaning as
+    ``zepp.planner.types.Routing``."""
 
     topk_ids: torch.Tensor
     slot: torch.Tensor
     placement: Placement
     relaxation: float | None = None
     unplaced: torch.Tensor | None = None
+    overflow: torch.Tensor | None = None
+    short: bool = False
+    columns: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def shortfall(self) -> torch.Tensor:
+        """0-d int64 on the device: entries left unplaced, plus 1 where the vacate lists
+        overflowed (0: the routing is the numpy planner's). No host read."""
+        out = torch.zeros((), dtype=torch.int64, device=self.slot.device)
+        if self.unplaced is not None:
+            out = out + self.unplaced
+        if self.overflow is not None:
+            out = out + self.overflow.to(torch.int64)
+        return out
 
     @property
     def compute_rank(self) -> torch.Tensor:
@@ -50,13 +70,15 @@ class TorchRouting:
         s = self.slot.to(torch.int64)
         return torch.where(s >= 0, s // self.placement.slots_per_rank, -1)
 
-    def to_numpy(self, unplaced: int | None = None) -> Routing:
+    def to_numpy(self, shortfall: int | None = None) -> Routing:
         """The numpy ``Routing`` (one device-to-host copy of ``topk_ids`` and ``slot``).
-        Raises ``IncompletePlan`` when the water-fill left entries unplaced."""
-        if unplaced is None and self.unplaced is not None:
-            unplaced = int(self.unplaced)
-        if unplaced:
-            raise IncompletePlan(f"water-fill left {unplaced} entries unplaced (too few sweeps); re-plan")
+        Raises ``IncompletePlan`` when the water-fill left entries unplaced or the vacate
+        pass's lists overflowed (``shortfall``: ``shortfall()`` when read already)."""
+        if shortfall is None and (self.unplaced is not None or self.overflow is not None):
+            shortfall = int(self.shortfall())
+        if shortfall:
+            raise IncompletePlan(f"the routing planned with short bounds fell short ({shortfall}: entries the "
+                                 "water-fill left unplaced, +1 where the vacate lists overflowed); re-plan")
         return Routing(self.topk_ids.cpu().numpy().astype(np.int32), self.slot.cpu().numpy().astype(np.int32),
                        self.placement, relaxation=self.relaxation)
 
@@ -126,9 +148,9 @@ class TorchFlowPlan(FlowPlanFields[TorchRouting, TorchHops]):
                              self.exact).volumes
 
     def sizes(self) -> tuple[int, int, int]:
-        """``(dispatch hops, combine hops, unplaced entries)`` in one device-to-host read."""
-        u = self.routing.unplaced if self.routing.unplaced is not None else torch.zeros_like(self.dispatch.count)
-        d, c, n = torch.stack([self.dispatch.count, self.combine.count, u.to(torch.int64)]).tolist()
+        """``(dispatch hops, combine hops, the routing's shortfall)`` in one device-to-host read."""
+        u = self.routing.shortfall()
+        d, c, n = torch.stack([self.dispatch.count, self.combine.count, u]).tolist()
         return d, c, n
 
     def to_numpy(self) -> FlowPlan:

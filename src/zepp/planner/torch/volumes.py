@@ -12,16 +12,20 @@ import numpy as np
 import torch
 
 from zepp.planner.torch._ops import I64
+from zepp.planner.torch.types import IncompletePlan
 from zepp.planner.volumes import Volumes
 
 STAGES = 3  # every transport's phases have at most three stages
 
 
 class TorchVolumes:
-    """One phase's rows per cell, ``rows [3, R, R, msgs, N]`` int64 on a device."""
+    """One phase's rows per cell, ``rows [3, R, R, msgs, N]`` int64 on a device; ``overflow``: 0-d
+    bool, True where the short fixed-capacity list the cells were counted from was too short
+    (``None`` where none was used); ``to_numpy`` then raises ``IncompletePlan``."""
 
-    def __init__(self, rows: torch.Tensor):
+    def __init__(self, rows: torch.Tensor, overflow: torch.Tensor | None = None):
         self.rows = rows
+        self.overflow = overflow
 
     @staticmethod
     def zeros(ranks: int, nodes: int, msgs: int, device) -> "TorchVolumes":
@@ -43,6 +47,8 @@ class TorchVolumes:
 
     def to_numpy(self) -> Volumes:
         """The numpy ``Volumes`` of the non-zero cells (one copy to the host)."""
+        if self.overflow is not None and bool(self.overflow):
+            raise IncompletePlan("the flows' short list of handed rows overflowed; re-plan")
         flat = self.rows.reshape(-1).cpu().numpy()
         _, R, _, M, N = self.rows.shape
         key = np.flatnonzero(flat)

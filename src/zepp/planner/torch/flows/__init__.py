@@ -47,7 +47,8 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
     captured): hop tables in fixed-capacity buffers, no host read (capturable); ``sync=True``: tables
     of exactly ``count`` rows (``nonzero``; its output size is a host read), and the volumes list
     the few rows a GPU hands another NIC (one more ``nonzero``) where ``sync=False`` marks them on
-    fixed grids."""
+    fixed grids, or, for a ``short`` routing (planned with ``sweeps``), lists them in a short
+    fixed-capacity list (``TorchVolumes.overflow`` flags one too short)."""
     dispatch, combine = check_transports(dispatch, combine)
     exact = default_sync(routing.slot) if sync is None else bool(sync)
     return TorchFlowPlan(routing, routing.placement.gpus_per_node, int(row_bytes), dispatch, combine, coalesce,
@@ -57,7 +58,8 @@ def build_flows(routing: TorchRouting, dispatch: str, row_bytes: int, combine: s
 def build_volumes(routing: TorchRouting, dispatch: str, combine: str, coalesce: bool = True,
                   sync: bool = False) -> VolumeState:
     """``zepp.planner.flows.build_volumes`` in torch: its ``volumes`` are ``TorchVolumes``; with
-    ``sync`` the few rows a GPU hands another NIC are listed (``nonzero``), else marked on grids."""
+    ``sync`` the few rows a GPU hands another NIC are listed (``nonzero``), else marked on grids
+    (or listed in a short fixed-capacity list where the routing is ``short``)."""
     tc = TokenCounts(routing, sync)
     d, gateways = twin_of(DISPATCHES[dispatch].volumes)(tc, coalesce)
     return VolumeState(tc, gateways, PlanVolumes(d, twin_of(COMBINES[combine].volumes)(tc, gateways)))

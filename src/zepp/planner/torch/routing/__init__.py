@@ -38,6 +38,8 @@ What runs where:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from zepp.errors import ZeppInputError
@@ -60,7 +62,10 @@ def route(name: str, topk_ids: torch.Tensor, placement: Placement, relaxation: f
     captured on the current stream). ``sweeps``: water-fill sweeps to run without host reads
     (default and maximum: the numpy planner's bound ``4C+4``). Every recorded batch we tried
     needs one; with fewer than the bound, check ``unplaced`` (a device scalar, 0 when complete)
-    and re-plan with the default when it is not 0 (``plan_batch`` does).
+    and re-plan with the default when it is not 0 (``plan_batch`` does). With ``sweeps`` the
+    routing is ``short``: the vacate pass, the assignment and the flows built from it without
+    ``sync`` use short fixed-capacity lists, whose overflow is flagged in ``TorchRouting.overflow``
+    (the routing's lists) and ``TorchVolumes.overflow`` (the flows').
     """
     choice = ROUTINGS.choice(name)
     if not choice.torch_twin:
@@ -69,4 +74,5 @@ def route(name: str, topk_ids: torch.Tensor, placement: Placement, relaxation: f
     sync = default_sync(topk_ids) if sync is None else bool(sync)
     ids = check_batch(topk_ids, placement, read_values=sync)
     dp = device_placement(placement, ids.device)
-    return choice.twin()(ids, dp, relaxation, vacate_rounds, sync, sweeps)
+    routing = choice.twin()(ids, dp, relaxation, vacate_rounds, sync, sweeps)
+    return routing if sweeps is None else dataclasses.replace(routing, short=True)

@@ -16,7 +16,7 @@ import torch
 from zepp.errors import ZeppInputError
 from zepp.planner.routing.base_routing import HASH_ADD, HASH_MOD, HASH_MUL
 from zepp.planner.routing.base_routing import check_batch as numpy_check_batch
-from zepp.planner.torch._ops import I64, arange, counts, sorted_keys
+from zepp.planner.torch._ops import I64, counts, sorted_keys
 from zepp.planner.torch.routing.device_placement import DevicePlacement
 from zepp.planner.torch.types import TorchRouting
 from zepp.planner.types import Placement
@@ -51,29 +51,42 @@ def check_batch(topk_ids: torch.Tensor, placement: Placement, read_values: bool)
     if topk_ids.dtype == torch.bool or topk_ids.is_floating_point() or topk_ids.is_complex():
         raise ZeppInputError(f"batch topk_ids must be integers, got dtype {topk_ids.dtype}")
     ids = topk_ids.to(I64)
-    if read_values and ids.numel() and bool(((ids < -1) | (ids >= placement.num_experts)).any()):
+    if read_values and ids.numel() and _out_of_range(ids, placement.num_experts):
         numpy_check_batch(ids.cpu().numpy(), placement)  # raises, naming the first bad entry
     return ids
 
 
+def _out_of_range(ids: torch.Tensor, num_experts: int) -> bool:
+    """Whether an id lies outside ``[-1, num_experts)`` (one pass, one host read)."""
+    lo, hi = torch.aminmax(ids)
+    return not (-1 <= int(lo) and int(hi) < num_experts)
+
+
 def slot_routing(ids: torch.Tensor, slot: torch.Tensor, dp: DevicePlacement, relaxation: float | None = None,
-                 unplaced: torch.Tensor | None = None) -> TorchRouting:
+                 unplaced: torch.Tensor | None = None, overflow: torch.Tensor | None = None,
+                 masked: bool = False, columns: torch.Tensor | None = None) -> TorchRouting:
     """The ``TorchRouting`` of ``slot [R, T, k]`` (any value where an entry is missing: it becomes
-    ``-1``); ``relaxation``: the C whose bounds the routing promises; ``unplaced``: the water-fill's
-    flag (``zepp.planner.torch.types.TorchRouting``)."""
-    return TorchRouting(ids.to(torch.int32), torch.where(ids < 0, -1, slot).to(torch.int32), dp.placement, relaxation,
-                        unplaced)
+    ``-1``; ``masked``: it is ``-1`` there already); ``relaxation``: the C whose bounds the routing
+    promises; ``unplaced`` and ``overflow``: the water-fill's and the vacate pass's flags;
+    ``columns``: the same slots column by column ``[k, G]`` int32 where the router has them
+    (``zepp.planner.torch.types.TorchRouting``)."""
+    if not masked:
+        slot = torch.where(ids < 0, -1, slot)
+    return TorchRouting(ids.to(torch.int32), slot.to(torch.int32), dp.placement, relaxation, unplaced, overflow,
+                        columns=columns)
 
 
 def position_in_group(key: torch.Tensor, num_keys: int) -> torch.Tensor:
     """For each element of ``key [n]`` (int32 or int64 in ``[0, num_keys]``), how many earlier
-    elements share its key. ``[n]`` int64. Key ``num_keys`` means "in no group" (its positions
-    are meaningless). A stable sort, as in numpy; no host read."""
+    elements share its key. ``[n]`` int32 (int64 from 2**31 elements). Key ``num_keys`` means
+    "in no group" (its positions are meaningless). A stable sort, as in numpy; no host read."""
     n = key.shape[0]
+    dtype = torch.int32 if n < 1 << 31 else I64
     sorted_key, order = sorted_keys(key, num_keys)
     c = counts(sorted_key, num_keys + 1)
-    starts = torch.cumsum(c, 0) - c
-    return torch.empty_like(order).scatter_(0, order, arange(n, key.device) - starts.gather(0, sorted_key))
+    starts = (torch.cumsum(c, 0) - c).to(dtype)
+    place = torch.arange(n, dtype=dtype, device=key.device) - starts.gather(0, sorted_key)
+    return torch.empty(n, dtype=dtype, device=key.device).scatter_(0, order, place)
 
 
 def entry_hash(index: torch.Tensor) -> torch.Tensor:

@@ -24,12 +24,21 @@ _NO_BOUND = 1 << 62
 
 def route_zepp(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, vacate_rounds: int, sync: bool,
                sweeps: int | None) -> TorchRouting:
-    """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the routing carries C and
-    the water-fill's ``unplaced`` flag (0 unless ``sweeps`` cut it short)."""
+    """The water-fill, then ``vacate_rounds`` rounds of the vacate pass; the routing carries C, the
+    water-fill's ``unplaced`` (0 unless ``sweeps`` cut it short) and, with ``sweeps`` and without
+    ``sync``, the vacate pass's ``overflow`` flag (its short move lists were too short)."""
     filled = _Filled(ids, dp, relaxation, sync, sweeps)
-    slot = vacate(ids, filled.slot.reshape(ids.shape), dp, relaxation, vacate_rounds, sync, filled.slot_counts,
-                  filled.node)
-    return slot_routing(ids, slot, dp, relaxation, filled.unplaced)
+    columns, overflow = vacate(ids, filled.slot, dp, relaxation, vacate_rounds, sync, filled.slot_counts, filled.node,
+                               bounded=sweeps is not None, expert=filled.ids)
+    if filled.overflow is not None:
+        overflow = filled.overflow if overflow is None else overflow | filled.overflow
+    return slot_routing(ids, _batch_order(columns, ids.shape), dp, relaxation, filled.unplaced, overflow,
+                        masked=True, columns=columns)  # a missing entry: -1 already
+
+
+def _batch_order(columns: torch.Tensor, shape) -> torch.Tensor:
+    """``[R, T, k]`` of a per-entry ``[k, G]`` array (one transpose)."""
+    return columns.t().reshape(shape)
 
 
 def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None = None):
@@ -38,16 +47,18 @@ def water_fill(ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: 
     tensors; the segmented prefix sums of the numpy planner (sources reaching one replica, in rank
     order) are exclusive cumulative sums down the rank axis of a ``[R, M*C]`` scatter of the amounts."""
     filled = _Filled(ids, dp, relaxation, sync, sweeps)
-    return filled.slot.reshape(ids.shape), filled.unplaced
+    return _batch_order(filled.slot, ids.shape), filled.unplaced
 
 
 class _Filled:
     """The water-fill on counts, then the entries assigned (``zepp_routing._Filled``): ``slot``,
-    ``node [R, T*k]``, ``unplaced`` and ``slot_counts = (load, lower, upper) [R*S]`` (``None``
-    without several-replica experts)."""
+    ``node`` and the expert ``ids`` column by column ``[k, G]`` int32, ``unplaced``,
+    ``overflow`` (the assignment's bounded list was too short; ``None`` where it cannot be) and
+    ``slot_counts = (load, lower, upper) [R*S]`` (``None`` without several-replica experts)."""
 
     def __init__(self, ids: torch.Tensor, dp: DevicePlacement, relaxation: float, sync: bool, sweeps: int | None):
         keys = entry_keys(ids, dp)
+        self.ids = keys.ids
         self.unplaced = torch.zeros((), dtype=I64, device=ids.device)
         self.slot_counts = fill = None
         if dp.M:
@@ -58,7 +69,8 @@ class _Filled:
             if sync and sweeps is None and int(self.unplaced):
                 r, m = (int(v) for v in torch.nonzero(fill.remaining)[0])
                 raise PlanInvariantError(f"water-fill left demand of expert {int(dp.multi[m])} on rank {r} unplaced")
-        self.slot, self.node = assign_entries(keys, None if fill is None else fill.assigned, dp, sync)
+        self.slot, self.node, self.overflow = assign_entries(keys, None if fill is None else fill.assigned, dp, sync,
+                                                             bounded=sweeps is not None)
         if fill is not None:
             n = dp.R * dp.S
             slots = torch.where(dp.reps_multi >= 0, dp.reps_multi, n).reshape(-1)  # padding: the spare cell n
