@@ -113,12 +113,14 @@ def _write_data(path: str, info: dict) -> None:
                              "flows:zepp/reduce": round(r["numpy_flows_ms"], 3)})
               for r in info["rows"]])
     data = dict(
-        about=("Measured planning times of the torch planner (zepp.planner.torch), per part with the part names "
-               "of zepp/data/planner_cost.json ('route:zepp', 'flows:<dispatch>/<combine>'), milliseconds per "
-               "batch for the whole cluster's plan (every rank computes the same plan). One record per device "
-               "and mode; 'cuda_graph' says whether the times are CUDA-graph replays. Device (GPU) records, "
-               "where they exist, are meant to replace the op-mix conversion of zepp.sim.planning_cost for the "
-               "same parts; CPU records are not device figures (no GPU was lent when this file was written)."),
+        about=("Measured planning times of the torch planner (zepp.planner.torch), per part with the part "
+               "names of zepp/data/planner_cost.json ('route:zepp', 'flows:<dispatch>/<combine>'), "
+               "milliseconds per batch for the whole cluster's plan (every rank computes the same plan). One"
+               " record per device and mode; 'cuda_graph' says whether the times are CUDA-graph replays. A "
+               "device (GPU) record here replaces the op-mix conversion of zepp.sim.planning_cost for the "
+               "same parts in every simulation; this file holds none on purpose (zepp.sim.planner_times says"
+               " why): the H200 run is benchmarks/results/plan_speed_torch_h200_cuda.json, charged on "
+               "request. CPU records are not device figures."),
         records=[record],
         device_records=[],
     )
