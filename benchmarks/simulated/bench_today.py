@@ -25,7 +25,6 @@ writes ``benchmarks/results/bench_today.{md,json,png}``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -39,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
 from zepp import registry  # noqa: E402
 from zepp.sim.calibrate import calibrated, network_of  # noqa: E402
+from zepp.errors import ZeppInputError  # noqa: E402
+from zepp.sim.planner_times import charged_records, read_device_run  # noqa: E402
 from zepp.model import model_preset  # noqa: E402
 from zepp.sim.run import Config, Shared, run_system  # noqa: E402
 from zepp.traces import node_demand, sample_batches  # noqa: E402
@@ -334,9 +335,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma list of grid indices (timing)")
     ap.add_argument("--from-json", default=None, help="rewrite the .md and .png from a results JSON (no simulation)")
     ap.add_argument("--diagnose-only", action="store_true", help="add the DIAGNOSE figures to --from-json's file")
-    ap.add_argument("--planner-times", default=None, metavar="FILE",
-                    help="charge Zepp's planner the CUDA-graph part times of a plan_speed_torch.py --device cuda run "
-                         "(its JSON) instead of the op-mix model")
+    ap.add_argument("--planner-times", metavar="FILE", help="charge Zepp's planner a plan_speed_torch.py --device "
+                    "cuda run's CUDA-graph part times (its JSON), not the op-mix model")
     ap.add_argument("--join", nargs="+", default=None,
                     help="join the JSONs of --only runs (run side by side) into one, rows in GRID order, and write it")
     args = ap.parse_args()
@@ -360,14 +360,13 @@ def main() -> None:
         network_of(c)
         if model_preset(m).num_experts % (n * gpn):
             raise SystemExit(f"grid point {c} {n}x{gpn} {m}: experts do not divide")
+    try:  # a bad file is one line before any work
+        records = [read_device_run(args.planner_times)] if args.planner_times else None
+    except ZeppInputError as e:
+        ap.exit(2, f"bench_today: error: --planner-times: {e}\n")
     import torch  # noqa: F401  (EPLB's placement imports it: a one-off cost, kept out of the first row)
 
-    with contextlib.ExitStack() as charged:
-        if args.planner_times:
-            from zepp.sim.planner_times import charged_records, record_from_device_run
-
-            run = json.loads(Path(args.planner_times).read_text())
-            charged.enter_context(charged_records({"device_records": [record_from_device_run(run)]}))
+    with charged_records(records):
         run_grid(args, grid, traces)
 
 

@@ -65,9 +65,51 @@ def test_charged_device_records_replace_the_op_mix_only_inside_the_block():
                      "parts_ms": {"route:zepp": 4.0, "flows:zepp/reduce": 2.0}},
                     {"model": "k2", "nodes": 8, "mb": 1, "entries": 5000, "device": "gpu", "graph_error": "x"}]}
     op_mix = zepp_planning("zepp", "reduce", False, 2000, 4.8e12)
-    with charged_records({"device_records": [record_from_device_run(run)]}):
+    with charged_records([record_from_device_run(run)]):
         assert zepp_planning("zepp", "reduce", False, 2000, 4.8e12) == pytest.approx(3.0e-3 + 1.5e-3)
     assert zepp_planning("zepp", "reduce", False, 2000, 4.8e12) == op_mix
     assert op_mix < 1e-3
-    with pytest.raises(ValueError, match="no row with CUDA-graph part times"):
+    with pytest.raises(ZeppInputError, match="field rows; give a run with at least one CUDA-graph row"):
         record_from_device_run({"measured_at": "x", "rows": [run["rows"][2]]})
+
+
+BAD_RUNS = [
+    ("not json {", "not valid JSON"),
+    ('{"rows": []}', "rows and measured_at"),
+    ('{"measured_at": "x", "rows": [{"entries": 0, "parts_ms": {"route:zepp": 1}}]}', r"field rows\[0\].entries"),
+    ('{"measured_at": "x", "rows": [{"entries": 9, "parts_ms": {"route:zepp": -1}}]}',
+     r"field rows\[0\].parts_ms route:zepp; give milliseconds"),
+    ('{"measured_at": "x", "rows": [{"entries": 9, "parts_ms": {"route:zepp": "1"}}]}', "finite and >= 0"),
+    ('{"measured_at": "x", "rows": [{"entries": 9, "parts_ms": [1]}]}', "not an object"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_RUNS)
+def test_a_bad_device_run_is_one_line_naming_the_field(tmp_path, text, message):
+    from zepp.sim.planner_times import read_device_run
+
+    path = tmp_path / "run.json"
+    path.write_text(text)
+    with pytest.raises(ZeppInputError, match=message) as e:
+        read_device_run(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ZeppInputError, match="no such file|not found|does not exist"):
+        read_device_run(tmp_path / "absent.json")
+
+
+def test_bench_today_refuses_a_bad_planner_times_file_before_any_work(tmp_path):
+    """``bench_today.py --planner-times`` with a bad file: one ``error:`` line, exit 2, no output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "simulated" / "bench_today.py"
+    bad = tmp_path / "run.json"
+    bad.write_text('{"measured_at": "x", "rows": []}')
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(script), "--planner-times", str(bad), "--out", str(out), "--only", "0"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench_today: error: --planner-times: planner device run, ")
+    assert r.stdout == "" and not out.exists()

@@ -14,7 +14,7 @@ keeps the op-mix conversion there.
 The package's file holds no device record: the simulator's default charges Zepp's planner by the
 op-mix model (the planner the paper describes: about 5% of the layer). The torch planner as this
 project ships it, timed on an H200 (``benchmarks/results/plan_speed_torch_h200_cuda.json``), is
-charged only when asked: ``charged_records(record_from_device_run(...))`` around a simulation
+charged only when asked: ``charged_records([read_device_run(FILE)])`` around a simulation
 (``benchmarks/simulated/bench_today.py --planner-times FILE``).
 """
 
@@ -23,9 +23,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 from importlib import resources
 
 import numpy as np
+
+from zepp.errors import ZeppFileError
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,28 +41,59 @@ _charged: list[dict] = []  # the records ``charged_records`` put in force, inner
 
 
 @contextlib.contextmanager
-def charged_records(data: dict):
-    """Within the block, ``device_part_seconds`` reads ``data`` (the data file's shape:
-    ``{"device_records": [...]}``) instead of the data file: a simulation charges the planner
-    figures of one device run (``record_from_device_run``) without writing them into the package."""
-    _charged.append(data)
+def charged_records(records: list[dict] | None):
+    """Within the block, ``device_part_seconds`` reads the device records ``records``
+    (``read_device_run`` / ``record_from_device_run`` entries) instead of the data file's: a
+    simulation charges the planner figures of a device run without writing them into the package.
+    ``None``: the data file's, as outside any block."""
+    if records is None:
+        yield
+        return
+    _charged.append({"device_records": records})
     try:
         yield
     finally:
         _charged.pop()
 
 
-def record_from_device_run(info: dict) -> dict:
-    """One ``device_records`` entry from the JSON of ``benchmarks/planner/plan_speed_torch.py
-    --device cuda`` (its rows' CUDA-graph part times; rows whose capture failed are left out)."""
-    rows = [dict(model=r["model"], nodes=r["nodes"], budget_mb=r["mb"], entries=r["entries"], graph_ms=r.get("graph_ms"),
-                 eager_ms=r.get("eager_ms"), capture_safe_ms=r.get("capture_safe_ms"), parts_ms=r["parts_ms"])
-            for r in info["rows"] if r.get("parts_ms")]
-    if not rows:
-        raise ValueError("the device run has no row with CUDA-graph part times")
-    return dict(device="cuda", device_name=info["rows"][0].get("device"), cuda_graph=True,
-                measured_at=info["measured_at"], hbm_bw=info.get("hbm_bw"), torch=info.get("torch"),
-                written_by="benchmarks/planner/plan_speed_torch.py --device cuda", rows=rows)
+def read_device_run(path) -> dict:
+    """The ``device_records`` entry of the JSON file ``path`` written by
+    ``benchmarks/planner/plan_speed_torch.py --device cuda`` (``record_from_device_run``); bad
+    content is one ``ZeppFileError`` line naming the file and field."""
+    from zepp.files.structured import read_json
+
+    return record_from_device_run(read_json(path, "planner device run"), path)
+
+
+def record_from_device_run(info, source="the device run") -> dict:
+    """One ``device_records`` entry from a ``plan_speed_torch.py --device cuda`` run ``info`` (its
+    rows' CUDA-graph part times in ms; rows whose capture failed are left out). ``source`` names
+    the run in the ``ZeppFileError`` a malformed one raises."""
+    what = "planner device run"
+    rows = info.get("rows") if isinstance(info, dict) else None
+    if not isinstance(rows, list) or not isinstance(info.get("measured_at"), str):
+        raise ZeppFileError(what, source, None, "give the JSON plan_speed_torch.py --device cuda writes "
+                            "(rows and measured_at)")
+    kept = []
+    for i, r in enumerate(rows):
+        parts = r.get("parts_ms") if isinstance(r, dict) else None
+        if not parts:
+            continue
+        entries = r.get("entries")
+        if not isinstance(entries, int) or isinstance(entries, bool) or entries <= 0:
+            raise ZeppFileError(what, source, f"rows[{i}].entries", "give the batch's entry count, a positive integer")
+        bad = [k for k, v in parts.items() if not isinstance(v, (int, float)) or isinstance(v, bool)
+               or not math.isfinite(v) or v < 0] if isinstance(parts, dict) else ["(not an object)"]
+        if bad:
+            raise ZeppFileError(what, source, f"rows[{i}].parts_ms {bad[0]}", "give milliseconds, finite and >= 0")
+        kept.append(dict(model=r.get("model"), nodes=r.get("nodes"), budget_mb=r.get("mb"), entries=entries,
+                         graph_ms=r.get("graph_ms"), eager_ms=r.get("eager_ms"),
+                         capture_safe_ms=r.get("capture_safe_ms"), parts_ms=parts))
+    if not kept:
+        raise ZeppFileError(what, source, "rows", "give a run with at least one CUDA-graph row (parts_ms)")
+    return dict(device="cuda", device_name=rows[0].get("device"), cuda_graph=True, measured_at=info["measured_at"],
+                hbm_bw=info.get("hbm_bw"), torch=info.get("torch"),
+                written_by="benchmarks/planner/plan_speed_torch.py --device cuda", rows=kept)
 
 
 def device_part_seconds(part: str, entries: int, hbm_bw: float | None = None, *, prefer_graph: bool = True,
