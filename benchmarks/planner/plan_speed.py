@@ -256,7 +256,7 @@ def device_main(args, spec, nodes, L, pool, batch, relaxation) -> None:
     import torch
 
     import zepp.planner.torch as tp
-    from plan_speed_torch import captured, cuda_ms  # the same CUDA-event timing and capture
+    from plan_speed_device import captured, cuda_ms  # the same CUDA-event timing and capture
 
     dev = torch.device(args.device)
     pl = make_placement("zepp", node_demand(pool, nodes, L), spec.num_experts, nodes * L, L)

@@ -3,7 +3,9 @@ checked on the CPU by ``zepp.planner.torch.host_traffic`` (every aten operation 
 routing with a torch twin and every transport pair, the volumes and the hop tables, and through
 ``plan_batch`` as the device benchmark calls it. The guard's own controls: each kind of
 operation it exists to catch is caught. The device's own forms of two building blocks (the
-atomic-free count, the running maximum by shifts) equal the CPU's."""
+atomic-free count, the running maximum by shifts) equal the CPU's. The older checks of the same
+conditions (no Tensor-to-Python conversion; every pair planned on the meta device, shapes only)
+are here too."""
 
 import numpy as np
 import pytest
@@ -121,3 +123,51 @@ def test_shifted_cummax_equals_cummax(n, k, dtype, seed):
     with forbid_host_traffic():
         got = shifted_cummax(x)
     assert got.dtype == dtype and torch.equal(got, torch.cummax(x, dim=1).values)
+
+
+def test_capture_safe_mode_reads_nothing_back(monkeypatch):
+    """With ``sync=False`` the planning path never converts a tensor to a Python value."""
+    rng = np.random.default_rng(1)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0))
+    tp.device_placement(pl, "cpu")  # the per-placement tables are built (with numpy) outside
+
+    def forbidden(self, *a, **k):
+        raise AssertionError("host read in the capture-safe planning path")
+
+    for meth in ("item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu"):
+        monkeypatch.setattr(torch.Tensor, meth, forbidden)
+    for name in TWINNED_ROUTINGS:
+        for sweeps in (None, 1):  # the default bounds, and the short form (fixed-capacity lists)
+            r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=sweeps)
+            for dispatch, combine in PAIRS:
+                plan = tp.build_flows(r, dispatch, 8, combine)
+                plan.dispatch, plan.volumes
+    monkeypatch.undo()
+
+
+def test_capture_safe_path_runs_on_the_meta_device(monkeypatch):
+    """On the meta device (shapes only, no data) every routing and transport pair plans with
+    ``sync=False``: no host read and no operation whose output size depends on the data (the
+    conditions of CUDA-graph capture). Hop-table capacities depend on the shape alone. The
+    host-reading mode cannot run there (the test's own control)."""
+    rng = np.random.default_rng(1)
+    pl = random_placement(rng, 2, 2, 2, 2)
+    ids = torch.as_tensor(skewed_batch(rng, 4, 8, 2, pl.num_experts, 1.0)).to("meta")
+    import zepp.planner.torch.flows.gateway_volumes as gv
+    import zepp.planner.torch.routing.zepp_assign as za
+    import zepp.planner.torch.routing.zepp_vacate as zv
+
+    for module, name in ((zv, "_MIN_CAPACITY"), (za, "_MIN_SPLIT"), (gv, "_MIN_HANDED")):
+        monkeypatch.setattr(module, name, 1)  # the short form's lists shorter than the batch: every list path runs
+    for name, sweeps in [(n, None) for n in TWINNED_ROUTINGS] + [("zepp", 1)]:
+        r = tp.route(name, ids, pl, 0.25, sync=False, sweeps=sweeps)
+        assert r.slot.shape == ids.shape and r.slot.device.type == "meta"
+        for dispatch, combine in PAIRS:
+            plan = tp.build_flows(r, dispatch, 8, combine, sync=False)
+            assert plan.dispatch.count.device.type == "meta"
+            assert plan.volumes.combine.rows.device.type == "meta"
+            if dispatch != "allgather":
+                assert plan.dispatch.capacity >= ids.numel()
+    with pytest.raises(Exception):
+        tp.route("zepp", ids, pl, 0.25, sync=True)
