@@ -24,14 +24,10 @@ from pathlib import Path
 
 import torch
 
-from plan_speed_torch import GPUS_PER_NODE, OTHER_PAIRS, _ints, _numpy_plan, _same
-from zepp.model import model_preset
+from plan_speed_torch import GPUS_PER_NODE, OTHER_PAIRS, Config, _numpy_plan, _same, configurations
 from zepp.planner import Stages, plan_batch
-from zepp.planner.placement import make_placement
 from zepp.planner.torch import build_flows as t_build_flows
-from zepp.planner.torch import device_placement
 from zepp.planner.torch import route as t_route
-from zepp.traces import load_model_traces, node_demand, sample_batches
 
 
 def _failure(e: Exception) -> str:
@@ -108,32 +104,11 @@ def _profile_parts(ids, placement, relaxation, row_bytes, top: int = 8) -> dict:
     return out
 
 
-def _configurations(args, dev):
-    """``(model, spec, nodes, mb, placement, relaxation, batch [R, T, k])`` per configuration of
-    ``args``, the placement's device tables built once per cluster."""
-    for model in (args.models or "k2").split(","):
-        spec = model_preset(model)
-        if args.traces:
-            pool, evaluation = load_model_traces(args.traces, model)
-        else:
-            from zepp.traces.synthetic import synthetic_traces
-
-            pool, evaluation = synthetic_traces(model, seed=0)
-        for nodes in _ints(args.nodes or "16"):
-            ranks = nodes * GPUS_PER_NODE
-            placement = make_placement("zepp", node_demand(pool, nodes, GPUS_PER_NODE), spec.num_experts, ranks,
-                                       GPUS_PER_NODE)
-            device_placement(placement, dev)
-            relaxation = 0.5 if nodes >= 16 else 0.25
-            for mb in _ints(args.budgets or "16"):
-                batch = sample_batches(evaluation, ranks, spec.tokens_for_budget(mb), 1, seed=nodes * 1000 + mb)[0]
-                yield model, spec, nodes, mb, placement, relaxation, batch
-
-
-def _device_row(dev, cfg, repeats: int, profile: bool) -> dict:
+def _device_row(dev, cfg: Config, repeats: int, profile: bool) -> dict:
     """One configuration's times on ``dev`` (see the module docstring); a failure is recorded in
     the row (``eager_error``, ``graph_error``, ``profile_error``) instead of raised."""
-    model, spec, nodes, mb, placement, relaxation, batch = cfg
+    model, spec, nodes, mb, placement, relaxation, batch = (cfg.model, cfg.spec, cfg.nodes, cfg.mb, cfg.placement,
+                                                            cfg.relaxation, cfg.batch)
     _, ref = _numpy_plan(batch, placement, relaxation, spec.row_bytes)
     ids = torch.as_tensor(batch, device=dev)
     row = dict(model=model, nodes=nodes, mb=mb, entries=int(batch.size), device=torch.cuda.get_device_name(dev))
@@ -174,7 +149,7 @@ def device_main(args) -> None:
     dev = torch.device(args.device)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []
-    for cfg in _configurations(args, dev):
+    for cfg in configurations(args, dev, nodes="16", budgets="16", models="k2"):
         rows.append(_device_row(dev, cfg, max(args.repeats, 10), args.profile))
         print(json.dumps(rows[-1]), flush=True)
     props = torch.cuda.get_device_properties(dev)

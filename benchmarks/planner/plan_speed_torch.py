@@ -36,6 +36,7 @@ import json
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,135 @@ def _write_data(path: str, info: dict) -> None:
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
-def main() -> None:
+@dataclass
+class Config:
+    """One configuration: ``batch [R, T, k]`` of ``model`` on ``nodes`` x ``GPUS_PER_NODE`` at ``mb``
+    MB per GPU, Zepp's ``placement`` (its device tables built: ``prep_s`` seconds), the traces'
+    ``source``."""
+
+    model: str
+    spec: object
+    nodes: int
+    mb: int
+    placement: object
+    relaxation: float
+    batch: np.ndarray
+    source: str
+    prep_s: float
+
+
+def configurations(args, device, nodes="4,8,16,32", budgets="1,4,16,64", models="k2,qwen"):
+    """The ``Config`` of each model x nodes x budget of ``args`` (its ``nodes`` / ``budgets`` /
+    ``models``, else the defaults given), the placement's tables on ``device`` once per cluster."""
+    for model in (args.models or models).split(","):
+        spec = model_preset(model)
+        if args.traces:
+            pool, evaluation = load_model_traces(args.traces, model)
+            source = f"recorded: {os.path.relpath(args.traces, ROOT)}"
+        else:
+            from zepp.traces.synthetic import synthetic_traces
+
+            pool, evaluation = synthetic_traces(model, seed=0)
+            source = "built-in synthetic traces (zepp.traces.synthetic)"
+        for nodes_ in _ints(args.nodes or nodes):
+            ranks = nodes_ * GPUS_PER_NODE
+            placement = make_placement("zepp", node_demand(pool, nodes_, GPUS_PER_NODE), spec.num_experts, ranks,
+                                       GPUS_PER_NODE)
+            t0 = time.perf_counter()
+            device_placement(placement, device)
+            prep = time.perf_counter() - t0
+            for mb in _ints(args.budgets or budgets):
+                batch = sample_batches(evaluation, ranks, spec.tokens_for_budget(mb), 1, seed=nodes_ * 1000 + mb)[0]
+                yield Config(model, spec, nodes_, mb, placement, 0.5 if nodes_ >= 16 else 0.25, batch, source, prep)
+
+
+def _timed_modes(cfg: Config, ids, modes, repeats: int):
+    """``(times {mode: [(route s, flows s)]}, plans equal, the torch routing)``: ``repeats`` rounds
+    of every mode, interleaved (numpy then torch, then the reverse, ...)."""
+    times = {m: [] for m, _ in modes}
+    same, routing_t = True, None
+    for rep in range(repeats):
+        plans = {}
+        for m, sync in (modes if rep % 2 == 0 else modes[::-1]):
+            if m == "numpy":
+                t, plans[m] = _numpy_plan(cfg.batch, cfg.placement, cfg.relaxation, cfg.spec.row_bytes)
+            else:
+                t, plans[m] = _torch_plan(ids, cfg.placement, cfg.relaxation, cfg.spec.row_bytes, sync)
+            times[m].append(t)
+        if rep == 0:
+            same = all(_same(plans["numpy"], plans[m]) for m, _ in modes if m != "numpy")
+            routing_t = plans["torch"].routing
+    return times, same, routing_t
+
+
+def _other_flows_ms(routing_t, row_bytes: int, repeats: int) -> dict:
+    """The other transport pairs of the planning-cost model, torch only (for the data file):
+    median ms of each pair's volumes."""
+    other = {}
+    for pair in OTHER_PAIRS:
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            p = t_build_flows(routing_t, pair[0], row_bytes, pair[1])
+            p.volumes.dispatch.rows.sum().item()
+            ts.append(time.perf_counter() - t0)
+        other[f"flows:{pair[0]}/{pair[1]}"] = statistics.median(ts) * 1e3
+    return other
+
+
+def _cpu_row(cfg: Config, repeats: int, capture_safe: bool) -> dict:
+    """One configuration's row: numpy and torch (and the capture-safe form) timed, plans compared."""
+    batch = cfg.batch
+    modes = [("numpy", None), ("torch", True)]
+    if capture_safe and batch.size <= 1 << 20:
+        modes.append(("torch-capture-safe", False))
+    times, same, routing_t = _timed_modes(cfg, torch.as_tensor(batch), modes, repeats)
+    other = _other_flows_ms(routing_t, cfg.spec.row_bytes, repeats)
+    med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for m, ts in times.items()}
+    ranks = cfg.nodes * GPUS_PER_NODE
+    row = dict(model=cfg.model, nodes=cfg.nodes, ranks=ranks, mb=cfg.mb, tokens_per_gpu=cfg.spec.tokens_for_budget(cfg.mb),
+               entries=int(batch.size), relaxation=cfg.relaxation, equal=same, placement_tables_ms=cfg.prep_s * 1e3,
+               numpy_route_ms=med["numpy"][0] * 1e3, numpy_flows_ms=med["numpy"][1] * 1e3,
+               torch_route_ms=med["torch"][0] * 1e3, torch_flows_ms=med["torch"][1] * 1e3)
+    row["torch_other_flows_ms"] = other
+    row["numpy_ms"] = row["numpy_route_ms"] + row["numpy_flows_ms"]
+    row["torch_ms"] = row["torch_route_ms"] + row["torch_flows_ms"]
+    row["ratio"] = row["torch_ms"] / row["numpy_ms"]
+    if "torch-capture-safe" in med:
+        row["capture_safe_ms"] = sum(med["torch-capture-safe"]) * 1e3
+        row["capture_safe_ratio"] = row["capture_safe_ms"] / row["numpy_ms"]
+    return row
+
+
+def _cpu_report(info: dict, capture_safe: bool) -> list[str]:
+    """The markdown lines of a CPU run."""
+    lines = [
+        "# Planning speed: torch planner on the CPU vs the numpy planner",
+        "",
+        f"Measured {info['measured_at']} on {info['cpus']} CPUs ({info['platform']}), one thread, torch "
+        f"{info['torch']}, numpy {info['numpy']}; load average at the end "
+        f"{info['load_average_end'][0]:.1f} (the machine is shared). Zepp's pipeline (placement, routing "
+        "`zepp`, dispatch `zepp`, combine `reduce`), one batch per row, median of "
+        f"{info['repeats']} interleaved runs. Traces: " + "; ".join(f"{m}: {s}" for m, s in info["traces"].items()) + ".",
+        "Every row's torch plan was checked equal to the numpy plan (slot and every hop column).",
+        "",
+        "| model | nodes | MB/GPU | entries | numpy route ms | numpy flows ms | torch route ms | torch flows ms | "
+        "torch / numpy |" + (" capture-safe / numpy |" if capture_safe else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if capture_safe else ""),
+    ]
+    for r in info["rows"]:
+        cs = ""
+        if capture_safe:
+            cs = f" {r['capture_safe_ratio']:.2f} |" if "capture_safe_ratio" in r else " - |"
+        lines.append(f"| {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
+                     f"{r['numpy_route_ms']:.1f} | {r['numpy_flows_ms']:.1f} | {r['torch_route_ms']:.1f} | "
+                     f"{r['torch_flows_ms']:.1f} | {r['ratio']:.2f} |" + cs + ("" if r["equal"] else " NOT EQUAL"))
+    if info["rows"]:
+        lines += ["", f"Geometric mean of torch / numpy: {info['geomean_ratio']:.2f}."]
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_traces_option(parser)
     parser.add_argument("--repeats", type=int, default=3)
@@ -139,86 +268,27 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="on a device: also profile each part's capture-safe call once (kernels launched, "
                              "device time, the costliest operations)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     args.traces = find_traces(args.traces, required=False)
     if args.device != "cpu":
         from plan_speed_device import device_main
 
         return device_main(args)
-    args.nodes, args.budgets, args.models = args.nodes or "4,8,16,32", args.budgets or "1,4,16,64", args.models or "k2,qwen"
     torch.set_num_threads(1)
     started = datetime.datetime.now(datetime.timezone.utc)
-    rows = []
-    source = {}
-    for model in args.models.split(","):
-        spec = model_preset(model)
-        if args.traces:
-            pool, evaluation = load_model_traces(args.traces, model)
-            source[model] = f"recorded: {os.path.relpath(args.traces, ROOT)}"
-        else:
-            from zepp.traces.synthetic import synthetic_traces
-
-            pool, evaluation = synthetic_traces(model, seed=0)
-            source[model] = "built-in synthetic traces (zepp.traces.synthetic)"
-        for nodes in _ints(args.nodes):
-            ranks = nodes * GPUS_PER_NODE
-            placement = make_placement("zepp", node_demand(pool, nodes, GPUS_PER_NODE), spec.num_experts, ranks,
-                                       GPUS_PER_NODE)
-            t0 = time.perf_counter()
-            device_placement(placement, "cpu")
-            prep = time.perf_counter() - t0
-            relaxation = 0.5 if nodes >= 16 else 0.25
-            for mb in _ints(args.budgets):
-                tokens = spec.tokens_for_budget(mb)
-                batch = sample_batches(evaluation, ranks, tokens, 1, seed=nodes * 1000 + mb)[0]
-                ids = torch.as_tensor(batch)
-                modes = [("numpy", None), ("torch", True)]
-                if args.capture_safe and batch.size <= 1 << 20:
-                    modes.append(("torch-capture-safe", False))
-                times = {m: [] for m, _ in modes}
-                same = True
-                for rep in range(args.repeats):
-                    order = modes if rep % 2 == 0 else modes[::-1]
-                    plans = {}
-                    for m, sync in order:
-                        if m == "numpy":
-                            t, plans[m] = _numpy_plan(batch, placement, relaxation, spec.row_bytes)
-                        else:
-                            t, plans[m] = _torch_plan(ids, placement, relaxation, spec.row_bytes, sync)
-                        times[m].append(t)
-                    if rep == 0:
-                        same = all(_same(plans["numpy"], plans[m]) for m, _ in modes if m != "numpy")
-                        routing_t = plans["torch"].routing
-                    del plans
-                # The other transport pairs of the planning-cost model, torch only (for the data file).
-                other = {}
-                for pair in OTHER_PAIRS:
-                    ts = []
-                    for _ in range(args.repeats):
-                        t0 = time.perf_counter()
-                        p = t_build_flows(routing_t, pair[0], spec.row_bytes, pair[1])
-                        p.volumes.dispatch.rows.sum().item()
-                        ts.append(time.perf_counter() - t0)
-                    other[f"flows:{pair[0]}/{pair[1]}"] = statistics.median(ts) * 1e3
-                del routing_t
-                med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
-                       for m, ts in times.items()}
-                row = dict(model=model, nodes=nodes, ranks=ranks, mb=mb, tokens_per_gpu=tokens, entries=int(batch.size),
-                           relaxation=relaxation, equal=same, placement_tables_ms=prep * 1e3,
-                           numpy_route_ms=med["numpy"][0] * 1e3, numpy_flows_ms=med["numpy"][1] * 1e3,
-                           torch_route_ms=med["torch"][0] * 1e3, torch_flows_ms=med["torch"][1] * 1e3)
-                row["torch_other_flows_ms"] = other
-                row["numpy_ms"] = row["numpy_route_ms"] + row["numpy_flows_ms"]
-                row["torch_ms"] = row["torch_route_ms"] + row["torch_flows_ms"]
-                row["ratio"] = row["torch_ms"] / row["numpy_ms"]
-                if "torch-capture-safe" in med:
-                    row["capture_safe_ms"] = sum(med["torch-capture-safe"]) * 1e3
-                    row["capture_safe_ratio"] = row["capture_safe_ms"] / row["numpy_ms"]
-                rows.append(row)
-                print(f"{model:5s} {nodes:3d}x{GPUS_PER_NODE} {mb:3d} MB {batch.size:>9,} entries  numpy "
-                      f"{row['numpy_ms']:8.1f} ms  torch {row['torch_ms']:8.1f} ms  ratio {row['ratio']:.2f}"
-                      + (f"  capture-safe {row['capture_safe_ratio']:.2f}" if "capture_safe_ratio" in row else "")
-                      + ("" if same else "  NOT EQUAL"), flush=True)
+    rows, source = [], {}
+    for cfg in configurations(args, "cpu"):
+        source[cfg.model] = cfg.source
+        row = _cpu_row(cfg, args.repeats, args.capture_safe)
+        rows.append(row)
+        print(f"{cfg.model:5s} {cfg.nodes:3d}x{GPUS_PER_NODE} {cfg.mb:3d} MB {cfg.batch.size:>9,} entries  numpy "
+              f"{row['numpy_ms']:8.1f} ms  torch {row['torch_ms']:8.1f} ms  ratio {row['ratio']:.2f}"
+              + (f"  capture-safe {row['capture_safe_ratio']:.2f}" if "capture_safe_ratio" in row else "")
+              + ("" if row["equal"] else "  NOT EQUAL"), flush=True)
     ratios = [r["ratio"] for r in rows]
     info = dict(
         what="Zepp planning (routing zepp + flows zepp/reduce), numpy planner vs torch planner on the CPU",
@@ -227,29 +297,7 @@ def main() -> None:
         numpy=np.__version__, repeats=args.repeats, load_average_end=os.getloadavg(), traces=source,
         geomean_ratio=float(np.exp(np.mean(np.log(ratios)))) if ratios else None, rows=rows)
     Path(args.out + ".json").write_text(json.dumps(info, indent=1))
-    lines = [
-        "# Planning speed: torch planner on the CPU vs the numpy planner",
-        "",
-        f"Measured {info['measured_at']} on {info['cpus']} CPUs ({info['platform']}), one thread, torch "
-        f"{info['torch']}, numpy {info['numpy']}; load average at the end "
-        f"{info['load_average_end'][0]:.1f} (the machine is shared). Zepp's pipeline (placement, routing "
-        "`zepp`, dispatch `zepp`, combine `reduce`), one batch per row, median of "
-        f"{args.repeats} interleaved runs. Traces: " + "; ".join(f"{m}: {s}" for m, s in source.items()) + ".",
-        "Every row's torch plan was checked equal to the numpy plan (slot and every hop column).",
-        "",
-        "| model | nodes | MB/GPU | entries | numpy route ms | numpy flows ms | torch route ms | torch flows ms | "
-        "torch / numpy |" + (" capture-safe / numpy |" if args.capture_safe else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if args.capture_safe else ""),
-    ]
-    for r in rows:
-        cs = ""
-        if args.capture_safe:
-            cs = f" {r['capture_safe_ratio']:.2f} |" if "capture_safe_ratio" in r else " - |"
-        lines.append(f"| {r['model']} | {r['nodes']}x{GPUS_PER_NODE} | {r['mb']} | {r['entries']:,} | "
-                     f"{r['numpy_route_ms']:.1f} | {r['numpy_flows_ms']:.1f} | {r['torch_route_ms']:.1f} | "
-                     f"{r['torch_flows_ms']:.1f} | {r['ratio']:.2f} |" + cs + ("" if r["equal"] else " NOT EQUAL"))
-    if ratios:
-        lines += ["", f"Geometric mean of torch / numpy: {info['geomean_ratio']:.2f}."]
+    lines = _cpu_report(info, args.capture_safe)
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.data:
