@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the paths helper
 from paths import RESULTS, add_traces_option, find_traces  # noqa: E402
+from bench_today_figure import plot  # noqa: E402
 from zepp import registry  # noqa: E402
 from zepp.sim.calibrate import calibrated, network_of  # noqa: E402
 from zepp.errors import ZeppInputError  # noqa: E402
@@ -195,12 +196,8 @@ def note(r: dict) -> str:
     return "; ".join(parts) or "see the JSON row"
 
 
-def write(rows: list[dict], meta: dict, out: Path, figure: bool = True) -> None:
-    """The results' JSON and table, and (``figure``) their bar chart."""
-    out.mkdir(parents=True, exist_ok=True)
-    payload = dict(meta, rows=rows)
-    (out / "bench_today.json").write_text(json.dumps(payload, indent=1))
-    lp = "sglang-lp" in BASELINES and all("sglang-lp" in r["systems"] for r in rows)
+def table_lines(rows: list[dict], lp: bool) -> list[str]:
+    """The results table, a row per configuration (``lp``: with the ``sglang-lp`` columns)."""
     head = ["cluster", "nodes", "model", "tokens/GPU", "traces", "sglang-deepep ms", "vllm-eplb ms",
             *(["sglang-lp ms"] if lp else []), "zepp-deepep ms (variant)", "vs sglang", "vs vllm",
             *(["vs sglang-lp"] if lp else []), "fastest baseline", "vs fastest", "zepp's planner ms",
@@ -218,6 +215,11 @@ def write(rows: list[dict], meta: dict, out: Path, figure: bool = True) -> None:
             *([f"{r['speedup_vs_lp']:.2f}x"] if lp else []), fastest_of(r), f"{speedup_vs_fastest(r):.2f}x",
             f"{z['planning_ms']:.3f}", f"{s['floor_ms']:.3f} / {v['floor_ms']:.3f} / {z['floor_ms']:.3f}",
             f"{r['cpu_s']:.1f}", note(r)]) + " |")
+    return lines
+
+
+def summary_lines(rows: list[dict], lp: bool) -> list[str]:
+    """The summary bullets: geomean speedups per regime, why Zepp loses where it does, CPU seconds."""
     summary = []
     for reg in ("decode", "prefill"):
         sel = [r for r in rows if r["regime"] == reg]
@@ -239,6 +241,16 @@ def write(rows: list[dict], meta: dict, out: Path, figure: bool = True) -> None:
     cpu = [r["cpu_s"] for r in rows]
     summary.append(f"- CPU seconds per configuration (this machine, the process's own CPU time): largest "
                    f"{max(cpu):.1f} s ({sum(c > 60 for c in cpu)} over 60 s), median {float(np.median(cpu)):.1f} s")
+    return summary
+
+
+def write(rows: list[dict], meta: dict, out: Path, figure: bool = True) -> None:
+    """The results' JSON and table, and (``figure``) their bar chart."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = dict(meta, rows=rows)
+    (out / "bench_today.json").write_text(json.dumps(payload, indent=1))
+    lp = "sglang-lp" in BASELINES and all("sglang-lp" in r["systems"] for r in rows)
+    lines, summary = table_lines(rows, lp), summary_lines(rows, lp)
     text = ["# Today's clusters: Zepp on DeepEP's kernels vs SGLang + DeepEP + EPLB and vLLM + EPLB", "",
             "Simulated MoE layer latency (ms, median of the timed batches), `benchmarks/simulated/bench_today.py`. "
             "Network: DeepEP's published figures (`zepp.sim.mechanics.DEEPEP_NET`, PAPER.md section 5), not fitted. "
@@ -282,36 +294,6 @@ def diagnosis_lines(diag: list[dict]) -> list[str]:
                                f"layer {v['latency_ms']:.2f} ms" for k, v in d["systems"].items()) + ".")
         out.append("")
     return out
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows)), 4.5))
-    x = np.arange(len(rows))
-    series = [("sglang-deepep", "tab:blue"), ("vllm-eplb", "tab:orange"), ("sglang-lp", "tab:green"),
-              ("zepp-deepep", "gold")]
-    series = [(n, c) for n, c in series if all(n in r["systems"] for r in rows)]
-    w = 0.8 / len(series)
-    for j, (name, color) in enumerate(series):
-        vals = [r["systems"][name]["median_ms"] / r["systems"]["sglang-deepep"]["median_ms"] for r in rows]
-        ax.bar(x + (j - (len(series) - 1) / 2) * w, vals, w, label=name, color=color,
-               edgecolor="black" if name == "zepp-deepep" else "none")
-    floors = [r["floor_ms"] / r["systems"]["sglang-deepep"]["median_ms"] for r in rows]
-    ax.scatter(x, floors, marker="_", s=120, color="black", label="configuration floor", zorder=3)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{r['model'][:4]} {r['nodes']}x{r['gpus_per_node']}\n{r['tokens_per_gpu']}" for r in rows],
-                       fontsize=7, rotation=90)
-    ax.set_ylabel("latency / sglang-deepep")
-    ax.set_title("today's clusters (h200-8, gb200-nvl72): simulated MoE layer, DeepEP's published figures")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def join_runs(runs: list[dict]) -> tuple[list[dict], dict]:
